@@ -1,0 +1,239 @@
+"""Hugging Face checkpoint folders <-> the NNX Qwen3 model.
+
+``from_pretrained(path)`` reads ``config.json`` through transformers' own config classes and the
+weights through safetensors (numpy, no torch), single-file or sharded with
+``model.safetensors.index.json``. ``save_pretrained(model, path)`` writes a folder that
+``transformers.AutoModelForCausalLM.from_pretrained`` loads.
+
+Hugging Face stores a linear layer as ``weight [out, in]``; Flax as ``kernel [in, out]``. The
+mapping below is the only place that knows both names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from grpo_jax.models.qwen3 import ModelConfig, Qwen3
+
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2")
+_INDEX = "model.safetensors.index.json"
+_SINGLE = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+  """A checkpoint folder that cannot be loaded, with a message naming what is wrong."""
+
+
+def hf_name(path: tuple) -> tuple[str, bool]:
+  """Hugging Face tensor name for an NNX parameter path, and whether to transpose it.
+
+  Args:
+    path: a parameter path such as ``('layers', 0, 'self_attn', 'q_proj', 'kernel')``.
+
+  Returns:
+    (name, transpose), e.g. ``('model.layers.0.self_attn.q_proj.weight', True)``.
+  """
+  *module, leaf = [str(p) for p in path]
+  if module == ["lm_head"]:
+    return "lm_head.weight", True
+  suffix = {"kernel": "weight", "bias": "bias", "scale": "weight", "embedding": "weight"}[leaf]
+  return ".".join(["model", *module, suffix]), leaf == "kernel"
+
+
+def _rope_theta(hf_config) -> float:
+  params = getattr(hf_config, "rope_parameters", None) or {}
+  scaling = getattr(hf_config, "rope_scaling", None) or {}
+  kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+  if kind != "default":
+    raise CheckpointError(f"rope_type {kind!r} is not supported yet (only 'default' RoPE); "
+                          "remove rope scaling from config.json or add it to models/qwen3.py")
+  theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+  if theta is None:
+    raise CheckpointError("config.json has no rope_theta (nor rope_parameters.rope_theta)")
+  return float(theta)
+
+
+def config_from_hf(hf_config, *, param_dtype: str = "float32",
+                   dtype: str = "float32") -> ModelConfig:
+  """Our ModelConfig from a transformers Qwen3Config / Qwen2Config."""
+  model_type = getattr(hf_config, "model_type", None)
+  if model_type not in SUPPORTED_MODEL_TYPES:
+    archs = getattr(hf_config, "architectures", None)
+    raise CheckpointError(f"unsupported architecture: model_type={model_type!r} "
+                          f"(architectures={archs}); supported model types: "
+                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+  if getattr(hf_config, "use_sliding_window", False):
+    raise CheckpointError("use_sliding_window=true is not supported (full attention only)")
+  heads = hf_config.num_attention_heads
+  head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+  is_qwen3 = model_type == "qwen3"
+  return ModelConfig(
+      vocab_size=hf_config.vocab_size,
+      hidden_size=hf_config.hidden_size,
+      intermediate_size=hf_config.intermediate_size,
+      num_layers=hf_config.num_hidden_layers,
+      num_heads=heads,
+      num_kv_heads=hf_config.num_key_value_heads or heads,
+      head_dim=head_dim,
+      rope_theta=_rope_theta(hf_config),
+      rms_norm_eps=hf_config.rms_norm_eps,
+      tie_word_embeddings=bool(hf_config.tie_word_embeddings),
+      qkv_bias=bool(getattr(hf_config, "attention_bias", False)) if is_qwen3 else True,
+      qk_norm=is_qwen3,
+      param_dtype=param_dtype,
+      dtype=dtype)
+
+
+def config_to_hf(config: ModelConfig):
+  """A transformers config object describing ``config`` (Qwen3 when it has q/k norm)."""
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  common = dict(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+                intermediate_size=config.intermediate_size,
+                num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+                num_key_value_heads=config.num_kv_heads, rms_norm_eps=config.rms_norm_eps,
+                tie_word_embeddings=config.tie_word_embeddings,
+                rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+                max_position_embeddings=32768, hidden_act="silu", torch_dtype=config.param_dtype)
+  if config.qk_norm:
+    cfg = transformers.Qwen3Config(head_dim=config.head_dim, attention_bias=config.qkv_bias,
+                                   **common)
+    cfg.architectures = ["Qwen3ForCausalLM"]
+  else:
+    if not config.qkv_bias or config.head_dim * config.num_heads != config.hidden_size:
+      raise CheckpointError("a model without q/k norm is saved as Qwen2, which requires "
+                            "qkv_bias=True and head_dim * num_heads == hidden_size")
+    cfg = transformers.Qwen2Config(**common)
+    cfg.architectures = ["Qwen2ForCausalLM"]
+  return cfg
+
+
+def _weight_files(path: str) -> dict[str, str]:
+  """Tensor name -> safetensors file for a single-file or sharded folder."""
+  index = os.path.join(path, _INDEX)
+  if os.path.exists(index):
+    with open(index) as f:
+      weight_map = json.load(f)["weight_map"]
+    return {name: os.path.join(path, file) for name, file in weight_map.items()}
+  single = os.path.join(path, _SINGLE)
+  if os.path.exists(single):
+    from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+    with safe_open(single, framework="numpy") as f:
+      return {name: single for name in f.keys()}
+  present = sorted(os.listdir(path))
+  raise CheckpointError(f"{path} has neither {_SINGLE} nor {_INDEX} (found: {present}); "
+                        "only safetensors weights are supported")
+
+
+def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "float32",
+                    rngs: Optional[nnx.Rngs] = None) -> Qwen3:
+  """Loads a Hugging Face Qwen3/Qwen2 checkpoint folder as an NNX ``Qwen3``.
+
+  Args:
+    path: folder with config.json and safetensors weights.
+    param_dtype: dtype the parameters are stored in after loading.
+    dtype: compute dtype.
+    rngs: unused by loading (all parameters come from the checkpoint); kept for symmetry.
+
+  Returns:
+    The model, with every parameter taken from the checkpoint.
+
+  Raises:
+    FileNotFoundError: the folder or its config.json does not exist.
+    CheckpointError: unsupported architecture, or missing / misshaped tensors (named).
+  """
+  del rngs
+  import transformers  # pylint: disable=g-import-not-at-top
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"model folder not found: {path}")
+  if not os.path.exists(os.path.join(path, "config.json")):
+    raise FileNotFoundError(f"{path} has no config.json (is it a Hugging Face model folder?)")
+  config = config_from_hf(transformers.AutoConfig.from_pretrained(path),
+                          param_dtype=param_dtype, dtype=dtype)
+  abstract = nnx.eval_shape(lambda: Qwen3(config, rngs=nnx.Rngs(0)))
+  graphdef, state = nnx.split(abstract)
+  files = _weight_files(path)
+
+  wanted = {}
+  for p, var in nnx.to_flat_state(state):
+    name, transpose = hf_name(p)
+    wanted[name] = (p, transpose, var)
+  missing = sorted(n for n in wanted if n not in files)
+  if missing:
+    shown = ", ".join(missing[:8]) + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else "")
+    raise CheckpointError(f"{path} is missing {len(missing)} tensor(s) the "
+                          f"{'qwen3' if config.qk_norm else 'qwen2'} architecture needs: {shown}")
+
+  by_file: dict[str, list[str]] = {}
+  for name in wanted:
+    by_file.setdefault(files[name], []).append(name)
+  flat = []
+  for file, names in by_file.items():
+    with safe_open(file, framework="numpy") as f:
+      for name in names:
+        p, transpose, var = wanted[name]
+        array = f.get_tensor(name)
+        if transpose:
+          array = array.T
+        if array.shape != var.shape:
+          raise CheckpointError(f"tensor {name} in {file} has shape {array.shape}, "
+                                f"expected {var.shape}")
+        var = var.replace(jnp.asarray(array, dtype=jnp.dtype(param_dtype)))
+        flat.append((p, var))
+  return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def save_pretrained(model: Qwen3, path: str, *, tokenizer=None,
+                    max_shard_bytes: Optional[int] = None) -> None:
+  """Writes ``model`` as a Hugging Face folder (config.json + safetensors).
+
+  Args:
+    model: the NNX model.
+    path: output folder (created if needed).
+    tokenizer: optional transformers tokenizer, saved alongside.
+    max_shard_bytes: when set, split the weights into shards of at most this many bytes and
+      write ``model.safetensors.index.json``.
+  """
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
+  os.makedirs(path, exist_ok=True)
+  config_to_hf(model.config).save_pretrained(path)
+  tensors = {}
+  for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    name, transpose = hf_name(p)
+    array = np.asarray(jax.device_get(var[...]))
+    tensors[name] = np.ascontiguousarray(array.T if transpose else array)
+  for stale in (_SINGLE, _INDEX):
+    if os.path.exists(os.path.join(path, stale)):
+      os.remove(os.path.join(path, stale))
+  if max_shard_bytes is None:
+    save_file(tensors, os.path.join(path, _SINGLE), metadata={"format": "pt"})
+  else:
+    shards, current, size = [], {}, 0
+    for name in sorted(tensors):
+      nbytes = tensors[name].nbytes
+      if current and size + nbytes > max_shard_bytes:
+        shards.append(current)
+        current, size = {}, 0
+      current[name] = tensors[name]
+      size += nbytes
+    shards.append(current)
+    weight_map = {}
+    for i, shard in enumerate(shards):
+      file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+      save_file(shard, os.path.join(path, file), metadata={"format": "pt"})
+      weight_map.update({name: file for name in shard})
+    total = sum(t.nbytes for t in tensors.values())
+    with open(os.path.join(path, _INDEX), "w") as f:
+      json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+  if tokenizer is not None:
+    tokenizer.save_pretrained(path)

@@ -1,0 +1,321 @@
+"""Qwen3-family decoder (Qwen3, Qwen2, Qwen2.5) in Flax NNX, with a fixed-size KV cache.
+
+References: Qwen3 Technical Report (arXiv 2505.09388) for per-head q/k RMSNorm and no q/k/v bias;
+Qwen2 Technical Report (arXiv 2407.10671) for q/k/v bias without q/k norm; RoFormer
+(arXiv 2104.09864) for rotary embeddings in the "rotate half" layout Hugging Face uses.
+
+Shape letters: B batch, T query tokens, S key slots (cache length), D model width, H query heads,
+K key/value heads, G = H // K query heads per key/value head, Dh head dim, F MLP width, V vocab.
+
+Attributes are named like the Hugging Face modules (``layers[i].self_attn.q_proj``) so that the
+checkpoint mapping in ``hf.py`` is mechanical. Parameters are stored in ``param_dtype``, matmuls
+run in ``dtype``; norms, softmax and logits are computed in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import flax
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+_INIT = nnx.initializers.normal(stddev=0.02)
+# A finite "minus infinity": a fully masked row (a pad query) stays finite instead of NaN.
+_MASK_VALUE = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Architecture of a Qwen3-family decoder.
+
+  Attributes:
+    vocab_size: V, rows of the embedding table.
+    hidden_size: D, model width.
+    intermediate_size: F, SwiGLU hidden width.
+    num_layers: number of decoder blocks.
+    num_heads: H, query heads.
+    num_kv_heads: K, key/value heads (grouped-query attention); H % K == 0.
+    head_dim: Dh, width of one head (Qwen3 sets it explicitly; Qwen2 uses D // H).
+    rope_theta: rotary base frequency.
+    rms_norm_eps: epsilon inside every RMSNorm.
+    tie_word_embeddings: output head shares the embedding table.
+    qkv_bias: q/k/v projections carry a bias (Qwen2/2.5).
+    qk_norm: per-head RMSNorm on queries and keys before RoPE (Qwen3).
+    param_dtype: storage dtype of parameters ("float32" or "bfloat16").
+    dtype: compute dtype of matmuls ("float32" on CPU, "bfloat16" on accelerators).
+  """
+
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rope_theta: float = 1_000_000.0
+  rms_norm_eps: float = 1e-6
+  tie_word_embeddings: bool = False
+  qkv_bias: bool = False
+  qk_norm: bool = True
+  param_dtype: str = "float32"
+  dtype: str = "float32"
+
+  def __post_init__(self):
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                 "num_kv_heads", "head_dim"):
+      if int(getattr(self, name)) <= 0:
+        raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
+                       f"num_kv_heads ({self.num_kv_heads})")
+    if self.head_dim % 2:
+      raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+    for name in ("param_dtype", "dtype"):
+      if getattr(self, name) not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"ModelConfig.{name} must be float32, bfloat16 or float16, "
+                         f"got {getattr(self, name)!r}")
+
+  def replace(self, **kwargs) -> "ModelConfig":
+    return dataclasses.replace(self, **kwargs)
+
+  @property
+  def num_params(self) -> int:
+    """Parameter count (embedding counted once when tied)."""
+    d, f, dh = self.hidden_size, self.intermediate_size, self.head_dim
+    attn = d * dh * (2 * self.num_heads + 2 * self.num_kv_heads)
+    if self.qkv_bias:
+      attn += dh * (self.num_heads + 2 * self.num_kv_heads)
+    if self.qk_norm:
+      attn += 2 * dh
+    layer = attn + 3 * d * f + 2 * d
+    head = 0 if self.tie_word_embeddings else d * self.vocab_size
+    return self.vocab_size * d + self.num_layers * layer + d + head
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Fixed-size key/value cache shared by all layers.
+
+  Attributes:
+    k: per layer, keys [B, S, K, Dh] (post-RoPE, post-norm).
+    v: per layer, values [B, S, K, Dh].
+    key_mask_BxS: True where a slot holds a real token (False for left padding and unwritten
+      slots).
+    index: int32 scalar, the next slot to write.
+  """
+
+  k: tuple
+  v: tuple
+  key_mask_BxS: jax.Array
+  index: jax.Array
+
+  @classmethod
+  def init(cls, config: ModelConfig, batch: int, size: int) -> "KVCache":
+    shape = (batch, size, config.num_kv_heads, config.head_dim)
+    zeros = lambda: jnp.zeros(shape, jnp.dtype(config.dtype))
+    return cls(k=tuple(zeros() for _ in range(config.num_layers)),
+               v=tuple(zeros() for _ in range(config.num_layers)),
+               key_mask_BxS=jnp.zeros((batch, size), bool),
+               index=jnp.zeros((), jnp.int32))
+
+  @property
+  def size(self) -> int:
+    return self.key_mask_BxS.shape[1]
+
+
+def positions_from_mask(mask_BxT: jax.Array) -> jax.Array:
+  """Position ids for left-padded rows: 0 at the first real token, pads clipped to 0."""
+  return jnp.maximum(jnp.cumsum(mask_BxT.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def rope(x_BxTxNxDh: jax.Array, positions_BxT: jax.Array, theta: float) -> jax.Array:
+  """Rotary embedding in the rotate-half layout (first half pairs with second half)."""
+  dh = x_BxTxNxDh.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))
+  angles_BxTxHalf = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
+  cos = jnp.cos(angles_BxTxHalf)[:, :, None, :]
+  sin = jnp.sin(angles_BxTxHalf)[:, :, None, :]
+  x = x_BxTxNxDh.astype(jnp.float32)
+  x1, x2 = x[..., : dh // 2], x[..., dh // 2:]
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BxTxNxDh.dtype)
+
+
+class RMSNorm(nnx.Module):
+  """RMSNorm computed in float32, scaled by a learned weight (initialised to one)."""
+
+  def __init__(self, dim: int, eps: float, *, param_dtype, dtype):
+    self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
+    self.eps = eps
+    self.dtype = dtype
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return self.scale[...].astype(self.dtype) * normed.astype(self.dtype)
+
+
+def _linear(din, dout, bias, config, rngs):
+  return nnx.Linear(din, dout, use_bias=bias, dtype=jnp.dtype(config.dtype),
+                    param_dtype=jnp.dtype(config.param_dtype), kernel_init=_INIT, rngs=rngs)
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention with optional q/k RMSNorm and q/k/v bias."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    c = config
+    self.config = c
+    self.q_proj = _linear(c.hidden_size, c.num_heads * c.head_dim, c.qkv_bias, c, rngs)
+    self.k_proj = _linear(c.hidden_size, c.num_kv_heads * c.head_dim, c.qkv_bias, c, rngs)
+    self.v_proj = _linear(c.hidden_size, c.num_kv_heads * c.head_dim, c.qkv_bias, c, rngs)
+    self.o_proj = _linear(c.num_heads * c.head_dim, c.hidden_size, False, c, rngs)
+    if c.qk_norm:
+      kw = dict(param_dtype=jnp.dtype(c.param_dtype), dtype=jnp.dtype(c.dtype))
+      self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **kw)
+      self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **kw)
+
+  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, kv=None, index=None):
+    """Attends the T new tokens to themselves, or to the S cache slots when ``kv`` is given.
+
+    Returns:
+      (output [B, T, D], (keys, values)) where keys/values are the updated cache entries
+      [B, S, K, Dh] when ``kv`` was given, else the T new ones.
+    """
+    c = self.config
+    b, t, _ = x_BxTxD.shape
+    q = self.q_proj(x_BxTxD).reshape(b, t, c.num_heads, c.head_dim)
+    k = self.k_proj(x_BxTxD).reshape(b, t, c.num_kv_heads, c.head_dim)
+    v = self.v_proj(x_BxTxD).reshape(b, t, c.num_kv_heads, c.head_dim)
+    if c.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q = rope(q, positions_BxT, c.rope_theta)
+    k = rope(k, positions_BxT, c.rope_theta)
+    if kv is not None:
+      k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0, index, 0, 0))
+      v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0, index, 0, 0))
+    groups = c.num_heads // c.num_kv_heads
+    q_BxTxKxGxDh = q.reshape(b, t, c.num_kv_heads, groups, c.head_dim)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxDh, k.astype(q.dtype),
+                        preferred_element_type=jnp.float32) * (c.head_dim ** -0.5)
+    scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, c.num_heads * c.head_dim)
+    return self.o_proj(out), (k, v)
+
+
+class MLP(nnx.Module):
+  """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    c = config
+    self.gate_proj = _linear(c.hidden_size, c.intermediate_size, False, c, rngs)
+    self.up_proj = _linear(c.hidden_size, c.intermediate_size, False, c, rngs)
+    self.down_proj = _linear(c.intermediate_size, c.hidden_size, False, c, rngs)
+
+  def __call__(self, x):
+    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm block: x + attn(norm(x)); x + mlp(norm(x))."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    kw = dict(param_dtype=jnp.dtype(config.param_dtype), dtype=jnp.dtype(config.dtype))
+    self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+    self.self_attn = Attention(config, rngs=rngs)
+    self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+    self.mlp = MLP(config, rngs=rngs)
+
+  def __call__(self, x, positions, mask, kv=None, index=None):
+    h, kv = self.self_attn(self.input_layernorm(x), positions, mask, kv, index)
+    x = x + h
+    return x + self.mlp(self.post_attention_layernorm(x)), kv
+
+
+class Qwen3(nnx.Module):
+  """Qwen3-family causal language model.
+
+  ``model(input_ids)`` is the plain full forward; ``hidden_states`` + ``logits`` are the pieces
+  the sampler and the log-prob kernels use (so they never build logits they do not need).
+  """
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    self.embed_tokens = nnx.Embed(config.vocab_size, config.hidden_size,
+                                  dtype=jnp.dtype(config.dtype),
+                                  param_dtype=jnp.dtype(config.param_dtype),
+                                  embedding_init=_INIT, rngs=rngs)
+    self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_layers)])
+    self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps,
+                        param_dtype=jnp.dtype(config.param_dtype), dtype=jnp.dtype(config.dtype))
+    if not config.tie_word_embeddings:
+      self.lm_head = _linear(config.hidden_size, config.vocab_size, False, config, rngs)
+
+  def __call__(self, input_ids_BxT: jax.Array,
+               attention_mask_BxT: Optional[jax.Array] = None,
+               positions_BxT: Optional[jax.Array] = None) -> jax.Array:
+    """Full forward pass.
+
+    Args:
+      input_ids_BxT: int32 token ids, left padded if ``attention_mask_BxT`` is given.
+      attention_mask_BxT: 1/True for real tokens; None means no padding.
+      positions_BxT: position ids; default counts real tokens from 0.
+
+    Returns:
+      float32 logits [B, T, V].
+    """
+    h, _ = self.hidden_states(input_ids_BxT, attention_mask_BxT, positions_BxT)
+    return self.logits(h)
+
+  def hidden_states(self, input_ids_BxT, attention_mask_BxT=None, positions_BxT=None,
+                    cache: Optional[KVCache] = None):
+    """Final-norm hidden states [B, T, D], writing the T tokens into ``cache`` when given.
+
+    With a cache the tokens go to slots [cache.index, cache.index + T) and attend to every
+    earlier real slot; without one they attend causally among themselves.
+
+    Returns:
+      (hidden [B, T, D] in the compute dtype, updated cache or None).
+    """
+    b, t = input_ids_BxT.shape
+    if attention_mask_BxT is None:
+      attention_mask_BxT = jnp.ones((b, t), bool)
+    attention_mask_BxT = attention_mask_BxT.astype(bool)
+    if positions_BxT is None:
+      positions_BxT = positions_from_mask(attention_mask_BxT)
+    causal_TxT = jnp.tril(jnp.ones((t, t), bool))
+    if cache is None:
+      mask = causal_TxT[None] & attention_mask_BxT[:, None, :]
+      index = None
+    else:
+      index = cache.index
+      key_mask = jax.lax.dynamic_update_slice(cache.key_mask_BxS, attention_mask_BxT, (0, index))
+      slots_S = jnp.arange(cache.size)
+      causal_TxS = slots_S[None, :] <= (index + jnp.arange(t))[:, None]
+      mask = causal_TxS[None] & key_mask[:, None, :]
+    x = self.embed_tokens(input_ids_BxT)
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.layers):
+      kv = None if cache is None else (cache.k[i], cache.v[i])
+      x, (k, v) = layer(x, positions_BxT, mask, kv, index)
+      new_k.append(k)
+      new_v.append(v)
+    x = self.norm(x)
+    if cache is not None:
+      cache = KVCache(k=tuple(new_k), v=tuple(new_v), key_mask_BxS=key_mask, index=index + t)
+    return x, cache
+
+  def logits(self, hidden_xD: jax.Array) -> jax.Array:
+    """float32 logits [..., V] from final hidden states [..., D]."""
+    dtype = jnp.dtype(self.config.dtype)
+    if self.config.tie_word_embeddings:
+      w_VxD = self.embed_tokens.embedding[...].astype(dtype)
+      return jnp.einsum("...d,vd->...v", hidden_xD.astype(dtype), w_VxD,
+                        preferred_element_type=jnp.float32)
+    w_DxV = self.lm_head.kernel[...].astype(dtype)
+    return jnp.einsum("...d,dv->...v", hidden_xD.astype(dtype), w_DxV,
+                      preferred_element_type=jnp.float32)

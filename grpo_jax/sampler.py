@@ -1,0 +1,170 @@
+"""Jitted autoregressive sampling over a fixed-size KV cache.
+
+One prefill pass over the left-padded prompts [N, P] fills cache slots [0, P); a
+``lax.while_loop`` then decodes one token per iteration into slots [P, P + T). The loop stops as
+soon as every row has emitted EOS, and skips the forward pass after the last token, so no
+decode step is computed that no row needs. Shapes depend only on (N, P, T): one compilation per
+shape (tests/test_sampler.py counts them).
+
+The log-prob recorded for each token is that of the distribution it was actually drawn from
+(temperature, then optional top-k and top-p, renormalised): the behaviour policy mu of the
+off-policy corrections in POPO (arXiv 2606.01281) and decoupled PPO (arXiv 2110.00641).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from grpo_jax.models.qwen3 import KVCache, positions_from_mask
+from grpo_jax.types import Completions
+
+_NEG_INF = -jnp.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """Static sampling settings (hashable: part of the jit cache key).
+
+  Attributes:
+    max_new_tokens: T, completion length budget.
+    eos_ids: token ids that end a completion (Qwen3 chat models have two).
+    pad_id: id written after the end of a completion.
+    temperature: 0 means greedy (recorded log-probs are then those at temperature 1).
+    top_k: keep only the k most likely tokens; 0 disables.
+    top_p: keep the smallest set of tokens whose probability reaches p; 1.0 disables.
+  """
+
+  max_new_tokens: int
+  eos_ids: tuple[int, ...]
+  pad_id: int
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    if self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+    if self.temperature < 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0 (0 disables), got {self.top_k}")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    if not self.eos_ids:
+      raise ValueError("eos_ids must name at least one token")
+    object.__setattr__(self, "eos_ids", tuple(int(i) for i in self.eos_ids))
+
+
+def filter_logits(logits_NxV: jax.Array, config: SamplingConfig) -> jax.Array:
+  """Temperature-scaled float32 logits with tokens outside top-k / top-p set to -inf."""
+  logits = logits_NxV.astype(jnp.float32)
+  if config.temperature > 0:
+    logits = logits / config.temperature
+  if config.top_k > 0 and config.top_k < logits.shape[-1]:
+    kth = jax.lax.top_k(logits, config.top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, _NEG_INF, logits)
+  if config.top_p < 1.0:
+    sorted_desc = jnp.sort(logits, axis=-1)[..., ::-1]
+    probs = jax.nn.softmax(sorted_desc, axis=-1)
+    # Keep a token when the mass strictly before it is below p (the top token always stays).
+    before = jnp.cumsum(probs, axis=-1) - probs
+    cutoff = jnp.min(jnp.where(before < config.top_p, sorted_desc, jnp.inf), axis=-1,
+                     keepdims=True)
+    logits = jnp.where(logits < cutoff, _NEG_INF, logits)
+  return logits
+
+
+def _choose(logits_NxV, key, config: SamplingConfig):
+  """Draws one token per row; returns (tokens [N], behaviour log-probs [N])."""
+  if config.temperature == 0:
+    tokens = jnp.argmax(logits_NxV, axis=-1)
+    logp_all = jax.nn.log_softmax(logits_NxV.astype(jnp.float32), axis=-1)
+  else:
+    filtered = filter_logits(logits_NxV, config)
+    tokens = jax.random.categorical(key, filtered, axis=-1)
+    logp_all = jax.nn.log_softmax(filtered, axis=-1)
+  logp = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
+  return tokens.astype(jnp.int32), logp
+
+
+def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
+           prompt_mask_NxP: jax.Array, rng: jax.Array, *,
+           config: SamplingConfig) -> Completions:
+  """Samples one completion per prompt row (pure; jit with ``make_sampler``).
+
+  Args:
+    graphdef: static structure of the model (from ``nnx.split``).
+    params: the model's state.
+    prompt_ids_NxP: int32 prompts, left padded (every row has at least one real token).
+    prompt_mask_NxP: True for real prompt tokens.
+    rng: PRNG key; token t of every row uses ``fold_in(rng, t)``.
+    config: static sampling settings.
+
+  Returns:
+    Completions with [N, T] tokens, mask, behaviour log-probs, lengths and truncation flags.
+  """
+  model = nnx.merge(graphdef, params)
+  n, p = prompt_ids_NxP.shape
+  t_max = config.max_new_tokens
+  prompt_mask = prompt_mask_NxP.astype(bool)
+  cache = KVCache.init(model.config, n, p + t_max)
+  hidden, cache = model.hidden_states(prompt_ids_NxP, prompt_mask,
+                                      positions_from_mask(prompt_mask), cache)
+  logits = model.logits(hidden[:, -1])
+  first_position_N = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)
+  eos = jnp.asarray(config.eos_ids, jnp.int32)
+
+  def cond(state):
+    t, _, _, _, _, done, _ = state
+    return (t < t_max) & ~jnp.all(done)
+
+  def body(state):
+    t, cache, logits, tokens, logp, done, lengths = state
+    token_N, logp_N = _choose(logits, jax.random.fold_in(rng, t), config)
+    token_N = jnp.where(done, config.pad_id, token_N)
+    logp_N = jnp.where(done, 0.0, logp_N)
+    tokens = jax.lax.dynamic_update_slice(tokens, token_N[:, None], (0, t))
+    logp = jax.lax.dynamic_update_slice(logp, logp_N[:, None], (0, t))
+    lengths = lengths + (~done).astype(jnp.int32)
+    done = done | jnp.isin(token_N, eos)
+
+    def advance(args):
+      cache, _ = args
+      h, cache = model.hidden_states(token_N[:, None], jnp.ones((n, 1), bool),
+                                     (first_position_N + t)[:, None], cache)
+      return cache, model.logits(h[:, 0])
+
+    # The forward after the last needed token would be wasted work: skip it.
+    cache, logits = jax.lax.cond((t + 1 < t_max) & ~jnp.all(done), advance,
+                                 lambda args: args, (cache, logits))
+    return t + 1, cache, logits, tokens, logp, done, lengths
+
+  state = (jnp.zeros((), jnp.int32), cache, logits,
+           jnp.full((n, t_max), config.pad_id, jnp.int32), jnp.zeros((n, t_max), jnp.float32),
+           jnp.zeros((n,), bool), jnp.zeros((n,), jnp.int32))
+  _, _, _, tokens, logp, done, lengths = jax.lax.while_loop(cond, body, state)
+  mask = jnp.arange(t_max)[None, :] < lengths[:, None]
+  return Completions(tokens_NxT=tokens, mask_NxT=mask, logp_NxT=logp, lengths_N=lengths,
+                     truncated_N=~done)
+
+
+def make_sampler(graphdef: nnx.GraphDef, config: SamplingConfig):
+  """``fn(params, prompt_ids_NxP, prompt_mask_NxP, rng) -> Completions``, jitted once per shape."""
+  return jax.jit(functools.partial(sample, graphdef, config=config))
+
+
+def sampling_config_for(tokenizer, max_new_tokens: int, *, temperature: float = 1.0,
+                        top_k: int = 0, top_p: float = 1.0,
+                        extra_eos_ids: Sequence[int] = ()) -> SamplingConfig:
+  """SamplingConfig whose EOS / pad ids come from a transformers tokenizer."""
+  eos = [tokenizer.eos_token_id, *extra_eos_ids]
+  eos = tuple(dict.fromkeys(int(i) for i in eos if i is not None))
+  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+  return SamplingConfig(max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=int(pad),
+                        temperature=temperature, top_k=top_k, top_p=top_p)

@@ -1,0 +1,1 @@
+"""RL tasks: problem sources, prompts and reward functions."""

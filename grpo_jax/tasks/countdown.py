@@ -1,0 +1,670 @@
+"""The Countdown numbers game as an RL task (as in TinyZero and POPO).
+
+A problem is a multiset of integers and a target. A completion succeeds when
+its last ``<answer>...</answer>`` block holds an arithmetic expression (``+ - *
+/`` and parentheses) that uses every given number exactly once and evaluates to
+the target.
+
+Problems come either from a deterministic generator with random access by
+index (so a run can resume from any data position) or from files in the public
+"Countdown-Tasks-3to4" row format (``{"target": int, "nums": [int, ...]}``).
+
+Generator choices, fixed here so every consumer sees the same data:
+
+* Only exact divisions: every intermediate value of a generated solution is an
+  integer (``a / b`` is used only when ``b`` divides ``a``). This keeps the
+  data learnable for very small models. Negative intermediates are allowed.
+* Solutions are rendered compactly with minimal parentheses and no spaces,
+  e.g. ``(37-12)*5`` or ``37-12+5``; they re-parse under the rules of
+  ``arithmetic.py`` and score 1.0.
+* The train/test split is a pure function of the canonical key (sorted numbers
+  plus target) via a stable hash that does not depend on the seed, so train
+  and test never share a (multiset, target) pair, whatever the seeds.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import fractions
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from grpo_jax.tasks import arithmetic
+
+_LOG = logging.getLogger(__name__)
+
+TEMPLATES: dict[str, str] = {
+  "short": ("Using the numbers {nums}, create an equation that equals {target}."),
+  "tinyzero": (
+    "Using the numbers {nums}, create an equation that equals {target}. "
+    "You can use basic arithmetic operations (+, -, *, /) and each number "
+    "can only be used once. Show your work in <think> </think> tags. And "
+    "return the final answer in <answer> </answer> tags, for example "
+    "<answer> (1 + 2) / 3 </answer>."
+  ),
+}
+
+
+def _template_words(templates: Iterable[str]) -> tuple[str, ...]:
+  """Sorted union of the alphabetic words of the rendered templates."""
+  words: set[str] = set()
+  for template in templates:
+    # Blank the format fields so their names ("nums", "target") are not
+    # mistaken for words that appear in prompts.
+    rendered = template.format(nums="", target="")
+    words.update(re.findall(r"[A-Za-z]+", rendered))
+  return tuple(sorted(words))
+
+
+# Vocabulary for the embedded word-level tokenizer: every word a prompt can
+# contain besides the numbers.
+TEMPLATE_WORDS: tuple[str, ...] = _template_words(TEMPLATES.values())
+
+SUCCESS_THRESHOLD = 1.0
+# Absolute tolerance on the answer's value: float evaluation of an exact
+# expression such as (1/49)*49 gives 0.9999999999999999.
+VALUE_TOLERANCE = 1e-5
+# Reward for an answer that is well-formed but wrong (format shaping, as in
+# TinyZero).
+FORMAT_SCORE = 0.1
+
+_ANSWER_OPEN = "<answer>"
+_ANSWER_CLOSE = "</answer>"
+_SPLIT_IDS = {"train": 0, "test": 1}
+# Generation gives up (instead of looping forever) when a config cannot produce
+# problems, e.g. a target range no expression over the numbers can reach.
+MAX_ATTEMPTS = 100_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """One Countdown instance.
+
+  Attributes:
+      nums: The numbers to use, each exactly once.
+      target: The value the expression must reach.
+      solution: One expression reaching the target, when known (always set
+          for generated problems; None for loaded ones).
+  """
+
+  nums: tuple[int, ...]
+  target: int
+  solution: str | None = None
+
+
+# ---------------------------------------------------------------------------
+# Scoring.
+
+
+def extract_answer(completion: str) -> str | None:
+  """Returns the stripped content of the last ``<answer>...</answer>`` pair.
+
+  Pairs are matched like the non-greedy regex ``<answer>(.*?)</answer>``
+  with DOTALL scanning left to right, but with ``str.find`` so the cost is
+  linear even for adversarial text with many unclosed tags.
+
+  Args:
+      completion: Model output.
+
+  Returns:
+      The content of the last pair, stripped of surrounding whitespace, or
+      None when there is no complete pair.
+  """
+  last = None
+  position = 0
+  while True:
+    start = completion.find(_ANSWER_OPEN, position)
+    if start < 0:
+      break
+    start += len(_ANSWER_OPEN)
+    end = completion.find(_ANSWER_CLOSE, start)
+    if end < 0:
+      break
+    last = (start, end)
+    position = end + len(_ANSWER_CLOSE)
+  if last is None:
+    return None
+  return completion[last[0] : last[1]].strip()
+
+
+def _uses_exactly(literals: Sequence[int | float], nums: Iterable[int]) -> bool:
+  """Whether the literals are, as a multiset, exactly the integers `nums`.
+
+  Only int literals count as using a number: ``3.0`` or ``2.5`` never match
+  an entry of `nums`, so a model cannot dodge the rule with float spellings.
+  """
+  if any(type(value) is not int for value in literals):
+    return False
+  return collections.Counter(literals) == collections.Counter(int(n) for n in nums)
+
+
+def score(completion: str, nums: Sequence[int], target: int) -> float:
+  """Scores a completion for a Countdown problem.
+
+  Args:
+      completion: Model output; only its last answer block is considered.
+      nums: The numbers that must each be used exactly once.
+      target: The value to reach (within VALUE_TOLERANCE).
+
+  Returns:
+      1.0 if the final answer parses, uses exactly `nums` as integer literals
+      and evaluates to `target`; FORMAT_SCORE (0.1) if it parses but fails
+      any of those checks (including division by zero); 0.0 if there is no
+      well-formed answer (no tags, empty, disallowed syntax or characters,
+      over the size limits). Never raises for str input.
+  """
+  if not isinstance(completion, str):
+    return 0.0
+  answer = extract_answer(completion)
+  if answer is None:
+    return 0.0
+  node = arithmetic.parse_arithmetic(answer)
+  if node is None:
+    return 0.0
+  if not _uses_exactly(arithmetic.literal_numbers(node), nums):
+    return FORMAT_SCORE
+  value = arithmetic.evaluate_arithmetic(node)
+  try:
+    reached = value is not None and abs(value - target) <= VALUE_TOLERANCE
+  except OverflowError:  # A target too large to compare as a float.
+    reached = False
+  return 1.0 if reached else FORMAT_SCORE
+
+
+def is_success(score_value: float) -> bool:
+  """Whether a score counts as solving the problem."""
+  return score_value >= SUCCESS_THRESHOLD - 1e-9
+
+
+# ---------------------------------------------------------------------------
+# Expression rendering shared by the generator and the solver.
+
+# An expression under construction: exact value, text, precedence of its top
+# operator (1 for + -, 2 for * /, 3 for a bare number).
+_Expr = tuple[fractions.Fraction, str, int]
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+
+
+def _combine(left: _Expr, op: str, right: _Expr) -> _Expr | None:
+  """Applies `op` exactly and renders with minimal parentheses.
+
+  Returns None on division by zero.
+  """
+  left_value, left_text, left_prec = left
+  right_value, right_text, right_prec = right
+  prec = _PRECEDENCE[op]
+  if op == "+":
+    value = left_value + right_value
+  elif op == "-":
+    value = left_value - right_value
+  elif op == "*":
+    value = left_value * right_value
+  else:
+    if right_value == 0:
+      return None
+    value = left_value / right_value
+  # The left operand needs parentheses only if it binds looser than `op`.
+  # The right one also when it binds equally and `op` is not associative
+  # with it: a-(b+c), a/(b*c). For + and * the regrouping a+(b-c) -> a+b-c
+  # and a*(b/c) -> a*b/c keeps the exact value.
+  if left_prec < prec:
+    left_text = f"({left_text})"
+  if right_prec < prec or (right_prec == prec and op in "-/"):
+    right_text = f"({right_text})"
+  return value, f"{left_text}{op}{right_text}", prec
+
+
+def _leaf(number: int) -> _Expr:
+  return fractions.Fraction(number), str(number), 3
+
+
+# ---------------------------------------------------------------------------
+# Generator.
+
+
+def _is_plain_int(value: Any) -> bool:
+  return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratorConfig:
+  """Settings of the problem generator.
+
+  Attributes:
+      num_numbers: How many numbers each problem has (2 to 6).
+      min_number: Smallest number (inclusive, >= 1).
+      max_number: Largest number (inclusive, <= 10_000).
+      min_target: Smallest target (inclusive).
+      max_target: Largest target (inclusive).
+      seed: Seed of the generator (>= 0).
+      eval_fraction: Fraction of the problem space (by canonical key) held
+          out as the test split, strictly between 0 and 1.
+  """
+
+  num_numbers: int = 3
+  min_number: int = 1
+  max_number: int = 50
+  min_target: int = 1
+  max_target: int = 100
+  seed: int = 0
+  eval_fraction: float = 0.1
+
+  def __post_init__(self):
+    for field in dataclasses.fields(self):
+      if field.name == "eval_fraction":
+        continue
+      value = getattr(self, field.name)
+      if not _is_plain_int(value):
+        raise ValueError(f"{field.name} must be an int, got {value!r}")
+    if self.num_numbers not in (2, 3, 4, 5, 6):
+      raise ValueError(f"num_numbers must be in 2..6, got {self.num_numbers}")
+    if self.min_number < 1:
+      raise ValueError(f"min_number must be >= 1, got {self.min_number}")
+    # Keeps exact solutions exactly representable as floats, so the
+    # reference answer always scores 1.0.
+    if self.max_number > 10_000:
+      raise ValueError(f"max_number must be <= 10000, got {self.max_number}")
+    if self.max_number < self.min_number:
+      raise ValueError(f"max_number ({self.max_number}) must be >= min_number ({self.min_number})")
+    if self.max_target < self.min_target:
+      raise ValueError(f"max_target ({self.max_target}) must be >= min_target ({self.min_target})")
+    if self.seed < 0:
+      raise ValueError(f"seed must be >= 0, got {self.seed}")
+    fraction = self.eval_fraction
+    if (
+      not isinstance(fraction, (int, float))
+      or isinstance(fraction, bool)
+      or not 0.0 < fraction < 1.0
+    ):
+      raise ValueError(f"eval_fraction must be a number in (0, 1), got {fraction!r}")
+
+
+def canonical_key(nums: Iterable[int], target: int) -> str:
+  """Order-independent identity of a problem, e.g. ``"5,7,44|56"``."""
+  return ",".join(str(n) for n in sorted(int(n) for n in nums)) + f"|{target}"
+
+
+def split_of(nums: Iterable[int], target: int, eval_fraction: float) -> str:
+  """Returns "test" or "train" for a problem, as a pure function of its key.
+
+  Uses blake2b rather than ``hash()``, which is salted per process. The seed
+  is deliberately not part of the hash: the held-out set is the same region
+  of problem space for every generator seed.
+  """
+  digest = hashlib.blake2b(canonical_key(nums, target).encode("utf-8"), digest_size=8).digest()
+  unit = int.from_bytes(digest, "big") / 2**64  # Uniform in [0, 1).
+  return "test" if unit < eval_fraction else "train"
+
+
+def _random_solution(rng: np.random.Generator, nums: Sequence[int]) -> _Expr:
+  """Random expression using each of `nums` once, with exact divisions only.
+
+  Operands are shuffled, then adjacent subexpressions are merged at random
+  positions until one remains, which yields varied tree shapes. Each merge
+  picks an operator uniformly among the allowed ones; division is allowed
+  only when it is exact, so every intermediate value is an integer.
+  """
+  order = rng.permutation(len(nums))
+  items = [_leaf(int(nums[i])) for i in order]
+  while len(items) > 1:
+    i = int(rng.integers(len(items) - 1))
+    left, right = items[i], items[i + 1]
+    ops = ["+", "-", "*"]
+    if right[0] != 0 and (left[0] / right[0]).denominator == 1:
+      ops.append("/")
+    op = ops[int(rng.integers(len(ops)))]
+    items[i : i + 2] = [_combine(left, op, right)]
+  return items[0]
+
+
+def _reaches(text: str, target: int) -> bool:
+  """Whether `text` evaluates (in float, as scored) to `target`."""
+  value = arithmetic.evaluate_arithmetic(arithmetic.parse_arithmetic(text))
+  return value is not None and abs(value - target) <= VALUE_TOLERANCE
+
+
+def generate_problem(config: GeneratorConfig, split: str, index: int) -> Problem:
+  """Deterministically generates problem number `index` of a split.
+
+  Candidates are drawn from ``numpy.random.default_rng([seed, split_id,
+  index, attempt])`` for attempt = 0, 1, ...: numbers uniform in
+  [min_number, max_number] and a random exact-division expression over them.
+  The first candidate whose value is an integer in [min_target, max_target]
+  and whose canonical key belongs to `split` is returned, so the result
+  depends only on (config, split, index).
+
+  Args:
+      config: Generator settings.
+      split: "train" or "test".
+      index: Non-negative position in the split.
+
+  Returns:
+      The problem, with nums in sampled order and a solution.
+
+  Raises:
+      ValueError: On an unknown split or negative index.
+      RuntimeError: If MAX_ATTEMPTS candidates all fail (the config's target
+          range is unreachable or the split is too small).
+  """
+  if split not in _SPLIT_IDS:
+    raise ValueError(f"split must be one of {sorted(_SPLIT_IDS)}, got {split!r}")
+  if index < 0:
+    raise ValueError(f"index must be >= 0, got {index}")
+  for attempt in range(MAX_ATTEMPTS):
+    rng = np.random.default_rng([config.seed, _SPLIT_IDS[split], index, attempt])
+    sampled = rng.integers(config.min_number, config.max_number + 1, size=config.num_numbers)
+    nums = tuple(int(n) for n in sampled)
+    value, text, _ = _random_solution(rng, nums)
+    if value.denominator != 1:
+      continue
+    target = int(value)
+    if not config.min_target <= target <= config.max_target:
+      continue
+    if split_of(nums, target, config.eval_fraction) != split:
+      continue
+    # Guards the "reference scores 1.0" contract against float rounding
+    # on very large intermediates; never fails with the default ranges.
+    if not _reaches(text, target):
+      continue
+    return Problem(nums=nums, target=target, solution=text)
+  raise RuntimeError(
+    f"no {split} problem found in {MAX_ATTEMPTS} attempts for index "
+    f"{index} with {config}; is the target range reachable?"
+  )
+
+
+def eval_problems(config: GeneratorConfig, n: int) -> list[Problem]:
+  """The fixed held-out set: test problems 0..n-1."""
+  return [generate_problem(config, "test", i) for i in range(n)]
+
+
+def train_problems(config: GeneratorConfig, start: int, n: int) -> list[Problem]:
+  """Train problems start..start+n-1."""
+  return [generate_problem(config, "train", i) for i in range(start, start + n)]
+
+
+# ---------------------------------------------------------------------------
+# Prompts and references.
+
+
+def prompt(problem: Problem, template: str = "short") -> str:
+  """Renders the prompt, e.g. "Using the numbers [44, 19, 35], ..."."""
+  if template not in TEMPLATES:
+    raise ValueError(f"template must be one of {sorted(TEMPLATES)}, got {template!r}")
+  return TEMPLATES[template].format(nums=str([int(n) for n in problem.nums]), target=problem.target)
+
+
+def reference_completion(problem: Problem) -> str:
+  """A completion scoring 1.0, for supervised warm-up.
+
+  Uses ``problem.solution``; for problems without one (loaded from files)
+  falls back to the brute-force solver, which is slow beyond 4 numbers.
+
+  Raises:
+      ValueError: If the problem has no solution and the solver finds none.
+  """
+  solution = problem.solution
+  if solution is None:
+    solution = solve(problem.nums, problem.target)
+    if solution is None:
+      raise ValueError(f"problem has no solution: {problem}")
+  return f"{_ANSWER_OPEN} {solution} {_ANSWER_CLOSE}"
+
+
+# ---------------------------------------------------------------------------
+# Brute-force solver.
+
+
+def solve(nums: Sequence[int], target: int) -> str | None:
+  """Finds an expression using every number once that equals `target`.
+
+  Exhaustive search over pairs and operators with exact Fraction arithmetic
+  (fractional intermediates allowed, so it is complete for the rules that
+  `score` applies), memoising multisets of values already known to fail.
+  Fast for up to 4 numbers; 5-6 can take seconds.
+
+  Args:
+      nums: Non-negative integers.
+      target: The value to reach.
+
+  Returns:
+      An expression in the same compact style as generated solutions, or
+      None if the target is unreachable.
+  """
+  goal = fractions.Fraction(target)
+  failed: set[tuple[fractions.Fraction, ...]] = set()
+
+  def search(items: list[_Expr]) -> str | None:
+    if len(items) == 1:
+      return items[0][1] if items[0][0] == goal else None
+    key = tuple(sorted(item[0] for item in items))
+    if key in failed:
+      return None
+    for i in range(len(items)):
+      for j in range(len(items)):
+        # Commutative ops need only one order of each pair.
+        if i == j:
+          continue
+        rest = [items[k] for k in range(len(items)) if k not in (i, j)]
+        ops = "+-*/" if i < j else "-/"
+        for op in ops:
+          merged = _combine(items[i], op, items[j])
+          if merged is None:
+            continue
+          found = search(rest + [merged])
+          if found is not None:
+            return found
+    failed.add(key)
+    return None
+
+  if not nums:
+    return None
+  found = search([_leaf(int(n)) for n in nums])
+  # Fractional intermediates can in principle drift in float evaluation;
+  # only return answers that `score` accepts.
+  if found is not None and not _reaches(found, target):
+    return None
+  return found
+
+
+# ---------------------------------------------------------------------------
+# Loading "Countdown-Tasks-3to4"-style files.
+
+_SUPPORTED_EXTENSIONS = (".json", ".jsonl", ".parquet")
+
+
+def _row_to_problem(row: Any) -> Problem | None:
+  """Converts one row dict to a Problem, or None if it is malformed."""
+  if not isinstance(row, dict):
+    return None
+  target, nums = row.get("target"), row.get("nums")
+  if not _is_plain_int(target):
+    return None
+  if not isinstance(nums, (list, tuple)) or not nums:
+    return None
+  if not all(_is_plain_int(n) for n in nums):
+    return None
+  return Problem(nums=tuple(int(n) for n in nums), target=int(target))
+
+
+def _read_json_rows(path: pathlib.Path) -> tuple[list[Any], int]:
+  """Rows of a .json file (list of rows, or dict of columns)."""
+  with path.open("r", encoding="utf-8") as f:
+    data = json.load(f)
+  if isinstance(data, list):
+    return data, 0
+  if isinstance(data, dict) and "target" in data and "nums" in data:
+    targets, nums = data["target"], data["nums"]
+    if not isinstance(targets, list) or not isinstance(nums, list):
+      raise ValueError(f"{path}: columns 'target' and 'nums' must be lists")
+    # Rows present in only one column lack a field: count them as skipped.
+    rows = [{"target": t, "nums": n} for t, n in zip(targets, nums)]
+    return rows, abs(len(targets) - len(nums))
+  raise ValueError(f"{path}: expected a list of rows or a dict with 'target' and 'nums' columns")
+
+
+def _read_jsonl_rows(path: pathlib.Path) -> tuple[list[Any], int]:
+  """Rows of a .jsonl file; blank lines ignored, invalid JSON counted."""
+  rows, invalid = [], 0
+  with path.open("r", encoding="utf-8") as f:
+    for line in f:
+      if not line.strip():
+        continue
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError:
+        invalid += 1
+  return rows, invalid
+
+
+def _read_parquet_rows(path: pathlib.Path) -> tuple[list[Any], int]:
+  """Rows of a .parquet file, read with pyarrow."""
+  try:
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError("Reading .parquet files needs pyarrow: pip install pyarrow") from e
+  return pq.read_table(path, columns=["target", "nums"]).to_pylist(), 0
+
+
+def load_problems(path: str | os.PathLike[str]) -> tuple[list[Problem], int]:
+  """Loads problems in the "Countdown-Tasks-3to4" row format.
+
+  Each row has ``target`` (int) and ``nums`` (non-empty list of ints).
+  Malformed rows (missing fields, non-integer or bool values, empty or
+  non-list nums, invalid JSON lines) are skipped and counted, with a single
+  warning, rather than aborting a long run over a few bad records.
+
+  Args:
+      path: A ``.json`` (list of row objects, or an object of columns
+          ``{"target": [...], "nums": [...]}``), ``.jsonl`` (one object per
+          line) or ``.parquet`` file.
+
+  Returns:
+      The problems in file order (without solutions) and the number of
+      skipped rows.
+
+  Raises:
+      FileNotFoundError: If `path` does not exist.
+      ValueError: On an unsupported extension or a .json file whose top
+          level is neither rows nor columns (or is not valid JSON).
+      ImportError: For .parquet when pyarrow is not installed.
+  """
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"no such problem file: {path}")
+  suffix = path.suffix.lower()
+  readers = {
+    ".json": _read_json_rows,
+    ".jsonl": _read_jsonl_rows,
+    ".parquet": _read_parquet_rows,
+  }
+  if suffix not in readers:
+    raise ValueError(
+      f"unsupported problem file extension {suffix!r} for {path}; "
+      f"supported: {', '.join(_SUPPORTED_EXTENSIONS)}"
+    )
+  rows, skipped = readers[suffix](path)
+  problems = []
+  for row in rows:
+    problem = _row_to_problem(row)
+    if problem is None:
+      skipped += 1
+    else:
+      problems.append(problem)
+  if skipped:
+    _LOG.warning("Skipped %d malformed row(s) in %s", skipped, path)
+  return problems, skipped
+
+
+# ---------------------------------------------------------------------------
+# Task bundle.
+
+
+class CountdownTask:
+  """Countdown bundled with its data source and prompt template.
+
+  Training problems come from the generator, or from `train_data` (e.g. a
+  loaded file) indexed modulo its length; evaluation problems always come
+  from the generator's held-out test split.
+  """
+
+  name = "countdown"
+  success_threshold = SUCCESS_THRESHOLD
+
+  def __init__(
+    self,
+    config: GeneratorConfig | None = None,
+    template: str = "short",
+    train_data: Sequence[Problem] | None = None,
+  ):
+    """Initialises the task.
+
+    Args:
+        config: Generator settings; defaults to GeneratorConfig().
+        template: Key of TEMPLATES used by `prompt`.
+        train_data: Optional fixed training problems replacing the
+            generator's train split.
+
+    Raises:
+        ValueError: On an unknown template or empty `train_data`.
+    """
+    if template not in TEMPLATES:
+      raise ValueError(f"template must be one of {sorted(TEMPLATES)}, got {template!r}")
+    if train_data is not None and not train_data:
+      raise ValueError("train_data must not be empty")
+    self.config = config if config is not None else GeneratorConfig()
+    self.template = template
+    self.train_data = tuple(train_data) if train_data is not None else None
+
+  @classmethod
+  def from_file(
+    cls,
+    path: str | os.PathLike[str],
+    config: GeneratorConfig | None = None,
+    template: str = "short",
+  ) -> CountdownTask:
+    """Task whose training problems come from a file (see load_problems).
+
+    Rows whose canonical key falls in the generator's test split are
+    dropped so the generated evaluation set stays held out.
+
+    Raises:
+        ValueError: If no usable training rows remain.
+    """
+    config = config if config is not None else GeneratorConfig()
+    problems, _ = load_problems(path)
+    train = [p for p in problems if split_of(p.nums, p.target, config.eval_fraction) == "train"]
+    if not train:
+      raise ValueError(f"no usable training problems in {path}")
+    return cls(config=config, template=template, train_data=train)
+
+  def train_problem(self, index: int) -> Problem:
+    """Training problem at data position `index` (random access)."""
+    if self.train_data is not None:
+      return self.train_data[index % len(self.train_data)]
+    return generate_problem(self.config, "train", index)
+
+  def eval_problems(self, n: int) -> list[Problem]:
+    """The first `n` held-out problems."""
+    return eval_problems(self.config, n)
+
+  def prompt(self, problem: Problem) -> str:
+    return prompt(problem, self.template)
+
+  def score(self, completion: str, problem: Problem) -> float:
+    return score(completion, problem.nums, problem.target)
+
+  def is_success(self, score_value: float) -> bool:
+    return is_success(score_value)
+
+  def reference_completion(self, problem: Problem) -> str:
+    return reference_completion(problem)

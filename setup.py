@@ -1,0 +1,34 @@
+"""grpo_jax: sample-efficient RL post-training of language models in JAX."""
+
+import setuptools
+
+setuptools.setup(
+    name="grpo_jax",
+    version="0.1.0",
+    description=("GRPO and rollout-efficient replay / allocation methods (POPO, prioritised "
+                 "replay, Headroom-Drift, SARA) for RLVR in JAX/Flax NNX."),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=setuptools.find_packages(include=["grpo_jax", "grpo_jax.*"]),
+    package_data={"grpo_jax": ["assets/*/*"]},
+    include_package_data=True,
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.6",
+        "flax>=0.12",
+        "optax",
+        "orbax-checkpoint",
+        "chex",
+        "ml-collections",
+        "transformers>=4.51",
+        "tensorflow-datasets",
+        "safetensors>=0.4",
+        "tokenizers",
+        "numpy",
+        "absl-py",
+        "tqdm",
+    ],
+    extras_require={
+        "test": ["pytest", "hypothesis", "pyarrow"],
+    },
+)

@@ -1,0 +1,190 @@
+"""Qwen3-family model: parity with transformers, checkpoint I/O, KV cache, errors."""
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from grpo_jax.models import (CheckpointError, KVCache, ModelConfig, Qwen3, from_pretrained,
+                             positions_from_mask, save_pretrained)
+from grpo_jax.models.hf import hf_name
+
+TOL = 1e-4  # the issue's bound on max |logits - transformers logits|
+
+
+def _max_abs(a, b):
+  return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen2"])
+def test_logits_match_transformers_golden(name, golden, request):
+  model = request.getfixturevalue(f"tiny_{name}")
+  logits = model(jnp.asarray(golden["input_ids"]))
+  assert logits.dtype == jnp.float32
+  assert logits.shape == golden[f"{name}_logits"].shape == (2, 12, 128)
+  assert _max_abs(logits, golden[f"{name}_logits"]) <= TOL
+
+
+def test_left_padded_logits_match_transformers_golden(tiny_qwen3, golden):
+  mask = golden["padded_attention_mask"].astype(bool)
+  logits = tiny_qwen3(jnp.asarray(golden["padded_input_ids"]), jnp.asarray(mask))
+  # Only real positions are defined; row 0 has 4 pads, row 1 none.
+  assert _max_abs(np.asarray(logits)[mask], golden["qwen3_padded_logits"][mask]) <= TOL
+
+
+def test_left_padding_does_not_change_real_positions(tiny_qwen3):
+  ids = jnp.asarray(np.random.RandomState(1).randint(0, 128, (1, 7)), jnp.int32)
+  plain = tiny_qwen3(ids)
+  padded_ids = jnp.concatenate([jnp.zeros((1, 3), jnp.int32), ids], axis=1)
+  mask = jnp.arange(10)[None] >= 3
+  padded = tiny_qwen3(padded_ids, mask)
+  assert _max_abs(padded[:, 3:], plain) <= 1e-5
+
+
+def test_positions_from_mask():
+  mask = jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], bool)
+  # Row 0: cumsum 0,0,1,2,3 minus 1 -> -1,-1,0,1,2, pads clipped to 0.
+  np.testing.assert_array_equal(positions_from_mask(mask), [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]])
+
+
+def test_live_parity_with_torch(tmp_path, data_dir):
+  torch = pytest.importorskip("torch")
+  import transformers
+  ids = np.random.RandomState(7).randint(0, 128, (3, 9)).astype(np.int32)
+  for name in ("tiny_qwen3", "tiny_qwen2"):
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        data_dir / name, attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():
+      expected = ref(torch.from_numpy(ids).long()).logits.numpy()
+    ours = from_pretrained(os.fspath(data_dir / name))
+    assert _max_abs(ours(jnp.asarray(ids)), expected) <= TOL
+    # Our writer must produce a folder transformers loads to the same function.
+    save_pretrained(ours, os.fspath(tmp_path / name))
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / name, attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():
+      again = reloaded(torch.from_numpy(ids).long()).logits.numpy()
+    assert _max_abs(again, expected) <= TOL
+
+
+@pytest.mark.parametrize("shard", [None, 60_000])
+def test_save_load_round_trip_is_exact(tiny_qwen3, tmp_path, shard):
+  save_pretrained(tiny_qwen3, os.fspath(tmp_path), max_shard_bytes=shard)
+  if shard:
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+  loaded = from_pretrained(os.fspath(tmp_path))
+  assert loaded.config == tiny_qwen3.config
+  a = nnx.to_flat_state(nnx.state(tiny_qwen3, nnx.Param))
+  b = dict(nnx.to_flat_state(nnx.state(loaded, nnx.Param)))
+  for path, var in a:
+    np.testing.assert_array_equal(np.asarray(var[...]), np.asarray(b[path][...]))
+
+
+def test_saved_folder_has_transformers_names_and_config(tiny_qwen2, tmp_path, data_dir):
+  import transformers
+  from safetensors import safe_open
+  save_pretrained(tiny_qwen2, os.fspath(tmp_path))
+  with safe_open(os.fspath(tmp_path / "model.safetensors"), "numpy") as ours, \
+       safe_open(os.fspath(data_dir / "tiny_qwen2" / "model.safetensors"), "numpy") as ref:
+    assert set(ours.keys()) == set(ref.keys())
+    for key in ref.keys():
+      assert ours.get_tensor(key).shape == ref.get_tensor(key).shape
+  cfg = transformers.AutoConfig.from_pretrained(tmp_path)
+  assert cfg.model_type == "qwen2" and cfg.architectures == ["Qwen2ForCausalLM"]
+
+
+def test_hf_name_mapping():
+  assert hf_name(("layers", 3, "self_attn", "q_proj", "kernel")) == (
+      "model.layers.3.self_attn.q_proj.weight", True)
+  assert hf_name(("layers", 0, "self_attn", "k_norm", "scale")) == (
+      "model.layers.0.self_attn.k_norm.weight", False)
+  assert hf_name(("embed_tokens", "embedding")) == ("model.embed_tokens.weight", False)
+  assert hf_name(("lm_head", "kernel")) == ("lm_head.weight", True)
+
+
+def test_kv_cached_decoding_matches_full_forward(tiny_qwen3):
+  rng = np.random.RandomState(3)
+  p, t = 6, 5
+  ids = jnp.asarray(rng.randint(0, 128, (2, p + t)), jnp.int32)
+  prompt_mask = jnp.asarray([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], bool)
+  full_mask = jnp.concatenate([prompt_mask, jnp.ones((2, t), bool)], axis=1)
+  full = tiny_qwen3(ids, full_mask)
+
+  cache = KVCache.init(tiny_qwen3.config, 2, p + t)
+  h, cache = tiny_qwen3.hidden_states(ids[:, :p], prompt_mask, positions_from_mask(prompt_mask),
+                                      cache)
+  step_logits = [tiny_qwen3.logits(h[:, -1])]
+  next_pos = prompt_mask.sum(-1)
+  for i in range(t - 1):
+    h, cache = tiny_qwen3.hidden_states(ids[:, p + i: p + i + 1], jnp.ones((2, 1), bool),
+                                        (next_pos + i)[:, None], cache)
+    step_logits.append(tiny_qwen3.logits(h[:, 0]))
+  cached = jnp.stack(step_logits, axis=1)  # predictions for positions p-1 .. p+t-2
+  assert int(cache.index) == p + t - 1
+  assert _max_abs(cached, full[:, p - 1: p + t - 1]) <= 1e-5
+
+
+def test_bfloat16_model_runs_and_tracks_float32(data_dir, golden, tiny_qwen3):
+  bf16 = from_pretrained(os.fspath(data_dir / "tiny_qwen3"), param_dtype="bfloat16",
+                         dtype="bfloat16")
+  assert bf16.embed_tokens.embedding[...].dtype == jnp.bfloat16
+  logits = bf16(jnp.asarray(golden["input_ids"]))
+  assert logits.dtype == jnp.float32
+  # bf16 keeps ~3 significant digits; logits are O(5), so errors of a few 0.1 are expected,
+  # while a wiring bug gives errors of the logits' own size.
+  ref = tiny_qwen3(jnp.asarray(golden["input_ids"]))
+  assert _max_abs(logits, ref) < 0.5
+  assert np.mean(np.argmax(logits, -1) == np.argmax(ref, -1)) > 0.9
+
+
+def test_random_init_shapes_and_param_count():
+  cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=8, tie_word_embeddings=False)
+  model = Qwen3(cfg, rngs=nnx.Rngs(0))
+  counted = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  # embed 64*32=2048; per layer: q 32*32=1024, k 32*16=512, v 512, o 32*32=1024,
+  # q/k norm 2*8=16, mlp 3*32*48=4608, two norms 64 -> 7760; 2 layers 15520;
+  # final norm 32; lm_head 32*64=2048. Total 2048+15520+32+2048 = 19648.
+  assert counted == cfg.num_params == 19648
+  assert model(jnp.zeros((1, 4), jnp.int32)).shape == (1, 4, 64)
+
+
+def test_missing_folder_and_config(tmp_path):
+  with pytest.raises(FileNotFoundError, match="not found"):
+    from_pretrained(os.fspath(tmp_path / "nope"))
+  with pytest.raises(FileNotFoundError, match="config.json"):
+    from_pretrained(os.fspath(tmp_path))
+
+
+def test_unsupported_architecture_is_named(tmp_path, data_dir):
+  shutil.copytree(data_dir / "tiny_qwen2", tmp_path / "m")
+  cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+  cfg.update(model_type="gpt2", architectures=["GPT2LMHeadModel"])
+  (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(CheckpointError, match="gpt2.*supported model types: qwen3, qwen2"):
+    from_pretrained(os.fspath(tmp_path / "m"))
+
+
+def test_missing_tensor_is_named(tmp_path, tiny_qwen2):
+  from safetensors.numpy import load_file, save_file
+  save_pretrained(tiny_qwen2, os.fspath(tmp_path))
+  tensors = load_file(os.fspath(tmp_path / "model.safetensors"))
+  del tensors["model.layers.1.mlp.up_proj.weight"]
+  save_file(tensors, os.fspath(tmp_path / "model.safetensors"))
+  with pytest.raises(CheckpointError, match=r"missing 1 tensor.*model\.layers\.1\.mlp\.up_proj"):
+    from_pretrained(os.fspath(tmp_path))
+
+
+def test_model_config_validation():
+  with pytest.raises(ValueError, match="num_kv_heads"):
+    ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=3,
+                num_kv_heads=2, head_dim=4)
+  with pytest.raises(ValueError, match="dtype"):
+    ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2,
+                num_kv_heads=1, head_dim=4, dtype="int8")

@@ -1,0 +1,155 @@
+"""Sampler: greedy = argmax of the full forward; behaviour log-probs = teacher-forced ones."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from grpo_jax import sampler as sampler_lib
+from grpo_jax.logprobs import completion_logprobs, token_logprobs
+from grpo_jax.sampler import SamplingConfig, filter_logits
+
+N, P, T = 4, 6, 8
+EOS = 5
+PAD = 0
+
+
+@pytest.fixture(scope="module")
+def prompts():
+  rng = np.random.RandomState(0)
+  ids = rng.randint(6, 128, (N, P)).astype(np.int32)  # ids >= 6: no EOS inside prompts
+  mask = np.ones((N, P), bool)
+  mask[0, :3] = False  # left padding of different lengths
+  mask[2, :5] = False
+  ids[~mask] = PAD
+  return jnp.asarray(ids), jnp.asarray(mask)
+
+
+@pytest.fixture(scope="module")
+def split(tiny_qwen3):
+  return nnx.split(tiny_qwen3)
+
+
+def test_greedy_equals_stepwise_argmax_of_full_forward(tiny_qwen3, split, prompts):
+  ids, mask = prompts
+  config = SamplingConfig(max_new_tokens=T, eos_ids=(EOS,), pad_id=PAD, temperature=0.0)
+  out = sampler_lib.make_sampler(split[0], config)(split[1], ids, mask, jax.random.key(0))
+  seq, seq_mask = ids, mask
+  expected = []
+  for _ in range(T):
+    logits = tiny_qwen3(seq, seq_mask)[:, -1]
+    nxt = jnp.argmax(logits, -1).astype(jnp.int32)
+    expected.append(nxt)
+    seq = jnp.concatenate([seq, nxt[:, None]], 1)
+    seq_mask = jnp.concatenate([seq_mask, jnp.ones((N, 1), bool)], 1)
+  expected = np.stack(expected, 1)
+  got = np.asarray(out.tokens_NxT)
+  mask_np = np.asarray(out.mask_NxT)
+  # Rows agree up to and including their EOS; after it the sampler writes PAD.
+  np.testing.assert_array_equal(got[mask_np], expected[mask_np])
+  assert np.all(got[~mask_np] == PAD)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_behaviour_logprobs_equal_teacher_forced(tiny_qwen3, split, prompts, temperature):
+  ids, mask = prompts
+  config = SamplingConfig(max_new_tokens=T, eos_ids=(EOS,), pad_id=PAD, temperature=temperature)
+  out = sampler_lib.make_sampler(split[0], config)(split[1], ids, mask, jax.random.key(1))
+  teacher = completion_logprobs(tiny_qwen3, ids, mask, out.tokens_NxT, temperature)
+  m = np.asarray(out.mask_NxT)
+  assert m.sum() > N  # something was generated
+  diff = np.abs(np.asarray(teacher) - np.asarray(out.logp_NxT))[m]
+  assert diff.max() <= 1e-5
+  assert np.all(np.asarray(out.logp_NxT)[~m] == 0.0)
+
+
+def test_eos_stops_a_row_and_masks_the_rest(split, prompts):
+  ids, mask = prompts
+  graphdef, params = split
+  never = SamplingConfig(max_new_tokens=T, eos_ids=(127,), pad_id=PAD, temperature=0.0)
+  free = sampler_lib.make_sampler(graphdef, never)(params, ids, mask, jax.random.key(2))
+  # Declare the token row 0 emits at step 2 an EOS: row 0 must now stop at step 2 or earlier.
+  eos = int(free.tokens_NxT[0, 2])
+  config = SamplingConfig(max_new_tokens=T, eos_ids=(eos,), pad_id=PAD, temperature=0.0)
+  out = sampler_lib.make_sampler(graphdef, config)(params, ids, mask, jax.random.key(2))
+  tokens, m = np.asarray(out.tokens_NxT), np.asarray(out.mask_NxT)
+  assert out.lengths_N[0] <= 3 and not out.truncated_N[0]
+  for row in range(N):
+    hits = np.flatnonzero(tokens[row] == eos)
+    if hits.size:
+      k = hits[0]
+      assert m[row, :k + 1].all() and not m[row, k + 1:].any()
+      assert out.lengths_N[row] == k + 1 and not out.truncated_N[row]
+      assert np.all(tokens[row, k + 1:] == PAD)
+      # Before the EOS, greedy decoding is unchanged.
+      np.testing.assert_array_equal(tokens[row, :k + 1], np.asarray(free.tokens_NxT)[row, :k + 1])
+    else:
+      assert m[row].all() and out.lengths_N[row] == T and out.truncated_N[row]
+
+
+def test_eos_everywhere_stops_the_loop_at_step_zero():
+  """A model whose output head always prefers token 3: every row ends after one token."""
+  from grpo_jax.models import ModelConfig, Qwen3
+  cfg = ModelConfig(vocab_size=16, hidden_size=16, intermediate_size=16, num_layers=1,
+                    num_heads=2, num_kv_heads=1, head_dim=8, tie_word_embeddings=False)
+  model = Qwen3(cfg, rngs=nnx.Rngs(0))
+  h = model.hidden_states(jnp.ones((1, 1), jnp.int32))[0][0, 0]
+  # Column 3 of the head aligned with the hidden state: logit 3 = 100 * sum|h| >> others (0).
+  model.lm_head.kernel[...] = jnp.zeros((16, 16)).at[:, 3].set(100.0 * jnp.sign(h))
+  graphdef, params = nnx.split(model)
+  config = SamplingConfig(max_new_tokens=5, eos_ids=(3,), pad_id=0, temperature=1.0)
+  ids = jnp.ones((2, 2), jnp.int32)
+  out = sampler_lib.make_sampler(graphdef, config)(params, ids, jnp.ones((2, 2), bool),
+                                                   jax.random.key(0))
+  np.testing.assert_array_equal(out.tokens_NxT, [[3, 0, 0, 0, 0]] * 2)
+  np.testing.assert_array_equal(out.lengths_N, [1, 1])
+  np.testing.assert_array_equal(out.truncated_N, [False, False])
+  np.testing.assert_array_equal(out.mask_NxT, [[True, False, False, False, False]] * 2)
+
+
+def test_one_compilation_per_shape(split, prompts):
+  ids, mask = prompts
+  config = SamplingConfig(max_new_tokens=4, eos_ids=(EOS,), pad_id=PAD, temperature=1.0)
+  fn = sampler_lib.make_sampler(split[0], config)
+  for seed in range(3):
+    jax.block_until_ready(fn(split[1], ids, mask, jax.random.key(seed)))
+  assert fn._cache_size() == 1
+  fn(split[1], ids[:2], mask[:2], jax.random.key(0))
+  assert fn._cache_size() == 2
+
+
+def test_top_k_and_top_p_logprobs_are_of_the_renormalised_distribution(split, prompts):
+  ids, mask = prompts
+  config = SamplingConfig(max_new_tokens=T, eos_ids=(EOS,), pad_id=PAD, temperature=1.0,
+                          top_k=5, top_p=0.9)
+  out = sampler_lib.make_sampler(split[0], config)(split[1], ids, mask, jax.random.key(3))
+  m = np.asarray(out.mask_NxT)
+  # Renormalising over a subset raises every kept token's probability, so log-probs under the
+  # filtered distribution are >= those under the full one (equality only if nothing was cut).
+  model = nnx.merge(*split)
+  full = np.asarray(completion_logprobs(model, ids, mask, out.tokens_NxT, 1.0))
+  assert np.all(np.asarray(out.logp_NxT)[m] >= full[m] - 1e-5)
+
+
+def test_filter_logits_by_hand():
+  logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+  cfg = SamplingConfig(max_new_tokens=1, eos_ids=(0,), pad_id=0, top_k=2)
+  kept = np.isfinite(np.asarray(filter_logits(logits, cfg)))
+  np.testing.assert_array_equal(kept, [[True, True, False, False]])
+  # top_p 0.8: mass before each sorted token is 0, 0.5, 0.8, 0.95; keep where it is < 0.8,
+  # i.e. the first two tokens (0.5 + 0.3 = 0.8 reaches p).
+  cfg = SamplingConfig(max_new_tokens=1, eos_ids=(0,), pad_id=0, top_p=0.8)
+  kept = np.isfinite(np.asarray(filter_logits(logits, cfg)))
+  np.testing.assert_array_equal(kept, [[True, True, False, False]])
+  # Renormalised log-prob of token 1 with top_k=2: log(0.3 / 0.8).
+  cfg = SamplingConfig(max_new_tokens=1, eos_ids=(0,), pad_id=0, top_k=2)
+  lp = token_logprobs(filter_logits(logits, cfg), jnp.array([1]))
+  np.testing.assert_allclose(lp, np.log(0.3 / 0.8), rtol=1e-6)
+
+
+def test_sampling_config_validation():
+  with pytest.raises(ValueError, match="top_p"):
+    SamplingConfig(max_new_tokens=1, eos_ids=(0,), pad_id=0, top_p=0.0)
+  with pytest.raises(ValueError, match="eos_ids"):
+    SamplingConfig(max_new_tokens=1, eos_ids=(), pad_id=0)
