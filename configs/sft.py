@@ -48,15 +48,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.completion_len = 16  # T (a reference answer is ~8 tokens with EOS)
 
   c.eval = ml_collections.ConfigDict()
-  c.eval.every = 100  # steps between validation evaluations
-  c.eval.num_prompts = 128  # validation prompts (test split, disjoint from the RL eval slice)
+  c.eval.every = 50  # steps between validation evaluations
+  c.eval.num_prompts = 256  # validation prompts (test split, disjoint from the RL eval slice)
   c.eval.validation_offset = 10_000  # validation = test-split problems from this index on
   c.eval.final_prompts = 256  # held-out prompts of the final report (test indices 0..n-1)
   c.eval.samples = 8  # k samples per prompt
   c.eval.temperature = 1.0  # sampling temperature of the calibration
 
   c.stop = ml_collections.ConfigDict()
-  c.stop.target_accuracy = 0.25  # stop once validation mean@8 reaches this
+  c.stop.target_accuracy = 0.20  # stop once validation mean@8 reaches this (groups of 8 then stay
+  # all-wrong or all-right often enough, >= 30%, for replay and allocation to matter)
 
   if arg == "smoke":
     c.model.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,

@@ -154,7 +154,7 @@ def run(config, output_dir: str | None = None) -> dict:
   with open(os.path.join(output_dir, "sft_summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
   print(json.dumps({"steps": step, "train_seconds": summary["train_seconds"],
-                    "mean_at_8": final["mean_at_k"],
+                    f"mean_at_{ev.samples}": final["mean_at_k"],
                     "constant_fraction": final["constant_fraction"],
                     "greedy_accuracy": summary["greedy_accuracy"], "output_dir": output_dir}))
   return summary

@@ -116,15 +116,22 @@ def test_kv_cached_decoding_matches_full_forward(tiny_qwen3):
   full_mask = jnp.concatenate([prompt_mask, jnp.ones((2, t), bool)], axis=1)
   full = tiny_qwen3(ids, full_mask)
 
+  graphdef, params = nnx.split(tiny_qwen3)
+
+  @jax.jit
+  def run(params, tokens, mask, positions, cache):
+    model = nnx.merge(graphdef, params)
+    h, cache = model.hidden_states(tokens, mask, positions, cache)
+    return model.logits(h[:, -1]), cache
+
   cache = KVCache.init(tiny_qwen3.config, 2, p + t)
-  h, cache = tiny_qwen3.hidden_states(ids[:, :p], prompt_mask, positions_from_mask(prompt_mask),
-                                      cache)
-  step_logits = [tiny_qwen3.logits(h[:, -1])]
+  logits, cache = run(params, ids[:, :p], prompt_mask, positions_from_mask(prompt_mask), cache)
+  step_logits = [logits]
   next_pos = prompt_mask.sum(-1)
   for i in range(t - 1):
-    h, cache = tiny_qwen3.hidden_states(ids[:, p + i: p + i + 1], jnp.ones((2, 1), bool),
-                                        (next_pos + i)[:, None], cache)
-    step_logits.append(tiny_qwen3.logits(h[:, 0]))
+    logits, cache = run(params, ids[:, p + i: p + i + 1], jnp.ones((2, 1), bool),
+                        (next_pos + i)[:, None], cache)
+    step_logits.append(logits)
   cached = jnp.stack(step_logits, axis=1)  # predictions for positions p-1 .. p+t-2
   assert int(cache.index) == p + t - 1
   assert _max_abs(cached, full[:, p - 1: p + t - 1]) <= 1e-5

@@ -35,14 +35,16 @@ def test_greedy_equals_stepwise_argmax_of_full_forward(tiny_qwen3, split, prompt
   ids, mask = prompts
   config = SamplingConfig(max_new_tokens=T, eos_ids=(EOS,), pad_id=PAD, temperature=0.0)
   out = sampler_lib.make_sampler(split[0], config)(split[1], ids, mask, jax.random.key(0))
-  seq, seq_mask = ids, mask
+  # Reference: a plain full forward over a fixed [N, P + T] buffer (one compilation); causal
+  # attention means the not-yet-written slots cannot influence position P - 1 + t.
+  forward = jax.jit(lambda params, seq, m: nnx.merge(split[0], params)(seq, m))
+  seq = jnp.concatenate([ids, jnp.zeros((N, T), jnp.int32)], 1)
+  seq_mask = jnp.concatenate([mask, jnp.ones((N, T), bool)], 1)
   expected = []
-  for _ in range(T):
-    logits = tiny_qwen3(seq, seq_mask)[:, -1]
-    nxt = jnp.argmax(logits, -1).astype(jnp.int32)
+  for t in range(T):
+    nxt = jnp.argmax(forward(split[1], seq, seq_mask)[:, P - 1 + t], -1).astype(jnp.int32)
     expected.append(nxt)
-    seq = jnp.concatenate([seq, nxt[:, None]], 1)
-    seq_mask = jnp.concatenate([seq_mask, jnp.ones((N, 1), bool)], 1)
+    seq = seq.at[:, P + t].set(nxt)
   expected = np.stack(expected, 1)
   got = np.asarray(out.tokens_NxT)
   mask_np = np.asarray(out.mask_NxT)

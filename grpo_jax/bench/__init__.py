@@ -1,0 +1,1 @@
+"""Benchmark entry points (timing lives here, never in tests)."""
