@@ -155,3 +155,14 @@ def test_sampling_config_validation():
     SamplingConfig(max_new_tokens=1, eos_ids=(0,), pad_id=0, top_p=0.0)
   with pytest.raises(ValueError, match="eos_ids"):
     SamplingConfig(max_new_tokens=1, eos_ids=(), pad_id=0)
+
+
+def test_inverse_cdf_draws_follow_the_distribution():
+  probs = np.array([0.5, 0.3, 0.15, 0.05, 0.0])
+  n = 20_000
+  logp = jnp.log(jnp.asarray(np.tile(probs, (n, 1)), jnp.float32))
+  draws = np.asarray(sampler_lib._inverse_cdf_sample(jax.random.key(0), logp))
+  freq = np.bincount(draws, minlength=5) / n
+  # Binomial std of a frequency: sqrt(p (1 - p) / n) <= sqrt(0.25 / 20000) = 0.0035; allow 5 std.
+  np.testing.assert_allclose(freq, probs, atol=5 * 0.0036)
+  assert freq[4] == 0.0  # a zero-probability (filtered) token is never drawn
