@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import app, flags, logging
+from absl import app, logging
 from flax import nnx
 from ml_collections import config_flags
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import pytest
 
 from grpo_jax.tasks import arithmetic
-from grpo_jax.tasks import countdown
+from grpo_jax.tasks import countdown, countdown_files
 
 NUMS = (3, 5, 7)
 TARGET = 56  # (3 + 5) * 7 = 8 * 7 = 56
@@ -458,7 +458,7 @@ def test_load_json_rows(tmp_path):
       ]
     )
   )
-  problems, skipped = countdown.load_problems(path)
+  problems, skipped = countdown_files.load_problems(path)
   assert problems == [
     countdown.Problem(nums=(44, 19, 35), target=98),
     countdown.Problem(nums=(3, 5, 7), target=56),
@@ -477,7 +477,7 @@ def test_load_json_columns(tmp_path):
       }
     )
   )
-  problems, skipped = countdown.load_problems(str(path))
+  problems, skipped = countdown_files.load_problems(str(path))
   assert [p.target for p in problems] == [98, 56]
   assert skipped == 2
 
@@ -486,7 +486,7 @@ def test_load_json_bad_top_level(tmp_path):
   path = tmp_path / "bad.json"
   path.write_text(json.dumps({"rows": []}))
   with pytest.raises(ValueError, match="target"):
-    countdown.load_problems(path)
+    countdown_files.load_problems(path)
 
 
 def test_load_jsonl(tmp_path):
@@ -498,7 +498,7 @@ def test_load_jsonl(tmp_path):
     '{"target": 5, "nums": "12"}\n'  # nums not a list: skipped
     '{"target": 56, "nums": [3, 5, 7]}\n'
   )
-  problems, skipped = countdown.load_problems(path)
+  problems, skipped = countdown_files.load_problems(path)
   assert [p.nums for p in problems] == [(44, 19, 35), (3, 5, 7)]
   assert skipped == 2
 
@@ -509,7 +509,7 @@ def test_load_parquet(tmp_path):
   path = tmp_path / "rows.parquet"
   table = pa.table({"target": [98, 56, 7], "nums": [[44, 19, 35], [3, 5, 7], []]})
   pq.write_table(table, path)
-  problems, skipped = countdown.load_problems(path)
+  problems, skipped = countdown_files.load_problems(path)
   assert problems == [
     countdown.Problem(nums=(44, 19, 35), target=98),
     countdown.Problem(nums=(3, 5, 7), target=56),
@@ -520,11 +520,11 @@ def test_load_parquet(tmp_path):
 def test_load_errors(tmp_path):
   missing = tmp_path / "missing.json"
   with pytest.raises(FileNotFoundError, match="missing.json"):
-    countdown.load_problems(missing)
+    countdown_files.load_problems(missing)
   other = tmp_path / "rows.csv"
   other.write_text("target,nums\n")
   with pytest.raises(ValueError, match=r"\.jsonl"):
-    countdown.load_problems(other)
+    countdown_files.load_problems(other)
 
 
 # ---------------------------------------------------------------------------

@@ -28,10 +28,8 @@ import collections
 import dataclasses
 import fractions
 import hashlib
-import json
 import logging
 import os
-import pathlib
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -231,7 +229,7 @@ def _leaf(number: int) -> _Expr:
 # Generator.
 
 
-def _is_plain_int(value: Any) -> bool:
+def is_plain_int(value: Any) -> bool:
   return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
@@ -263,7 +261,7 @@ class GeneratorConfig:
       if field.name == "eval_fraction":
         continue
       value = getattr(self, field.name)
-      if not _is_plain_int(value):
+      if not is_plain_int(value):
         raise ValueError(f"{field.name} must be an int, got {value!r}")
     if self.num_numbers not in (2, 3, 4, 5, 6):
       raise ValueError(f"num_numbers must be in 2..6, got {self.num_numbers}")
@@ -477,115 +475,6 @@ def solve(nums: Sequence[int], target: int) -> str | None:
 
 
 # ---------------------------------------------------------------------------
-# Loading "Countdown-Tasks-3to4"-style files.
-
-_SUPPORTED_EXTENSIONS = (".json", ".jsonl", ".parquet")
-
-
-def _row_to_problem(row: Any) -> Problem | None:
-  """Converts one row dict to a Problem, or None if it is malformed."""
-  if not isinstance(row, dict):
-    return None
-  target, nums = row.get("target"), row.get("nums")
-  if not _is_plain_int(target):
-    return None
-  if not isinstance(nums, (list, tuple)) or not nums:
-    return None
-  if not all(_is_plain_int(n) for n in nums):
-    return None
-  return Problem(nums=tuple(int(n) for n in nums), target=int(target))
-
-
-def _read_json_rows(path: pathlib.Path) -> tuple[list[Any], int]:
-  """Rows of a .json file (list of rows, or dict of columns)."""
-  with path.open("r", encoding="utf-8") as f:
-    data = json.load(f)
-  if isinstance(data, list):
-    return data, 0
-  if isinstance(data, dict) and "target" in data and "nums" in data:
-    targets, nums = data["target"], data["nums"]
-    if not isinstance(targets, list) or not isinstance(nums, list):
-      raise ValueError(f"{path}: columns 'target' and 'nums' must be lists")
-    # Rows present in only one column lack a field: count them as skipped.
-    rows = [{"target": t, "nums": n} for t, n in zip(targets, nums)]
-    return rows, abs(len(targets) - len(nums))
-  raise ValueError(f"{path}: expected a list of rows or a dict with 'target' and 'nums' columns")
-
-
-def _read_jsonl_rows(path: pathlib.Path) -> tuple[list[Any], int]:
-  """Rows of a .jsonl file; blank lines ignored, invalid JSON counted."""
-  rows, invalid = [], 0
-  with path.open("r", encoding="utf-8") as f:
-    for line in f:
-      if not line.strip():
-        continue
-      try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError:
-        invalid += 1
-  return rows, invalid
-
-
-def _read_parquet_rows(path: pathlib.Path) -> tuple[list[Any], int]:
-  """Rows of a .parquet file, read with pyarrow."""
-  try:
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ImportError("Reading .parquet files needs pyarrow: pip install pyarrow") from e
-  return pq.read_table(path, columns=["target", "nums"]).to_pylist(), 0
-
-
-def load_problems(path: str | os.PathLike[str]) -> tuple[list[Problem], int]:
-  """Loads problems in the "Countdown-Tasks-3to4" row format.
-
-  Each row has ``target`` (int) and ``nums`` (non-empty list of ints).
-  Malformed rows (missing fields, non-integer or bool values, empty or
-  non-list nums, invalid JSON lines) are skipped and counted, with a single
-  warning, rather than aborting a long run over a few bad records.
-
-  Args:
-      path: A ``.json`` (list of row objects, or an object of columns
-          ``{"target": [...], "nums": [...]}``), ``.jsonl`` (one object per
-          line) or ``.parquet`` file.
-
-  Returns:
-      The problems in file order (without solutions) and the number of
-      skipped rows.
-
-  Raises:
-      FileNotFoundError: If `path` does not exist.
-      ValueError: On an unsupported extension or a .json file whose top
-          level is neither rows nor columns (or is not valid JSON).
-      ImportError: For .parquet when pyarrow is not installed.
-  """
-  path = pathlib.Path(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"no such problem file: {path}")
-  suffix = path.suffix.lower()
-  readers = {
-    ".json": _read_json_rows,
-    ".jsonl": _read_jsonl_rows,
-    ".parquet": _read_parquet_rows,
-  }
-  if suffix not in readers:
-    raise ValueError(
-      f"unsupported problem file extension {suffix!r} for {path}; "
-      f"supported: {', '.join(_SUPPORTED_EXTENSIONS)}"
-    )
-  rows, skipped = readers[suffix](path)
-  problems = []
-  for row in rows:
-    problem = _row_to_problem(row)
-    if problem is None:
-      skipped += 1
-    else:
-      problems.append(problem)
-  if skipped:
-    _LOG.warning("Skipped %d malformed row(s) in %s", skipped, path)
-  return problems, skipped
-
-
-# ---------------------------------------------------------------------------
 # Task bundle.
 
 
@@ -641,7 +530,9 @@ class CountdownTask:
         ValueError: If no usable training rows remain.
     """
     config = config if config is not None else GeneratorConfig()
-    problems, _ = load_problems(path)
+    from grpo_jax.tasks import countdown_files  # pylint: disable=g-import-not-at-top
+
+    problems, _ = countdown_files.load_problems(path)
     train = [p for p in problems if split_of(p.nums, p.target, config.eval_fraction) == "train"]
     if not train:
       raise ValueError(f"no usable training problems in {path}")
