@@ -1,0 +1,77 @@
+"""Group-relative advantage estimators and the effective-group mask.
+
+Rewards come as [B, G]: B groups (prompts) of G rollouts each. Estimators, by name:
+
+* ``grpo``: (r - mean) / (std + eps), with the population std (ddof = 0) of the group, as in
+  DeepSeekMath (arXiv 2402.03300) and verl; eps = 1e-6.
+* ``drgrpo``: r - mean, no std division (Dr. GRPO, arXiv 2503.20783).
+* ``rloo``: r - mean of the other G - 1 rewards = G / (G - 1) * (r - mean) (RLOO,
+  Ahmadian et al., arXiv 2402.14740).
+
+A group is *effective* when its success signal is not constant: neither all successes nor all
+failures (POPO, arXiv 2606.01281; DAPO's dynamic-sampling filter, arXiv 2503.14476).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+
+def grpo(rewards_BxG: jax.Array, eps: float = 1e-6) -> jax.Array:
+  """(r - mean) / (std + eps) within each group; std with ddof = 0."""
+  r = rewards_BxG.astype(jnp.float32)
+  mean = jnp.mean(r, axis=-1, keepdims=True)
+  std = jnp.std(r, axis=-1, keepdims=True)
+  return (r - mean) / (std + eps)
+
+
+def drgrpo(rewards_BxG: jax.Array, eps: float = 1e-6) -> jax.Array:
+  """r - mean within each group (no std normalisation)."""
+  del eps
+  r = rewards_BxG.astype(jnp.float32)
+  return r - jnp.mean(r, axis=-1, keepdims=True)
+
+
+def rloo(rewards_BxG: jax.Array, eps: float = 1e-6) -> jax.Array:
+  """r_i - mean_{j != i} r_j (leave-one-out baseline); needs G >= 2."""
+  del eps
+  r = rewards_BxG.astype(jnp.float32)
+  g = r.shape[-1]
+  others = (jnp.sum(r, axis=-1, keepdims=True) - r) / (g - 1)
+  return r - others
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., jax.Array]] = {
+    "grpo": grpo,
+    "drgrpo": drgrpo,
+    "rloo": rloo,
+}
+
+
+def group_advantages(rewards_BxG: jax.Array, estimator: str = "grpo",
+                     eps: float = 1e-6) -> jax.Array:
+  """Advantages [B, G] float32 from rewards [B, G] with the named estimator.
+
+  Raises:
+    ValueError: unknown estimator name (lists the known ones).
+  """
+  if estimator not in ADVANTAGE_ESTIMATORS:
+    raise ValueError(f"unknown advantage estimator {estimator!r}; known: "
+                     f"{', '.join(ADVANTAGE_ESTIMATORS)}")
+  if rewards_BxG.shape[-1] < 2:
+    raise ValueError(f"group size must be >= 2 for group-relative advantages, "
+                     f"got {rewards_BxG.shape[-1]}")
+  return ADVANTAGE_ESTIMATORS[estimator](rewards_BxG, eps=eps)
+
+
+def effective_groups(success_BxG: jax.Array, tol: float = 1e-6) -> jax.Array:
+  """bool [B]: the group's success signal varies (not all equal within ``tol``).
+
+  Works for bool successes and for continuous scores: a group counts as constant when
+  max - min <= tol, never by exact float equality.
+  """
+  s = success_BxG.astype(jnp.float32)
+  return (jnp.max(s, axis=-1) - jnp.min(s, axis=-1)) > tol

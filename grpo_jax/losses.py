@@ -1,0 +1,208 @@
+"""Clipped, importance-weighted policy loss with KL and entropy terms: one function, named switches.
+
+Per token, with log-probs of the current policy (theta), the proximal policy (prox: the
+parameters at the start of the step) and the behaviour policy (mu: the one that sampled):
+
+  rho = pi_theta / pi_prox                              trust-region ratio (PPO, 1707.06347)
+  w   = sg(pi_prox / mu), capped ("truncate") or
+        zeroed above the cap ("mask")                   decoupled PPO (Hilton et al. 2110.00641);
+                                                        AReaL masks, verl/TIS truncates
+  pg  = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))   clip-higher: DAPO (2503.14476)
+  pg  = min(pg, -A c) where A < 0                       dual clip (Ye et al. 1912.09729)
+  loss_t = w pg + beta KL_t(theta || ref) - alpha H_t
+
+Fresh on-policy data has prox = mu, so w = exp(0) = 1 exactly. KL estimators (Schulman, "Approximating
+KL divergence", 2020), with log r = log pi_ref - log pi_theta on tokens sampled from pi_theta:
+k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r (GRPO's choice).
+
+Aggregations: "token-mean" (DAPO: all tokens of the batch weigh the same), "seq-mean-token-mean"
+(GRPO: average within each sequence, then over sequences), "seq-mean-token-sum-norm" (Dr. GRPO:
+sum over tokens divided by a constant, the max completion length).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+IS_MODES = ("none", "truncate", "mask")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """Static switches of ``policy_loss`` (hashable).
+
+  Attributes:
+    clip_low: eps_low; rho is clipped below at 1 - clip_low.
+    clip_high: eps_high; rho is clipped above at 1 + clip_high (> clip_low: clip-higher).
+    dual_clip: c > 1 bounds the loss of negative-advantage tokens at -A c; None disables.
+    is_mode: behaviour importance weight pi_prox / mu: "none" (w = 1), "truncate"
+      (min(w, cap)) or "mask" (w where w <= cap, else 0).
+    is_cap: the cap of the behaviour weight.
+    aggregation: one of AGGREGATIONS.
+    norm_constant: divisor per sequence of "seq-mean-token-sum-norm" (tokens); 0 means the
+      completion length T of the batch.
+    kl_coef: beta of the KL penalty to the frozen reference (0 disables it).
+    kl_estimator: "k1", "k2" or "k3".
+    entropy_coef: alpha of the entropy bonus (0 disables it).
+  """
+
+  clip_low: float = 0.2
+  clip_high: float = 0.2
+  dual_clip: float | None = None
+  is_mode: str = "truncate"
+  is_cap: float = 2.0
+  aggregation: str = "seq-mean-token-mean"
+  norm_constant: float = 0.0
+  kl_coef: float = 0.0
+  kl_estimator: str = "k3"
+  entropy_coef: float = 0.0
+
+  def __post_init__(self):
+    if not (0.0 <= self.clip_low < 1.0):
+      raise ValueError(f"clip_low must be in [0, 1), got {self.clip_low}")
+    if self.clip_high < 0.0:
+      raise ValueError(f"clip_high must be >= 0, got {self.clip_high}")
+    if self.dual_clip is not None and self.dual_clip <= 1.0:
+      raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+    if self.is_mode not in IS_MODES:
+      raise ValueError(f"is_mode must be one of {IS_MODES}, got {self.is_mode!r}")
+    if self.is_cap <= 0:
+      raise ValueError(f"is_cap must be > 0, got {self.is_cap}")
+    if self.aggregation not in AGGREGATIONS:
+      raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+    if self.kl_estimator not in KL_ESTIMATORS:
+      raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
+    if self.kl_coef < 0 or self.entropy_coef < 0 or self.norm_constant < 0:
+      raise ValueError("kl_coef, entropy_coef and norm_constant must be >= 0")
+
+
+def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> jax.Array:
+  """Per-token estimate of KL(pi_theta || pi_ref) from tokens sampled by pi_theta."""
+  log_r = ref_logp - logp
+  if estimator == "k1":
+    return -log_r
+  if estimator == "k2":
+    return 0.5 * jnp.square(log_r)
+  if estimator == "k3":
+    # The exponent is clamped: a token the reference finds far likelier must not overflow.
+    return _k3(log_r)
+  raise ValueError(f"unknown KL estimator {estimator!r}; known: {KL_ESTIMATORS}")
+
+
+def aggregate(values_NxT: jax.Array, mask_NxT: jax.Array, mode: str,
+              norm_constant: float = 0.0) -> jax.Array:
+  """Reduces per-token values to a scalar with the named aggregation (masked tokens ignored).
+
+  An all-masked row contributes nothing to the token sums; in "seq-mean-token-mean" it is a
+  zero-length sequence whose mean is taken as 0 (and it still counts as a sequence).
+  """
+  mask = mask_NxT.astype(jnp.float32)
+  total = values_NxT * mask
+  if mode == "token-mean":
+    return jnp.sum(total) / jnp.maximum(jnp.sum(mask), 1.0)
+  if mode == "seq-mean-token-mean":
+    per_seq = jnp.sum(total, axis=-1) / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
+    return jnp.mean(per_seq)
+  if mode == "seq-mean-token-sum-norm":
+    norm = norm_constant if norm_constant > 0 else values_NxT.shape[-1]
+    return jnp.sum(total) / (values_NxT.shape[0] * norm)
+  raise ValueError(f"unknown aggregation {mode!r}; known: {AGGREGATIONS}")
+
+
+def _k3(log_ratio):
+  """(r - 1) - log r with the exponent clamped, for diagnostics that must stay finite."""
+  return jnp.exp(jnp.minimum(log_ratio, 20.0)) - 1.0 - log_ratio
+
+
+def _masked_mean(x, mask):
+  mask = mask.astype(jnp.float32)
+  return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def policy_loss(logp_NxT: jax.Array, prox_logp_NxT: jax.Array, behaviour_logp_NxT: jax.Array,
+                advantages_N: jax.Array, mask_NxT: jax.Array, config: LossConfig,
+                ref_logp_NxT: jax.Array | None = None,
+                entropy_NxT: jax.Array | None = None) -> tuple[jax.Array, dict]:
+  """The decoupled clipped policy loss and its diagnostics.
+
+  Args:
+    logp_NxT: log pi_theta of the sampled tokens (differentiated).
+    prox_logp_NxT: log pi_prox (treated as constant).
+    behaviour_logp_NxT: log mu, recorded by the sampler (constant).
+    advantages_N: one advantage per sequence, broadcast over its tokens.
+    mask_NxT: True for completion tokens that count.
+    config: LossConfig.
+    ref_logp_NxT: log pi_ref, required when config.kl_coef > 0.
+    entropy_NxT: per-token entropy of pi_theta, required when config.entropy_coef > 0.
+
+  Returns:
+    (loss scalar, aux dict of scalar metrics): clip_frac_low / clip_frac_high (fraction of
+    tokens where the lower / upper clip is active), dual_clip_frac, ratio_mean, is_weight_mean,
+    is_weight_max, is_capped_frac, approx_kl_behaviour (k3 of mu vs theta), approx_kl_prox,
+    drift (mean squared log-ratio theta vs mu), kl_ref and entropy when computed.
+  """
+  c = config
+  mask = mask_NxT.astype(bool)
+  prox = jax.lax.stop_gradient(prox_logp_NxT.astype(jnp.float32))
+  behaviour = jax.lax.stop_gradient(behaviour_logp_NxT.astype(jnp.float32))
+  logp = logp_NxT.astype(jnp.float32)
+  adv = jax.lax.stop_gradient(advantages_N.astype(jnp.float32))[:, None]
+
+  # Where is the trust region of a token? log rho is clamped only to keep exp finite.
+  log_rho = jnp.clip(logp - prox, -20.0, 20.0)
+  rho = jnp.exp(log_rho)
+  pg_unclipped = -adv * rho
+  pg_clipped = -adv * jnp.clip(rho, 1.0 - c.clip_low, 1.0 + c.clip_high)
+  pg = jnp.maximum(pg_unclipped, pg_clipped)
+  dual_active = jnp.zeros_like(mask)
+  if c.dual_clip is not None:
+    bound = -adv * c.dual_clip
+    dual_active = (adv < 0) & (pg > bound)
+    pg = jnp.where(adv < 0, jnp.minimum(pg, bound), pg)
+
+  raw_w = jnp.exp(jnp.clip(prox - behaviour, -20.0, 20.0))
+  if c.is_mode == "none":
+    w = jnp.ones_like(raw_w)
+  elif c.is_mode == "truncate":
+    w = jnp.minimum(raw_w, c.is_cap)
+  else:
+    w = jnp.where(raw_w <= c.is_cap, raw_w, 0.0)
+  capped = raw_w > c.is_cap
+
+  per_token = w * pg
+  aux = {}
+  if c.kl_coef > 0:
+    if ref_logp_NxT is None:
+      raise ValueError("kl_coef > 0 needs ref_logp_NxT")
+    kl = kl_penalty(logp, jax.lax.stop_gradient(ref_logp_NxT.astype(jnp.float32)),
+                    c.kl_estimator)
+    per_token = per_token + c.kl_coef * kl
+    aux["kl_ref"] = _masked_mean(kl, mask)
+  if entropy_NxT is not None:
+    aux["entropy"] = _masked_mean(jax.lax.stop_gradient(entropy_NxT), mask)
+    if c.entropy_coef > 0:
+      per_token = per_token - c.entropy_coef * entropy_NxT
+  elif c.entropy_coef > 0:
+    raise ValueError("entropy_coef > 0 needs entropy_NxT")
+  loss = aggregate(per_token, mask, c.aggregation, c.norm_constant)
+
+  sg_logp = jax.lax.stop_gradient(logp)
+  log_theta_mu = sg_logp - behaviour
+  aux.update(
+      clip_frac_low=_masked_mean((rho < 1.0 - c.clip_low) & (adv < 0), mask),
+      clip_frac_high=_masked_mean((rho > 1.0 + c.clip_high) & (adv > 0), mask),
+      dual_clip_frac=_masked_mean(dual_active, mask),
+      ratio_mean=_masked_mean(jax.lax.stop_gradient(rho), mask),
+      is_weight_mean=_masked_mean(w, mask),
+      is_weight_max=jnp.max(jnp.where(mask, w, 0.0)),
+      is_capped_frac=_masked_mean(capped, mask),
+      approx_kl_behaviour=_masked_mean(_k3(log_theta_mu), mask),
+      approx_kl_prox=_masked_mean(_k3(sg_logp - prox), mask),
+      drift=_masked_mean(jnp.square(log_theta_mu), mask),
+  )
+  return loss, aux
