@@ -53,7 +53,8 @@ def cached_sampler(graphdef: nnx.GraphDef, config: sampler_lib.SamplingConfig):
 
 def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
              problems: Sequence, *, k: int, temperature: float, prompt_len: int,
-             completion_len: int, rows_per_batch: int = 512, seed: int = 0) -> dict:
+             completion_len: int, rows_per_batch: int = 512, seed: int = 0,
+             render=None) -> dict:
   """Samples k completions per problem, scores them with the task, summarises.
 
   Batches always have ``rows_per_batch`` rows (the last one padded with repeats), so the
@@ -69,6 +70,8 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
     prompt_len, completion_len: P and T.
     rows_per_batch: sampler batch rows (rounded up to a multiple of k).
     seed: sampling seed.
+    render: optional ``problem -> prompt text`` (e.g. with a chat template); default
+      ``task.prompt``.
 
   Returns:
     ``group_metrics`` of the successes, plus mean_score and truncated_fraction.
@@ -76,7 +79,8 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
   config = sampler_lib.sampling_config_for(tokenizer, completion_len, temperature=temperature)
   sample = cached_sampler(graphdef, config)
   rows_per_batch = max(k, rows_per_batch // k * k)
-  prompts = [task.prompt(p) for p in problems for _ in range(k)]
+  render = render or task.prompt
+  prompts = [render(p) for p in problems for _ in range(k)]
   owners = [p for p in problems for _ in range(k)]
   scores, lengths, truncated = [], [], []
   for start in range(0, len(prompts), rows_per_batch):

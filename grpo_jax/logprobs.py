@@ -26,6 +26,14 @@ def token_logprobs(logits_xV: jax.Array, tokens_x: jax.Array,
 
 def completion_logprobs(model: Qwen3, prompt_ids_NxP: jax.Array, prompt_mask_NxP: jax.Array,
                         completion_ids_NxT: jax.Array, temperature: float = 1.0) -> jax.Array:
+  """Teacher-forced log-probs [N, T] (see ``completion_logprobs_and_entropy``)."""
+  return completion_logprobs_and_entropy(model, prompt_ids_NxP, prompt_mask_NxP,
+                                         completion_ids_NxT, temperature, False)[0]
+
+
+def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
+                                    prompt_mask_NxP: jax.Array, completion_ids_NxT: jax.Array,
+                                    temperature: float = 1.0, with_entropy: bool = True):
   """Teacher-forced log-probs of each completion token given its left-padded prompt.
 
   Args:
@@ -34,9 +42,11 @@ def completion_logprobs(model: Qwen3, prompt_ids_NxP: jax.Array, prompt_mask_NxP
     prompt_mask_NxP: True for real prompt tokens.
     completion_ids_NxT: int32 completions (tokens after the end are ignored by callers' masks).
     temperature: the sampling temperature the completions were drawn at.
+    with_entropy: also return the entropy of each next-token distribution.
 
   Returns:
-    float32 [N, T]: log pi(completion[t] | prompt, completion[:t]) at ``temperature``.
+    (logp float32 [N, T]: log pi(completion[t] | prompt, completion[:t]) at ``temperature``,
+     entropy float32 [N, T] or None).
   """
   _, p = prompt_ids_NxP.shape
   t = completion_ids_NxT.shape[1]
@@ -46,4 +56,13 @@ def completion_logprobs(model: Qwen3, prompt_ids_NxP: jax.Array, prompt_mask_NxP
   hidden, _ = model.hidden_states(ids, mask)
   # Position p - 1 + t predicts completion token t.
   logits_NxTxV = model.logits(hidden[:, p - 1: p - 1 + t])
-  return token_logprobs(logits_NxTxV, completion_ids_NxT, temperature)
+  if temperature != 1.0:
+    logits_NxTxV = logits_NxTxV / temperature
+  lse_NxT = jax.nn.logsumexp(logits_NxTxV, axis=-1)
+  picked = jnp.take_along_axis(logits_NxTxV, completion_ids_NxT[..., None], axis=-1)[..., 0]
+  entropy = None
+  if with_entropy:
+    # H = logsumexp(z) - sum softmax(z) z, without a second [N, T, V] log-softmax array.
+    probs = jnp.exp(logits_NxTxV - lse_NxT[..., None])
+    entropy = lse_NxT - jnp.sum(probs * logits_NxTxV, axis=-1)
+  return picked - lse_NxT, entropy

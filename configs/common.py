@@ -1,0 +1,135 @@
+"""Shared defaults of every RL config, and the presets parsed from the config argument.
+
+Every config file is ``get_config(arg) -> ConfigDict`` where ``arg`` is the text after ':' in
+``--config=configs/grpo.py:smoke``: comma-separated presets, e.g. ``smoke`` or
+``qwen3_1p7b,gsm8k``. Field groups: model, task, rollout, rl, replay, allocation, opt, eval,
+checkpoint, mesh. Values are validated by ``grpo_jax.configuration.validate`` before anything
+compiles.
+"""
+
+import ml_collections
+
+from grpo_jax import assets
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Defaults: GRPO on the embedded Countdown model, sized for a few CPU-minutes."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # init, sampling and shuffling seed; same config + seed = same run
+  c.total_steps = 200  # optimiser steps (each consumes one batch of fresh rollouts)
+  c.log_every = 1  # steps between metric lines (JSONL, TensorBoard)
+
+  c.model = ml_collections.ConfigDict()
+  c.model.path = assets.EMBEDDED_MODEL  # Hugging Face folder (config.json, safetensors, tokenizer)
+  c.model.param_dtype = "float32"  # "bfloat16" on accelerators
+  c.model.dtype = "float32"  # matmul dtype; "bfloat16" on accelerators
+
+  c.task = ml_collections.ConfigDict()
+  c.task.name = "countdown"  # "countdown" or "gsm8k" (TFDS) or "jsonl" (local prompt/answer file)
+  c.task.template = "short"  # countdown prompt template (countdown.TEMPLATES)
+  c.task.num_numbers = 3  # countdown generator: numbers per problem
+  c.task.min_number = 1  # countdown generator: smallest number
+  c.task.max_number = 50  # countdown generator: largest number
+  c.task.min_target = 1  # countdown generator: smallest target
+  c.task.max_target = 100  # countdown generator: largest target
+  c.task.data_seed = 0  # countdown generator seed
+  c.task.data_path = ""  # optional local file of training problems (countdown rows / jsonl)
+  c.task.tfds_data_dir = ""  # TFDS data_dir for gsm8k ("" = TFDS default)
+  c.task.chat_template = False  # wrap prompts with the tokenizer's chat template (instruct models)
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.batch_prompts = 32  # B, prompts (groups) per step
+  c.rollout.group_size = 8  # G, rollouts per prompt
+  c.rollout.prompt_len = 24  # P, tokens; longer prompts are skipped and counted
+  c.rollout.completion_len = 16  # T, max generated tokens
+  c.rollout.temperature = 1.0  # sampling temperature (log-probs are computed at it too)
+  c.rollout.top_k = 0  # 0 disables
+  c.rollout.top_p = 1.0  # 1.0 disables
+
+  c.rl = ml_collections.ConfigDict()
+  c.rl.estimator = "grpo"  # grpo | drgrpo | rloo
+  c.rl.reward_signal = "score"  # advantages from the task score ("score") or 0/1 "success"
+  c.rl.clip_low = 0.2  # PPO eps_low
+  c.rl.clip_high = 0.2  # PPO eps_high (DAPO clip-higher: 0.28)
+  c.rl.dual_clip = 0.0  # dual-clip c for negative advantages; 0 disables
+  c.rl.is_mode = "truncate"  # behaviour weight pi_prox/mu: none | truncate | mask
+  c.rl.is_cap = 2.0  # cap of the behaviour weight
+  c.rl.aggregation = "seq-mean-token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+  c.rl.norm_constant = 0.0  # divisor of seq-mean-token-sum-norm (tokens); 0 = completion_len
+  c.rl.kl_coef = 0.0  # beta of the KL penalty to the initial policy; 0 skips the reference pass
+  c.rl.kl_estimator = "k3"  # k1 | k2 | k3
+  c.rl.entropy_coef = 0.0  # entropy bonus
+  c.rl.num_minibatches = 4  # updates per epoch; > 1 so the clip acts on later minibatches
+  c.rl.num_epochs = 1  # passes over each batch
+  c.rl.overlong_buffer = 0  # DAPO soft overlong penalty: buffer length in tokens; 0 disables
+  c.rl.overlong_penalty = 1.0  # DAPO soft overlong penalty factor
+
+  c.replay = ml_collections.ConfigDict()
+  c.replay.capacity = 0  # entries in the on-device buffer; 0 = plain on-policy (compiled away)
+
+  c.allocation = ml_collections.ConfigDict()
+  c.allocation.method = "uniform"  # prompt selection / rollout allocation (uniform for now)
+
+  c.opt = ml_collections.ConfigDict()
+  c.opt.learning_rate = 3e-5  # peak; above ~1e-4 the tiny policy collapses on Countdown
+  c.opt.warmup_steps = 10  # linear warm-up
+  c.opt.schedule = "constant"  # constant | cosine (after warm-up)
+  c.opt.weight_decay = 0.0  # AdamW decoupled weight decay
+  c.opt.b1 = 0.9  # Adam beta1
+  c.opt.b2 = 0.999  # Adam beta2
+  c.opt.grad_clip = 1.0  # global-norm clip; 0 disables
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.every = 25  # steps between held-out evaluations (and at the start and end)
+  c.eval.num_prompts = 256  # held-out prompts
+  c.eval.k = 8  # samples per prompt for mean@k / pass@k
+  c.eval.temperature = 1.0  # eval sampling temperature
+  c.eval.greedy = True  # also report greedy accuracy
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 25  # steps between orbax checkpoints (and at the end)
+  c.checkpoint.keep = 2  # checkpoints kept
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1  # data-parallel axis size; -1 = all devices (single-device for now)
+  return c
+
+
+def apply_presets(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
+  """Applies comma-separated presets; unknown names fail with the list of known ones."""
+  known = {"smoke": _smoke, "qwen3_0p6b": _qwen3("0.6B"), "qwen3_1p7b": _qwen3("1.7B"),
+           "qwen3_4b": _qwen3("4B"), "qwen3_8b": _qwen3("8B"), "gsm8k": _gsm8k}
+  for name in filter(None, (arg or "").split(",")):
+    if name not in known:
+      raise ValueError(f"unknown config preset {name!r}; known: {', '.join(sorted(known))}")
+    known[name](c)
+  return c
+
+
+def _smoke(c):
+  """Seconds-long end-to-end check (tests): tiny batch, two steps, tiny eval."""
+  c.total_steps = 2
+  c.rollout.update(batch_prompts=2, group_size=2, completion_len=8)
+  c.rl.num_minibatches = 2
+  c.eval.update(every=2, num_prompts=2, k=2)
+  c.checkpoint.every = 1
+
+
+def _qwen3(size):
+  def apply(c):
+    """A real Qwen3 checkpoint: expects --config.model.path=/local/Qwen3-{size}."""
+    c.model.path = ""  # must be given: nothing is downloaded
+    c.model.update(param_dtype="bfloat16", dtype="bfloat16")
+    c.task.chat_template = True
+    c.rollout.update(batch_prompts=64, group_size=8, prompt_len=256, completion_len=1024)
+    c.opt.update(learning_rate=1e-6, warmup_steps=10, weight_decay=0.1)
+    c.eval.update(every=20, num_prompts=512, k=8, temperature=0.6)
+    c.checkpoint.every = 20
+  apply.__doc__ = f"Qwen3-{size} on an accelerator."
+  return apply
+
+
+def _gsm8k(c):
+  """GSM8K through TFDS (math word problems, numeric final answer)."""
+  c.task.name = "gsm8k"
+  c.rollout.prompt_len = max(c.rollout.prompt_len, 256)

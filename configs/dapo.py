@@ -1,0 +1,20 @@
+"""DAPO (arXiv 2503.14476) without dynamic sampling (that arrives with allocation).
+
+Clip-higher (0.2 / 0.28), token-mean loss, no KL, and the soft overlong penalty measured in
+tokens: R_len = 0 up to T - buffer, then falls linearly to -1 at T (and -1 when truncated).
+
+    python -m grpo_jax.train --config=configs/dapo.py --workdir=runs/dapo
+"""
+
+from configs import common
+
+
+def get_config(arg: str | None = None):
+  c = common.base_config()
+  c.rl.clip_low = 0.2  # eps_low
+  c.rl.clip_high = 0.28  # eps_high: clip-higher
+  c.rl.aggregation = "token-mean"  # every token of the batch weighs the same
+  c.rl.kl_coef = 0.0  # no KL
+  c.rl.overlong_buffer = 4  # L_cache in tokens: the last 4 of the 16-token budget are penalised
+  c.rl.overlong_penalty = 1.0  # penalty factor
+  return common.apply_presets(c, arg)

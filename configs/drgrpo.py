@@ -1,0 +1,13 @@
+"""Dr. GRPO (arXiv 2503.20783): no std normalisation, constant-normaliser token sum.
+
+    python -m grpo_jax.train --config=configs/drgrpo.py --workdir=runs/drgrpo
+"""
+
+from configs import common
+
+
+def get_config(arg: str | None = None):
+  c = common.base_config()
+  c.rl.estimator = "drgrpo"  # r - mean
+  c.rl.aggregation = "seq-mean-token-sum-norm"  # sum over tokens / (rows * completion_len)
+  return common.apply_presets(c, arg)

@@ -1,0 +1,82 @@
+"""Validation of RL configs before anything loads or compiles.
+
+Every check names the field and the fix, so a bad ``--config.x=y`` fails in a second with one
+readable line instead of a traceback from inside jit.
+"""
+
+from __future__ import annotations
+
+import os
+
+from grpo_jax import advantages, losses
+
+_GROUPS = ("model", "task", "rollout", "rl", "replay", "allocation", "opt", "eval", "checkpoint",
+           "mesh")
+
+
+class ConfigError(ValueError):
+  """An invalid config value; the message names the field."""
+
+
+def _check(ok: bool, field: str, message: str):
+  if not ok:
+    raise ConfigError(f"config.{field}: {message}")
+
+
+def validate(config) -> None:
+  """Raises ConfigError naming the first invalid field of an RL config."""
+  for group in _GROUPS:
+    _check(group in config, group, "missing group (start from configs/common.py)")
+  m, r, rl, o = config.model, config.rollout, config.rl, config.opt
+  _check(bool(m.path), "model.path", "empty: pass --config.model.path=/path/to/hf_folder")
+  _check(os.path.isdir(m.path), "model.path", f"{m.path!r} is not a folder")
+  _check(os.path.exists(os.path.join(m.path, "config.json")), "model.path",
+         f"{m.path!r} has no config.json (not a Hugging Face model folder)")
+  for f in ("param_dtype", "dtype"):
+    _check(m[f] in ("float32", "bfloat16"), f"model.{f}", f"{m[f]!r} not float32 | bfloat16")
+  _check(config.task.name in ("countdown", "gsm8k", "jsonl"), "task.name",
+         f"{config.task.name!r}; known: countdown, gsm8k, jsonl")
+  _check(r.group_size >= 2, "rollout.group_size",
+         f"{r.group_size}: group-relative advantages need >= 2 rollouts per prompt")
+  _check(r.batch_prompts >= 1, "rollout.batch_prompts", f"{r.batch_prompts} must be >= 1")
+  _check(r.prompt_len >= 1 and r.completion_len >= 1, "rollout.prompt_len",
+         "prompt_len and completion_len must be >= 1")
+  _check(r.temperature > 0, "rollout.temperature",
+         f"{r.temperature}: RL needs stochastic rollouts (temperature > 0)")
+  _check(0 < r.top_p <= 1, "rollout.top_p", f"{r.top_p} not in (0, 1]")
+  _check(rl.estimator in advantages.ADVANTAGE_ESTIMATORS, "rl.estimator",
+         f"{rl.estimator!r}; known: {', '.join(advantages.ADVANTAGE_ESTIMATORS)}")
+  _check(rl.reward_signal in ("score", "success"), "rl.reward_signal",
+         f"{rl.reward_signal!r}; known: score, success")
+  rows = r.batch_prompts * r.group_size
+  _check(rl.num_minibatches >= 1 and rows % rl.num_minibatches == 0, "rl.num_minibatches",
+         f"{rl.num_minibatches} must divide batch_prompts * group_size = {rows}")
+  _check(rl.num_epochs >= 1, "rl.num_epochs", f"{rl.num_epochs} must be >= 1")
+  _check(0 <= rl.overlong_buffer < r.completion_len, "rl.overlong_buffer",
+         f"{rl.overlong_buffer} must be in [0, completion_len={r.completion_len})")
+  try:
+    loss_config(config)
+  except ValueError as e:
+    raise ConfigError(f"config.rl: {e}") from None
+  _check(config.replay.capacity >= 0, "replay.capacity", "must be >= 0")
+  _check(config.allocation.method == "uniform", "allocation.method",
+         f"{config.allocation.method!r}; known: uniform")
+  _check(o.learning_rate > 0, "opt.learning_rate", f"{o.learning_rate} must be > 0")
+  _check(o.schedule in ("constant", "cosine"), "opt.schedule",
+         f"{o.schedule!r}; known: constant, cosine")
+  _check(config.total_steps >= 1, "total_steps", "must be >= 1")
+  _check(config.eval.every >= 1 and config.checkpoint.every >= 1, "eval.every",
+         "eval.every and checkpoint.every must be >= 1")
+  _check(config.eval.k >= 1 and config.eval.num_prompts >= 1, "eval.k",
+         "eval.k and eval.num_prompts must be >= 1")
+
+
+def loss_config(config) -> losses.LossConfig:
+  """The LossConfig described by ``config.rl``."""
+  rl = config.rl
+  return losses.LossConfig(
+      clip_low=rl.clip_low, clip_high=rl.clip_high,
+      dual_clip=rl.dual_clip if rl.dual_clip > 0 else None, is_mode=rl.is_mode,
+      is_cap=rl.is_cap, aggregation=rl.aggregation,
+      norm_constant=rl.norm_constant or float(config.rollout.completion_len),
+      kl_coef=rl.kl_coef, kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef)

@@ -1,0 +1,153 @@
+"""The pure, jitted GRPO-family train step.
+
+    (TrainState, ReplayState, Rollout, ref_params, rng) -> (TrainState, ReplayState, metrics)
+
+One call: group-relative advantages of the fresh rollouts; the proximal log-probs (for fresh
+rows these are the behaviour log-probs, so no pass is needed: pi_prox = mu at the start of the
+step); the frozen reference's log-probs (one no-grad pass, only when the KL coefficient is > 0);
+then ``num_epochs`` passes of ``num_minibatches`` shuffled minibatches, each a loss, a gradient
+and an optax update, all inside one ``lax.scan``. State and buffer are donated; with replay
+capacity 0 the buffer is passed through untouched and XLA drops it. Everything the loop needs
+back is in ``metrics`` (scalars), fetched by the host one step late.
+
+References: GRPO (DeepSeekMath, arXiv 2402.03300); PPO epochs and minibatches (arXiv 1707.06347).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from grpo_jax import advantages as advantages_lib
+from grpo_jax import logprobs as logprobs_lib
+from grpo_jax import losses
+from grpo_jax.replay import ReplayState
+from grpo_jax.types import Rollout, TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+  """Static settings of the train step (hashable).
+
+  Attributes:
+    group_size: G rollouts per prompt.
+    estimator: advantage estimator name (advantages.ADVANTAGE_ESTIMATORS).
+    reward_signal: "score" (the task reward with shaping) or "success" (the 0/1 accuracy
+      signal) as the reward the advantages are computed from.
+    loss: LossConfig of the policy loss.
+    num_minibatches: minibatches per epoch (rows split evenly).
+    num_epochs: passes over the batch (mu of GRPO).
+    temperature: the rollout temperature; policy log-probs are computed at it, so that
+      pi_theta and the recorded mu describe the same distribution.
+    compute_entropy: compute per-token entropy (needed for an entropy bonus; else a metric).
+  """
+
+  group_size: int
+  estimator: str = "grpo"
+  reward_signal: str = "score"
+  loss: losses.LossConfig = losses.LossConfig()
+  num_minibatches: int = 1
+  num_epochs: int = 1
+  temperature: float = 1.0
+  compute_entropy: bool = False
+
+
+def init_train_state(params, tx: optax.GradientTransformation) -> TrainState:
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def _policy_logprobs(graphdef, params, batch, temperature, with_entropy):
+  model = nnx.merge(graphdef, params)
+  return logprobs_lib.completion_logprobs_and_entropy(
+      model, batch["prompt_ids_NxP"], batch["prompt_mask_NxP"], batch["completion_ids_NxT"],
+      temperature, with_entropy)
+
+
+def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config: StepConfig,
+               state: TrainState, replay: ReplayState, rollout: Rollout, ref_params,
+               rng: jax.Array):
+  """One optimisation step on one batch of fresh rollouts (pure; see ``make_train_step``).
+
+  Args:
+    graphdef, tx, config: static (bound by ``make_train_step``).
+    state: TrainState (donated).
+    replay: ReplayState (donated; passed through at capacity 0).
+    rollout: the fresh Rollout, N = B * G rows, group-major.
+    ref_params: frozen reference parameters (ignored when the KL coefficient is 0).
+    rng: key for minibatch shuffling, folded with the step.
+
+  Returns:
+    (new TrainState, new ReplayState, dict of float32 scalar metrics).
+  """
+  c = config
+  n = rollout.num_rows
+  g = c.group_size
+  b = n // g
+  reward = rollout.scores_N if c.reward_signal == "score" else rollout.success_N
+  adv_N = advantages_lib.group_advantages(reward.reshape(b, g), c.estimator).reshape(n)
+  effective_B = advantages_lib.effective_groups(rollout.success_N.reshape(b, g))
+
+  batch = {
+      "prompt_ids_NxP": rollout.prompt_ids_NxP,
+      "prompt_mask_NxP": rollout.prompt_mask_NxP,
+      "completion_ids_NxT": rollout.completion_ids_NxT,
+      "mask_NxT": rollout.completion_mask_NxT,
+      "behaviour_logp_NxT": rollout.behaviour_logp_NxT,
+      # Fresh rows: the proximal policy (params at the start of the step) is the behaviour one.
+      "prox_logp_NxT": rollout.behaviour_logp_NxT,
+      "advantages_N": adv_N,
+  }
+  use_kl = c.loss.kl_coef > 0
+  if use_kl:
+    ref_logp, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(ref_params), batch,
+                                   c.temperature, False)
+    batch["ref_logp_NxT"] = jax.lax.stop_gradient(ref_logp)
+
+  def loss_fn(params, mb):
+    logp, entropy = _policy_logprobs(graphdef, params, mb, c.temperature, c.compute_entropy)
+    return losses.policy_loss(logp, mb["prox_logp_NxT"], mb["behaviour_logp_NxT"],
+                              mb["advantages_N"], mb["mask_NxT"], c.loss,
+                              ref_logp_NxT=mb.get("ref_logp_NxT"), entropy_NxT=entropy)
+
+  def minibatch_update(carry, mb):
+    params, opt_state = carry
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return (params, opt_state), {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
+
+  def epoch(carry, key):
+    perm = jax.random.permutation(key, n)
+    shaped = jax.tree.map(
+        lambda x: x[perm].reshape((c.num_minibatches, n // c.num_minibatches) + x.shape[1:]),
+        batch)
+    return jax.lax.scan(minibatch_update, carry, shaped)
+
+  keys = jax.random.split(jax.random.fold_in(rng, state.step), c.num_epochs)
+  (params, opt_state), per_update = jax.lax.scan(epoch, (state.params, state.opt_state), keys)
+
+  mask = rollout.completion_mask_NxT
+  metrics = {k: jnp.mean(v) for k, v in per_update.items()}
+  metrics.update(
+      grad_norm_max=jnp.max(per_update["grad_norm"]),
+      reward_mean=jnp.mean(rollout.scores_N),
+      success_mean=jnp.mean(rollout.success_N.astype(jnp.float32)),
+      effective_fraction=jnp.mean(effective_B.astype(jnp.float32)),
+      advantage_abs_mean=jnp.mean(jnp.abs(adv_N)),
+      completion_length_mean=jnp.mean(jnp.sum(mask, axis=-1).astype(jnp.float32)),
+      # Fraction of the batch's rows whose advantage is non-zero: the rows that teach.
+      nonzero_advantage_fraction=jnp.mean((jnp.abs(adv_N) > 1e-8).astype(jnp.float32)),
+  )
+  new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+  return new_state, replay, metrics
+
+
+def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                    config: StepConfig):
+  """``fn(state, replay, rollout, ref_params, rng)``, jitted once, state and buffer donated."""
+  return jax.jit(functools.partial(train_step, graphdef, tx, config), donate_argnums=(0, 1))

@@ -1,0 +1,214 @@
+"""RL training entry point.
+
+    python -m grpo_jax.train --config=configs/grpo.py [--config.x=y ...] [--workdir=DIR]
+
+``train_and_evaluate(config, workdir)`` does the work so notebooks and tests can call it: the
+loop is prompts -> sampler -> host rewards -> jitted train step -> metrics, with held-out
+evaluation every ``eval.every`` steps, orbax checkpoints every ``checkpoint.every`` steps and
+automatic resume from the latest checkpoint in ``workdir``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import transformers
+from absl import app, flags, logging
+from flax import nnx
+from ml_collections import config_flags
+
+from grpo_jax import checkpoint as checkpoint_lib
+from grpo_jax import configuration
+from grpo_jax import evaluate as evaluate_lib
+from grpo_jax import metrics as metrics_lib
+from grpo_jax import replay as replay_lib
+from grpo_jax import rollouts as rollouts_lib
+from grpo_jax import sampler as sampler_lib
+from grpo_jax import step as step_lib
+from grpo_jax.models import from_pretrained
+from grpo_jax.tasks import countdown
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "RL config file, e.g. configs/grpo.py.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (metrics, checkpoints); "
+                               "default runs/<config name>.")
+
+
+def make_task(config):
+  """The task object named by ``config.task``."""
+  t = config.task
+  if t.name == "countdown":
+    gen = countdown.GeneratorConfig(num_numbers=t.num_numbers, min_number=t.min_number,
+                                    max_number=t.max_number, min_target=t.min_target,
+                                    max_target=t.max_target, seed=t.data_seed)
+    if t.data_path:
+      return countdown.CountdownTask.from_file(t.data_path, gen, template=t.template)
+    return countdown.CountdownTask(gen, template=t.template)
+  if t.name == "gsm8k":
+    from grpo_jax.tasks import gsm8k  # pylint: disable=g-import-not-at-top
+    return gsm8k.GSM8KTask(data_dir=t.tfds_data_dir or None)
+  from grpo_jax.tasks import gsm8k  # pylint: disable=g-import-not-at-top
+  return gsm8k.JsonlTask(t.data_path)
+
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  """AdamW with linear warm-up then constant or cosine decay, after global-norm clipping."""
+  o = config.opt
+  if o.schedule == "cosine":
+    lr = optax.warmup_cosine_decay_schedule(0.0, o.learning_rate, o.warmup_steps,
+                                            max(config.total_steps, o.warmup_steps + 1))
+  else:
+    lr = optax.join_schedules([optax.linear_schedule(0.0, o.learning_rate, o.warmup_steps),
+                               optax.constant_schedule(o.learning_rate)], [o.warmup_steps])
+  parts = [optax.clip_by_global_norm(o.grad_clip)] if o.grad_clip > 0 else []
+  parts.append(optax.adamw(lr, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay))
+  return optax.chain(*parts)
+
+
+def step_config(config) -> step_lib.StepConfig:
+  return step_lib.StepConfig(
+      group_size=config.rollout.group_size, estimator=config.rl.estimator,
+      reward_signal=config.rl.reward_signal, loss=configuration.loss_config(config),
+      num_minibatches=config.rl.num_minibatches, num_epochs=config.rl.num_epochs,
+      temperature=config.rollout.temperature, compute_entropy=config.rl.entropy_coef > 0)
+
+
+def _evaluate(config, graphdef, params, tokenizer, task, problems, render) -> dict:
+  r, e = config.rollout, config.eval
+  kw = dict(prompt_len=r.prompt_len, completion_len=r.completion_len, seed=config.seed,
+            render=render)
+  out = evaluate_lib.evaluate(graphdef, params, tokenizer, task, problems, k=e.k,
+                              temperature=e.temperature, **kw)
+  result = {f"eval/mean_at_{e.k}": out["mean_at_k"], f"eval/pass_at_{e.k}": out["pass_at_k"],
+            "eval/mean_length": out["mean_length"],
+            "eval/constant_fraction": out["constant_fraction"]}
+  if e.greedy:
+    greedy = evaluate_lib.evaluate(graphdef, params, tokenizer, task, problems, k=1,
+                                   temperature=0.0, **kw)
+    result["eval/greedy_accuracy"] = greedy["mean_at_k"]
+  return result
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Runs (or resumes) training; returns the last evaluation's metrics."""
+  configuration.validate(config)
+  os.makedirs(workdir, exist_ok=True)
+  r = config.rollout
+  tokenizer = transformers.AutoTokenizer.from_pretrained(config.model.path)
+  model = from_pretrained(config.model.path, param_dtype=config.model.param_dtype,
+                          dtype=config.model.dtype)
+  graphdef, params = nnx.split(model)
+  del model
+  # The reference must own its buffers: the state's parameters are donated every step.
+  ref_params = jax.tree.map(jnp.copy, params) if config.rl.kl_coef > 0 else None
+  tx = make_optimizer(config)
+  state = step_lib.init_train_state(params, tx)
+  replay = replay_lib.init_replay(config.replay.capacity, r.group_size, r.prompt_len,
+                                  r.completion_len)
+  task = make_task(config)
+  stream = rollouts_lib.PromptStream(task, tokenizer, r.prompt_len, config.task.chat_template)
+  host = {"rollouts": 0, "completion_tokens": 0, "reward_errors": 0}
+
+  ckpt = checkpoint_lib.Checkpointer(workdir, config.checkpoint.keep)
+  start = ckpt.latest_step() or 0
+  if start:
+    state, replay, saved = ckpt.restore(start, state, replay)
+    host.update({k: saved[k] for k in host})
+    stream.position, stream.skipped = saved["data_position"], saved["prompts_skipped"]
+    logging.info("resumed from step %d", start)
+  writer = metrics_lib.MetricWriter(workdir)
+  print(f"grpo_jax: metrics -> {writer.path}\n          checkpoints -> {ckpt.directory}"
+        f"\n          replay buffer: {replay.capacity} entries, {replay.nbytes} bytes",
+        flush=True)
+
+  sample_fn = sampler_lib.make_sampler(graphdef, sampler_lib.sampling_config_for(
+      tokenizer, r.completion_len, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p))
+  train_step = step_lib.make_train_step(graphdef, tx, step_config(config))
+  eval_problems = task.eval_problems(config.eval.num_prompts)
+  render = stream.render
+  base_key = jax.random.key(config.seed)
+
+  last_eval = {}
+  if start == 0:
+    last_eval = _evaluate(config, graphdef, state.params, tokenizer, task, eval_problems, render)
+    writer.write(0, {**last_eval, "rollouts": 0})
+    print(f"step 0 eval {last_eval}", flush=True)
+
+  try:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    bar = tqdm(total=config.total_steps, initial=start, dynamic_ncols=True)
+  except ImportError:
+    bar = None
+  pending = None  # metrics of the previous step, fetched one step late
+  t_start, tokens_at_start = time.time(), host["completion_tokens"]
+  for step in range(start, config.total_steps):
+    key = jax.random.fold_in(base_key, step)
+    batch = stream.next_batch(r.batch_prompts)
+    rollout, stats = rollouts_lib.generate(
+        sample_fn, state.params, tokenizer, task, batch, group_size=r.group_size,
+        prompt_len=r.prompt_len, version=step, rng=jax.random.fold_in(key, 0),
+        overlong_buffer=config.rl.overlong_buffer, overlong_factor=config.rl.overlong_penalty)
+    for k in host:
+      host[k] += stats[k]
+    state, replay, step_metrics = train_step(state, replay, rollout, ref_params,
+                                             jax.random.fold_in(key, 1))
+    if pending is not None:
+      _log_step(writer, bar, *pending, last_eval, config, host, t_start, tokens_at_start)
+    pending = (step + 1, step_metrics, stats, dict(host))
+    done = step + 1
+    if done % config.eval.every == 0 or done == config.total_steps:
+      _log_step(writer, bar, *pending, last_eval, config, host, t_start, tokens_at_start)
+      pending = None
+      last_eval = _evaluate(config, graphdef, state.params, tokenizer, task, eval_problems,
+                            render)
+      writer.write(done, {**last_eval, "rollouts": host["rollouts"]})
+      logging.info("step %d eval %s", done, last_eval)
+    if done % config.checkpoint.every == 0 or done == config.total_steps:
+      ckpt.save(done, state, replay, {**host, "data_position": stream.position,
+                                      "prompts_skipped": stream.skipped, "seed": config.seed})
+  if pending is not None:
+    _log_step(writer, bar, *pending, last_eval, config, host, t_start, tokens_at_start)
+  if bar is not None:
+    bar.close()
+  writer.close()
+  ckpt.close()
+  return last_eval
+
+
+def _log_step(writer, bar, step, step_metrics, stats, host_then, last_eval, config, host,
+              t_start, tokens_at_start):
+  """Writes one step's metrics (device values fetched now, one step after they were made)."""
+  del host
+  values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+  elapsed = max(time.time() - t_start, 1e-9)
+  record = {**values, "rollouts": host_then["rollouts"],
+            "completion_tokens": host_then["completion_tokens"],
+            "reward_errors": host_then["reward_errors"],
+            "truncated_fraction": stats["truncated_fraction"],
+            "tokens_per_s": (host_then["completion_tokens"] - tokens_at_start) / elapsed}
+  if step % config.log_every == 0:
+    writer.write(step, record)
+  if bar is not None:
+    acc = last_eval.get(f"eval/mean_at_{config.eval.k}", float("nan"))
+    bar.n = step
+    bar.set_postfix(acc=f"{acc:.3f}", success=f"{values['success_mean']:.2f}",
+                    rollouts=host_then["rollouts"], tok_s=f"{record['tokens_per_s']:.0f}",
+                    refresh=False)
+    bar.refresh()
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  if config is None:
+    raise app.UsageError("--config is required, e.g. --config=configs/grpo.py")
+  workdir = _WORKDIR.value or os.path.join("runs", "train")
+  train_and_evaluate(config, workdir)
+
+
+if __name__ == "__main__":
+  app.run(main)
