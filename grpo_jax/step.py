@@ -119,7 +119,7 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    return (params, opt_state), {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
+    return (params, opt_state), {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
 
   def epoch(carry, key):
     perm = jax.random.permutation(key, n)
