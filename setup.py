@@ -30,5 +30,7 @@ setuptools.setup(
     ],
     extras_require={
         "test": ["pytest", "hypothesis", "pyarrow"],
+        # TFDS needs TensorFlow to build or mock datasets (GSM8K); CI installs it.
+        "tfds": ["tensorflow-cpu"],
     },
 )

@@ -1,0 +1,94 @@
+"""Full GRPO step timing: generation + reference/policy log-probs + one update.
+
+    python -m grpo_jax.bench.throughput --model=DIR --num_prompts=16 --group_size=8 \
+        --prompt_len=32 --completion_len=64 --steps=6
+
+Random prompts of exactly ``prompt_len`` tokens; EOS disabled so every completion has exactly
+``completion_len`` tokens; random 0/1 rewards (so every group teaches); float32; KL coefficient
+0.04 (one no-grad reference pass inside the same jit); one minibatch, one epoch. The first
+step (compilation) is excluded from the medians. ``--init_random`` first writes a randomly
+initialised Qwen3 of the given shape to ``--model`` (the issue's reference model by default).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags
+from flax import nnx
+
+from grpo_jax import losses, replay as replay_lib, sampler as sampler_lib, step as step_lib
+from grpo_jax.models import ModelConfig, Qwen3, from_pretrained, save_pretrained
+from grpo_jax.types import Rollout
+
+_MODEL = flags.DEFINE_string("model", "/tmp/qwen3_bench", "Hugging Face Qwen3 folder.")
+_INIT = flags.DEFINE_bool("init_random", False, "write a random Qwen3 of the shape below first")
+_VOCAB = flags.DEFINE_integer("vocab", 512, "--init_random: vocabulary size")
+_WIDTH = flags.DEFINE_integer("width", 256, "--init_random: hidden size")
+_FFN = flags.DEFINE_integer("intermediate", 768, "--init_random: SwiGLU width")
+_LAYERS = flags.DEFINE_integer("layers", 4, "--init_random: layers")
+_PROMPTS = flags.DEFINE_integer("num_prompts", 16, "B")
+_GROUP = flags.DEFINE_integer("group_size", 8, "G")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "P")
+_COMPLETION_LEN = flags.DEFINE_integer("completion_len", 64, "T")
+_STEPS = flags.DEFINE_integer("steps", 6, "steps, the first of which compiles")
+_KL = flags.DEFINE_float("kl_coef", 0.04, "KL coefficient (0 skips the reference pass)")
+
+
+def main(argv):
+  del argv
+  if _INIT.value and not os.path.exists(os.path.join(_MODEL.value, "config.json")):
+    cfg = ModelConfig(vocab_size=_VOCAB.value, hidden_size=_WIDTH.value,
+                      intermediate_size=_FFN.value, num_layers=_LAYERS.value, num_heads=4,
+                      num_kv_heads=2, head_dim=64, tie_word_embeddings=True)
+    save_pretrained(Qwen3(cfg, rngs=nnx.Rngs(0)), _MODEL.value)
+  model = from_pretrained(_MODEL.value)
+  graphdef, params = nnx.split(model)
+  b, g, p, t = _PROMPTS.value, _GROUP.value, _PROMPT_LEN.value, _COMPLETION_LEN.value
+  n = b * g
+  sample = sampler_lib.make_sampler(graphdef, sampler_lib.SamplingConfig(
+      max_new_tokens=t, eos_ids=(-1,), pad_id=0, temperature=1.0))
+  tx = optax.adamw(1e-5)
+  config = step_lib.StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value))
+  train_step = step_lib.make_train_step(graphdef, tx, config)
+  ref_params = jax.tree.map(jnp.copy, params)
+  state = step_lib.init_train_state(params, tx)
+  replay = replay_lib.init_replay(0, g, p, t)
+  rng = np.random.RandomState(0)
+  gen_s, train_s, step_s = [], [], []
+  for i in range(_STEPS.value):
+    ids = np.repeat(rng.randint(0, model.config.vocab_size, (b, p)), g, axis=0).astype(np.int32)
+    mask = np.ones_like(ids, bool)
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(sample(state.params, ids, mask, jax.random.key(i)))
+    t1 = time.perf_counter()
+    scores = jnp.asarray(rng.randint(0, 2, n), jnp.float32)
+    rollout = Rollout(prompt_ids_NxP=jnp.asarray(ids), prompt_mask_NxP=jnp.asarray(mask),
+                      completion_ids_NxT=out.tokens_NxT, completion_mask_NxT=out.mask_NxT,
+                      behaviour_logp_NxT=out.logp_NxT, scores_N=scores, success_N=scores > 0,
+                      prompt_id_N=jnp.zeros(n, jnp.int32), version_N=jnp.zeros(n, jnp.int32))
+    state, replay, metrics = train_step(state, replay, rollout, ref_params, jax.random.key(i))
+    jax.block_until_ready(metrics)
+    t2 = time.perf_counter()
+    if i:  # the first step compiles
+      gen_s.append(t1 - t0)
+      train_s.append(t2 - t1)
+      step_s.append(t2 - t0)
+    print(f"step {i}: gen {t1 - t0:.3f}s train {t2 - t1:.3f}s loss {float(metrics['loss']):.4f}",
+          flush=True)
+  med = lambda x: float(np.median(x)) if x else float("nan")
+  print(json.dumps({
+      "model": _MODEL.value, "backend": jax.default_backend(), "rows": n, "prompt_len": p,
+      "completion_len": t, "params": model.config.num_params, "step_s_median": round(med(step_s), 4),
+      "gen_s_median": round(med(gen_s), 4), "train_s_median": round(med(train_s), 4),
+      "completion_tokens_per_s": round(n * t / med(step_s), 1)}))
+
+
+if __name__ == "__main__":
+  app.run(main)
