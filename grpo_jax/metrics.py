@@ -18,11 +18,14 @@ class MetricWriter:
     self._file = open(self.path, "a", encoding="utf-8")
     self._tb = None
     try:
+      # tf.summary needs both tensorflow and the tensorboard package (tensorflow-cpu alone
+      # lacks the latter).
+      import tensorboard.summary.v2  # pylint: disable=g-import-not-at-top,unused-import
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
       self._tb = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
       self._tf = tf
     except Exception:  # pylint: disable=broad-except
-      _LOG.info("tensorflow not importable: TensorBoard summaries disabled (JSONL only)")
+      _LOG.info("tensorflow/tensorboard not importable: TensorBoard summaries off (JSONL only)")
 
   def write(self, step: int, record: dict) -> None:
     clean = {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, str)) else v)

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import app, logging
+from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
@@ -29,7 +29,11 @@ from grpo_jax import tokenization
 from grpo_jax.models import ModelConfig, Qwen3, save_pretrained
 from grpo_jax.tasks import countdown
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/sft.py", "SFT configuration.")
+
+
+def define_flags():
+  """The CLI flag; defined only when run as a program, so importing this module is free."""
+  config_flags.DEFINE_config_file("config", "configs/sft.py", "SFT configuration.")
 
 
 def make_task(config) -> countdown.CountdownTask:
@@ -162,8 +166,9 @@ def run(config, output_dir: str | None = None) -> dict:
 
 def main(argv):
   del argv
-  run(_CONFIG.value)
+  run(flags.FLAGS.config)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -15,7 +15,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import transformers
 from absl import app, flags, logging
@@ -33,9 +32,13 @@ from grpo_jax import step as step_lib
 from grpo_jax.models import from_pretrained
 from grpo_jax.tasks import countdown
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "RL config file, e.g. configs/grpo.py.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (metrics, checkpoints); "
-                               "default runs/<config name>.")
+
+
+def define_flags():
+  """The CLI flags; defined only when run as a program, so importing this module is free."""
+  config_flags.DEFINE_config_file("config", None, "RL config file, e.g. configs/grpo.py.")
+  flags.DEFINE_string("workdir", None, "Output folder (metrics, checkpoints); default "
+                      "runs/<config file name>, e.g. runs/grpo.")
 
 
 def make_task(config):
@@ -203,12 +206,15 @@ def _log_step(writer, bar, step, step_metrics, stats, host_then, last_eval, conf
 
 def main(argv):
   del argv
-  config = _CONFIG.value
+  config = flags.FLAGS.config
   if config is None:
     raise app.UsageError("--config is required, e.g. --config=configs/grpo.py")
-  workdir = _WORKDIR.value or os.path.join("runs", "train")
+  name = os.path.splitext(os.path.basename(
+      config_flags.get_config_filename(flags.FLAGS["config"])))[0]
+  workdir = flags.FLAGS.workdir or os.path.join("runs", name)
   train_and_evaluate(config, workdir)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
