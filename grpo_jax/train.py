@@ -11,6 +11,7 @@ automatic resume from the latest checkpoint in ``workdir``.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import jax
@@ -29,7 +30,8 @@ from grpo_jax import replay as replay_lib
 from grpo_jax import rollouts as rollouts_lib
 from grpo_jax import sampler as sampler_lib
 from grpo_jax import step as step_lib
-from grpo_jax.models import from_pretrained
+from grpo_jax import tokenization
+from grpo_jax.models import CheckpointError, from_pretrained
 from grpo_jax.tasks import countdown
 
 
@@ -212,7 +214,12 @@ def main(argv):
   name = os.path.splitext(os.path.basename(
       config_flags.get_config_filename(flags.FLAGS["config"])))[0]
   workdir = flags.FLAGS.workdir or os.path.join("runs", name)
-  train_and_evaluate(config, workdir)
+  try:
+    train_and_evaluate(config, workdir)
+  except (configuration.ConfigError, CheckpointError, FileNotFoundError,
+          tokenization.PromptTooLongError) as e:
+    # User errors (config, paths, data) end with one readable line, not a traceback.
+    sys.exit(f"grpo_jax.train: {e}")
 
 
 if __name__ == "__main__":

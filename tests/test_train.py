@@ -86,3 +86,14 @@ def test_real_model_preset_needs_a_path():
     configuration.validate(c)
   with pytest.raises(ValueError, match="unknown config preset 'qwen9'"):
     grpo.get_config("qwen9")
+
+
+def test_cli_bad_value_is_one_readable_line(tmp_path):
+  cmd = [sys.executable, "-m", "grpo_jax.train", "--config=configs/grpo.py",
+         "--config.rollout.group_size=1", f"--workdir={tmp_path}"]
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1
+  assert "Traceback" not in proc.stderr
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "grpo_jax.train: config.rollout.group_size: 1: group-relative advantages need >= 2 "
+      "rollouts per prompt")
