@@ -6,7 +6,13 @@ fixed-shape arrays that live on the device and are donated through the jitted tr
 eviction and gating compile into the step. Capacity 0 is plain GRPO: every array has a zero
 leading dimension and the step compiles the buffer away.
 
-Insert / evict / select / gather arrive with the replay methods; this module fixes the layout.
+Operations (pure, jittable, no shape depends on how many entries are kept or live):
+
+* ``insert``: write the entries selected by a boolean mask over a fixed-size candidate batch
+  into the ring, oldest overwritten first;
+* ``evict``: invalidate by age (step - version > max_age), use count, or a gate mask;
+* ``select``: k (static) entries by a named priority, with a validity mask when fewer exist;
+* ``gather``: selected entries in the layout of fresh rollouts.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 import flax
 import jax
 import jax.numpy as jnp
+
+PRIORITIES = ("recency", "staleness", "lowest_drift", "proportional")
 
 from grpo_jax.types import Rollout
 
@@ -73,3 +81,139 @@ def init_replay(capacity: int, entry_size: int, prompt_len: int,
                      use_count_C=jnp.zeros((c,), jnp.int32), drift_C=jnp.zeros((c,), jnp.float32),
                      valid_C=jnp.zeros((c,), bool), write_pos=jnp.zeros((), jnp.int32),
                      num_inserted=jnp.zeros((), jnp.int32))
+
+
+def insert(replay: ReplayState, entries: Rollout, advantages_MxE: jax.Array, keep_M: jax.Array,
+           version: jax.Array) -> ReplayState:
+  """Writes the kept candidates into the ring in candidate order.
+
+  Args:
+    replay: the buffer (C entries of E rollouts).
+    entries: M candidate entries, a Rollout of arrays [M, E, ...].
+    advantages_MxE: their advantages, frozen from now on.
+    keep_M: which candidates to insert (any number, including none or more than C).
+    version: int32 policy step that generated them.
+
+  Returns:
+    The buffer with the k kept candidates written at write_pos, write_pos + 1, ... (mod C).
+    When k > C only the last C survive, exactly as if they were written one by one.
+  """
+  c = replay.capacity
+  if c == 0:
+    return replay
+  keep = keep_M.astype(bool)
+  rank_M = jnp.cumsum(keep.astype(jnp.int32)) - 1
+  k = jnp.sum(keep.astype(jnp.int32))
+  # Entries that a later candidate of the same batch would overwrite are dropped up front, so
+  # the scatter below never writes one slot twice.
+  write = keep & (rank_M >= k - c)
+  slot_M = jnp.where(write, (replay.write_pos + rank_M) % c, c)  # c = out of range: dropped
+
+  def put(buffer, values):
+    return buffer.at[slot_M].set(values.astype(buffer.dtype), mode="drop")
+
+  m = keep.shape[0]
+  return ReplayState(
+      rollouts=jax.tree.map(put, replay.rollouts, entries),
+      advantages_CxE=put(replay.advantages_CxE, advantages_MxE),
+      version_C=put(replay.version_C, jnp.full((m,), version, jnp.int32)),
+      inserted_C=put(replay.inserted_C, replay.num_inserted + rank_M),
+      use_count_C=put(replay.use_count_C, jnp.zeros((m,), jnp.int32)),
+      drift_C=put(replay.drift_C, jnp.zeros((m,), jnp.float32)),
+      valid_C=put(replay.valid_C, jnp.ones((m,), bool)),
+      write_pos=(replay.write_pos + k) % c,
+      num_inserted=replay.num_inserted + k)
+
+
+def evict(replay: ReplayState, step: jax.Array, *, max_age: int | None = None,
+          max_uses: int | None = None, gate_C: jax.Array | None = None) -> ReplayState:
+  """Invalidates entries older than ``max_age`` steps, used ``max_uses`` times, or gated.
+
+  Age is ``step - version`` (gradient steps since the entry's behaviour policy, as in the age
+  eviction of Yoo et al., arXiv 2606.04560); an entry with age == max_age stays.
+  """
+  valid = replay.valid_C
+  if max_age is not None:
+    valid = valid & (step - replay.version_C <= max_age)
+  if max_uses is not None:
+    valid = valid & (replay.use_count_C < max_uses)
+  if gate_C is not None:
+    valid = valid & ~gate_C.astype(bool)
+  return replay.replace(valid_C=valid)
+
+
+def select(replay: ReplayState, k: int, priority: str, *, step: jax.Array | None = None,
+           staleness: int = 0, score_C: jax.Array | None = None,
+           rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """Chooses up to k live entries by a named priority.
+
+  Priorities:
+    recency: most recently inserted first (POPO, arXiv 2606.01281).
+    staleness: the entries whose version is closest to ``step - staleness``, most recent first
+      among ties (the POPO-stale(s) ablation).
+    lowest_drift: smallest last-measured drift first (POPO-KL selects by KL to the policy).
+    proportional: sampled without replacement with probability proportional to ``score_C``
+      (Gumbel top-k; e.g. |A|^alpha of rollout-level prioritised replay).
+
+  Args:
+    replay: the buffer.
+    k: static number of entries wanted.
+    priority: one of PRIORITIES.
+    step, staleness: for "staleness".
+    score_C: non-negative scores for "proportional".
+    rng: key for "proportional".
+
+  Returns:
+    (indices int32 [k], valid bool [k]); valid is False past the number of live entries (and
+    for zero-score entries under "proportional"), where the index is arbitrary.
+  """
+  if priority not in PRIORITIES:
+    raise ValueError(f"unknown replay priority {priority!r}; known: {', '.join(PRIORITIES)}")
+  c = replay.capacity
+  if c == 0 or k == 0:
+    return jnp.zeros((k,), jnp.int32), jnp.zeros((k,), bool)
+  if priority in ("recency", "staleness"):
+    # Integer keys: ties in distance are broken by insertion order exactly. The insertion rank
+    # within the buffer (0..C-1) keeps the combined key far from int32 overflow.
+    rank_C = jnp.argsort(jnp.argsort(replay.inserted_C)).astype(jnp.int32)
+    key = rank_C
+    if priority == "staleness":
+      distance = jnp.abs(replay.version_C - (step - staleness)).astype(jnp.int32)
+      key = rank_C - distance * c
+    live = replay.valid_C
+    key = jnp.where(live, key, jnp.iinfo(jnp.int32).min)
+    valid_key = lambda top: top > jnp.iinfo(jnp.int32).min
+  else:
+    if priority == "lowest_drift":
+      key = -replay.drift_C.astype(jnp.float32)
+    else:
+      logits = jnp.log(jnp.maximum(score_C.astype(jnp.float32), 0.0))
+      key = jnp.where(jnp.isfinite(logits), logits + jax.random.gumbel(rng, (c,)), -jnp.inf)
+    live = replay.valid_C & jnp.isfinite(key)
+    key = jnp.where(live, key, -jnp.inf)
+    valid_key = jnp.isfinite
+  width = min(k, c)
+  top_key, idx = jax.lax.top_k(key, width)
+  ok = valid_key(top_key) & live[idx]
+  if width < k:
+    idx = jnp.concatenate([idx, jnp.zeros((k - width,), idx.dtype)])
+    ok = jnp.concatenate([ok, jnp.zeros((k - width,), bool)])
+  return idx.astype(jnp.int32), ok
+
+
+def gather(replay: ReplayState, indices_K: jax.Array) -> tuple[Rollout, jax.Array]:
+  """The selected entries as (Rollout [K * E rows], advantages [K * E]), fresh-batch layout."""
+  flat = lambda x: x[indices_K].reshape((-1,) + x.shape[2:])
+  return jax.tree.map(flat, replay.rollouts), flat(replay.advantages_CxE)
+
+
+def mark_used(replay: ReplayState, indices_K: jax.Array, valid_K: jax.Array,
+              drift_K: jax.Array | None = None) -> ReplayState:
+  """Increments the use count of the valid selected entries (and records their drift)."""
+  if replay.capacity == 0:
+    return replay
+  slot = jnp.where(valid_K, indices_K, replay.capacity)
+  out = replay.replace(use_count_C=replay.use_count_C.at[slot].add(1, mode="drop"))
+  if drift_K is not None:
+    out = out.replace(drift_C=out.drift_C.at[slot].set(drift_K, mode="drop"))
+  return out
