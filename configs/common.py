@@ -65,7 +65,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.overlong_penalty = 1.0  # DAPO soft overlong penalty factor
 
   c.replay = ml_collections.ConfigDict()
-  c.replay.capacity = 0  # entries in the on-device buffer; 0 = plain on-policy (compiled away)
+  c.replay.capacity = 0  # entries (groups) in the on-device buffer; 0 = none (compiled away)
+  c.replay.fill = "none"  # none | replay (POPO: refill ineffective slots) | drop (GRPO-filter)
+  c.replay.insert = "effective"  # groups stored: effective (POPO) | all (POPO-ineff)
+  c.replay.priority = "recency"  # recency | staleness | lowest_drift (POPO-KL) | proportional
+  c.replay.staleness = 0  # priority=staleness: replay groups about this many steps old
+  c.replay.slots = 0  # max groups replayed per step (static); 0 = batch_prompts
+  c.replay.max_uses = 0  # drop an entry after this many replays (1 = one-shot); 0 = no limit
+  c.replay.max_age = 0  # drop entries older than this many steps; 0 = no limit
+  c.replay.on_policy = False  # POPO-pi_old: treat replayed rows as on-policy (pi_prox = mu)
 
   c.allocation = ml_collections.ConfigDict()
   c.allocation.method = "uniform"  # prompt selection / rollout allocation (uniform for now)

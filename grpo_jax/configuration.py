@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from grpo_jax import advantages, losses
+from grpo_jax import advantages, losses, popo
 
 _GROUPS = ("model", "task", "rollout", "rl", "replay", "allocation", "opt", "eval", "checkpoint",
            "mesh")
@@ -59,6 +59,14 @@ def validate(config) -> None:
   except ValueError as e:
     raise ConfigError(f"config.rl: {e}") from None
   _check(config.replay.capacity >= 0, "replay.capacity", "must be >= 0")
+  try:
+    replay_config(config)
+  except ValueError as e:
+    raise ConfigError(f"config.replay: {e}") from None
+  _check(config.replay.fill != "replay" or config.replay.capacity > 0, "replay.capacity",
+         "must be > 0 when replay.fill='replay' (POPO needs a buffer)")
+  _check(config.replay.slots <= r.batch_prompts, "replay.slots",
+         f"{config.replay.slots} exceeds batch_prompts={r.batch_prompts}")
   _check(config.allocation.method == "uniform", "allocation.method",
          f"{config.allocation.method!r}; known: uniform")
   _check(o.learning_rate > 0, "opt.learning_rate", f"{o.learning_rate} must be > 0")
@@ -69,6 +77,14 @@ def validate(config) -> None:
          "eval.every and checkpoint.every must be >= 1")
   _check(config.eval.k >= 1 and config.eval.num_prompts >= 1, "eval.k",
          "eval.k and eval.num_prompts must be >= 1")
+
+
+def replay_config(config) -> popo.ReplayConfig:
+  """The ReplayConfig described by ``config.replay``."""
+  p = config.replay
+  return popo.ReplayConfig(fill=p.fill, insert=p.insert, priority=p.priority,
+                           staleness=p.staleness, slots=p.slots, max_uses=p.max_uses,
+                           max_age=p.max_age, on_policy=p.on_policy)
 
 
 def loss_config(config) -> losses.LossConfig:

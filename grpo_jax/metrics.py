@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import os
@@ -20,7 +21,6 @@ class MetricWriter:
     try:
       # tf.summary needs both tensorflow and the tensorboard package (tensorflow-cpu alone
       # lacks the latter).
-      import tensorboard.summary.v2  # pylint: disable=g-import-not-at-top,unused-import
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
       self._tb = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
       self._tf = tf
@@ -33,10 +33,14 @@ class MetricWriter:
     self._file.write(json.dumps({"step": int(step), **clean}) + "\n")
     self._file.flush()
     if self._tb is not None:
-      with self._tb.as_default(step=int(step)):
-        for k, v in clean.items():
-          if isinstance(v, (int, float)):
-            self._tf.summary.scalar(k, v)
+      try:
+        with self._tb.as_default(step=int(step)):
+          for k, v in clean.items():
+            if isinstance(v, (int, float)):
+              self._tf.summary.scalar(k, v)
+      except Exception as e:  # pylint: disable=broad-except
+        _LOG.warning("TensorBoard summaries disabled: %s", e)
+        self._tb = None
 
   def close(self):
     self._file.close()

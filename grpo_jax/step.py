@@ -26,6 +26,8 @@ from flax import nnx
 from grpo_jax import advantages as advantages_lib
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
+from grpo_jax import popo
+from grpo_jax import replay as replay_lib
 from grpo_jax.replay import ReplayState
 from grpo_jax.types import Rollout, TrainState
 
@@ -45,6 +47,7 @@ class StepConfig:
     temperature: the rollout temperature; policy log-probs are computed at it, so that
       pi_theta and the recorded mu describe the same distribution.
     compute_entropy: compute per-token entropy (needed for an entropy bonus; else a metric).
+    replay: ReplayConfig of the replay method (POPO and its ablations; default: none).
   """
 
   group_size: int
@@ -55,6 +58,7 @@ class StepConfig:
   num_epochs: int = 1
   temperature: float = 1.0
   compute_entropy: bool = False
+  replay: popo.ReplayConfig = popo.ReplayConfig()
 
 
 def init_train_state(params, tx: optax.GradientTransformation) -> TrainState:
@@ -85,23 +89,47 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
     (new TrainState, new ReplayState, dict of float32 scalar metrics).
   """
   c = config
+  rc = c.replay
   n = rollout.num_rows
   g = c.group_size
   b = n // g
   reward = rollout.scores_N if c.reward_signal == "score" else rollout.success_N
-  adv_N = advantages_lib.group_advantages(reward.reshape(b, g), c.estimator).reshape(n)
+  adv_BxG = advantages_lib.group_advantages(reward.reshape(b, g), c.estimator)
   effective_B = advantages_lib.effective_groups(rollout.success_N.reshape(b, g))
+  fresh = jax.tree.map(lambda x: x.reshape((b, g) + x.shape[1:]), rollout)
+  replaying = rc.fill == "replay" and replay.capacity > 0
+
+  drift_C = None
+  if replaying:
+    replay = popo.evict(replay, state.step, rc)
+    if rc.priority == "lowest_drift":
+      drift_C = _stored_drift(graphdef, state.params, replay, c.temperature)
+  comp = popo.compose(fresh, adv_BxG, effective_B, replay, state.step, rc, drift_C)
+  to_rows = lambda x: x.reshape((n,) + x.shape[2:])
+  mixed = jax.tree.map(to_rows, comp.rollout)
+  replayed_N = jnp.repeat(comp.replayed_B, g)
 
   batch = {
-      "prompt_ids_NxP": rollout.prompt_ids_NxP,
-      "prompt_mask_NxP": rollout.prompt_mask_NxP,
-      "completion_ids_NxT": rollout.completion_ids_NxT,
-      "mask_NxT": rollout.completion_mask_NxT,
-      "behaviour_logp_NxT": rollout.behaviour_logp_NxT,
+      "prompt_ids_NxP": mixed.prompt_ids_NxP,
+      "prompt_mask_NxP": mixed.prompt_mask_NxP,
+      "completion_ids_NxT": mixed.completion_ids_NxT,
+      "mask_NxT": to_rows(comp.loss_mask_BxGxT),
+      "behaviour_logp_NxT": mixed.behaviour_logp_NxT,
       # Fresh rows: the proximal policy (params at the start of the step) is the behaviour one.
-      "prox_logp_NxT": rollout.behaviour_logp_NxT,
-      "advantages_N": adv_N,
+      "prox_logp_NxT": mixed.behaviour_logp_NxT,
+      "advantages_N": to_rows(comp.advantages_BxG),
   }
+  replay_metrics = {}
+  if replaying:
+    if not rc.on_policy:
+      # Replayed rows: pi_prox is the policy at the start of the step (one no-grad pass).
+      prox, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(state.params), batch,
+                                 c.temperature, False)
+      batch["prox_logp_NxT"] = jnp.where(replayed_N[:, None], jax.lax.stop_gradient(prox),
+                                         mixed.behaviour_logp_NxT)
+    replay_metrics = _replay_metrics(batch, replayed_N, comp, state.step, c.loss)
+  adv_N = batch["advantages_N"]
+
   use_kl = c.loss.kl_coef > 0
   if use_kl:
     ref_logp, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(ref_params), batch,
@@ -143,8 +171,58 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
       # Fraction of the batch's rows whose advantage is non-zero: the rows that teach.
       nonzero_advantage_fraction=jnp.mean((jnp.abs(adv_N) > 1e-8).astype(jnp.float32)),
   )
+  if replaying:
+    # After selection and the update: a group is never replayed in the step that produced it.
+    replay = replay_lib.mark_used(replay, comp.indices_K, comp.used_K)
+    replay = popo.insert_fresh(replay, fresh, adv_BxG, effective_B, state.step, rc)
+    replay_metrics["buffer_occupancy"] = jnp.mean(replay.valid_C.astype(jnp.float32))
+  metrics.update(replay_metrics)
+  metrics["ineffective_fraction"] = 1.0 - metrics["effective_fraction"]
   new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, replay, metrics
+
+
+def _stored_drift(graphdef, params, replay: ReplayState, temperature: float) -> jax.Array:
+  """Drift [C] of every stored entry under the current policy (POPO-KL selection).
+
+  D = mean over the entry's tokens of (log pi_theta - log mu)^2 (Headroom-Drift, 2609.03941).
+  """
+  rows = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), replay.rollouts)
+  batch = {"prompt_ids_NxP": rows.prompt_ids_NxP, "prompt_mask_NxP": rows.prompt_mask_NxP,
+           "completion_ids_NxT": rows.completion_ids_NxT}
+  logp, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(params), batch, temperature, False)
+  sq = jnp.square(jax.lax.stop_gradient(logp) - rows.behaviour_logp_NxT)
+  mask = rows.completion_mask_NxT.astype(jnp.float32)
+  c = replay.capacity
+  per_entry = jnp.sum((sq * mask).reshape(c, -1), axis=1)
+  count = jnp.sum(mask.reshape(c, -1), axis=1)
+  return per_entry / jnp.maximum(count, 1.0)
+
+
+def _replay_metrics(batch, replayed_N, comp, step, loss_config) -> dict:
+  """Replay diagnostics: slots filled, age of replayed groups, their drift and IS weights."""
+  tok = batch["mask_NxT"] & replayed_N[:, None]
+  tok_f = tok.astype(jnp.float32)
+  count = jnp.maximum(jnp.sum(tok_f), 1.0)
+  log_w = batch["prox_logp_NxT"] - batch["behaviour_logp_NxT"]
+  raw_w = jnp.exp(jnp.clip(log_w, -20.0, 20.0))
+  w = jnp.minimum(raw_w, loss_config.is_cap)
+  if loss_config.is_mode == "mask":
+    w = jnp.where(raw_w <= loss_config.is_cap, raw_w, 0.0)
+  elif loss_config.is_mode == "none":
+    w = jnp.ones_like(raw_w)
+  version_B = comp.rollout.version_N[:, 0]
+  age_B = (step - version_B).astype(jnp.float32)
+  filled = jnp.sum(comp.replayed_B.astype(jnp.float32))
+  return {
+      "replay_slots_filled": filled,
+      "replay_age_mean": jnp.sum(jnp.where(comp.replayed_B, age_B, 0.0)) / jnp.maximum(filled, 1),
+      "replay_age_max": jnp.max(jnp.where(comp.replayed_B, age_B, 0.0)),
+      "replay_drift": jnp.sum(jnp.square(log_w) * tok_f) / count,
+      "replay_is_weight_mean": jnp.sum(w * tok_f) / count,
+      "replay_is_weight_max": jnp.max(jnp.where(tok, w, 0.0)),
+      "replay_is_capped_frac": jnp.sum((raw_w > loss_config.is_cap) * tok_f) / count,
+  }
 
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,

@@ -79,7 +79,8 @@ def step_config(config) -> step_lib.StepConfig:
       group_size=config.rollout.group_size, estimator=config.rl.estimator,
       reward_signal=config.rl.reward_signal, loss=configuration.loss_config(config),
       num_minibatches=config.rl.num_minibatches, num_epochs=config.rl.num_epochs,
-      temperature=config.rollout.temperature, compute_entropy=config.rl.entropy_coef > 0)
+      temperature=config.rollout.temperature, compute_entropy=config.rl.entropy_coef > 0,
+      replay=configuration.replay_config(config))
 
 
 def _evaluate(config, graphdef, params, tokenizer, task, problems, render) -> dict:

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import dapo, drgrpo, grpo, rloo
+from configs import dapo, drgrpo, grpo, popo, rloo
 from grpo_jax import checkpoint as checkpoint_lib
 from grpo_jax import configuration, metrics, train
 
@@ -30,14 +30,17 @@ def test_cli_smoke_end_to_end(tmp_path):
   assert checkpoint_lib.Checkpointer(os.fspath(tmp_path), 2).latest_step() == 2
 
 
-def _final_params(workdir):
+def _final_state(workdir):
   ck = checkpoint_lib.Checkpointer(workdir, 2)
-  return ck.manager.restore(ck.latest_step()).state["train"]["params"]
+  return ck.manager.restore(ck.latest_step()).state
 
 
-def test_resume_gives_exactly_the_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("module", [grpo, popo])
+def test_resume_gives_exactly_the_uninterrupted_run(tmp_path, module):
+  """N steps + resume + N steps == 2N steps, parameters and (for POPO) the replay buffer."""
+
   def config(total):
-    c = grpo.get_config("smoke")
+    c = module.get_config("smoke")
     c.total_steps = total
     c.eval.every = 100  # evaluations never change the trajectory; keep them out of the way
     c.checkpoint.every = 2
@@ -47,7 +50,8 @@ def test_resume_gives_exactly_the_uninterrupted_run(tmp_path):
   train.train_and_evaluate(config(4), straight)
   train.train_and_evaluate(config(2), resumed)   # "killed" after 2 steps...
   train.train_and_evaluate(config(4), resumed)   # ...and started again with the same command
-  a, b = _final_params(straight), _final_params(resumed)
+  a, b = _final_state(straight), _final_state(resumed)
+  assert ("replay" in a) == (module is popo)
   leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
   assert len(leaves_a) == len(leaves_b) > 0
   for x, y in zip(leaves_a, leaves_b):
@@ -58,10 +62,15 @@ def test_resume_gives_exactly_the_uninterrupted_run(tmp_path):
   assert ra == rb == [4, 8, 12, 16]
 
 
-@pytest.mark.parametrize("module", [grpo, drgrpo, rloo, dapo])
+@pytest.mark.parametrize("module", [grpo, drgrpo, rloo, dapo, popo])
 def test_every_config_validates(module):
   configuration.validate(module.get_config())
   configuration.validate(module.get_config("smoke"))
+
+
+@pytest.mark.parametrize("preset", ["kl", "filter", "ineff", "stale=10", "pi_old", "kl,smoke"])
+def test_popo_presets_validate(preset):
+  configuration.validate(popo.get_config(preset))
 
 
 @pytest.mark.parametrize("field,value,message", [

@@ -1,0 +1,49 @@
+"""POPO (arXiv 2606.01281): ineffective fresh groups are refilled from a buffer of recent
+effective groups; decoupled off-policy objective (behaviour weight pi_prox / mu, trust region
+on pi_theta / pi_prox).
+
+    python -m grpo_jax.train --config=configs/popo.py --workdir=runs/popo
+
+Presets of the paper's comparison (combine with the common ones, e.g. ``:kl,smoke``):
+  kl        POPO-KL: replay the stored groups with the lowest drift to the current policy
+  filter    GRPO-filter: drop ineffective groups, no refill, loss over the remaining ones
+  ineff     POPO-ineff: buffer and replay without the effective / ineffective distinction
+  stale=S   POPO-stale(S): replay groups about S steps old (default 10)
+  pi_old    POPO-pi_old: replayed groups treated as on-policy (no behaviour correction)
+"""
+
+from configs import common
+
+
+def get_config(arg: str | None = None):
+  c = common.base_config()
+  c.replay.fill = "replay"  # refill ineffective slots from the buffer
+  # 32 groups = one batch: POPO keeps a *small* buffer of recent groups; with ~1/3 of the
+  # slots ineffective and ~2/3 of the groups stored each step it turns over in ~1.5 steps.
+  c.replay.capacity = 32
+  c.replay.insert = "effective"  # only groups whose success varies are stored
+  c.replay.priority = "recency"  # most recently stored first
+  # One-shot reuse: a stored group is replayed once, so the buffer never feeds the same
+  # off-policy group twice (the paper leaves this open).
+  c.replay.max_uses = 1
+  c.replay.max_age = 0  # one-shot reuse + recency already keeps replay ~1-2 steps old
+  c.rl.is_mode = "truncate"  # behaviour weight min(pi_prox / mu, cap), as TIS / verl
+  c.rl.is_cap = 2.0  # weights of replayed tokens rarely exceed ~1.1 at this staleness
+  rest = []
+  for name in filter(None, (arg or "").split(",")):
+    if name == "kl":
+      c.replay.priority = "lowest_drift"
+    elif name == "filter":
+      c.replay.fill, c.replay.capacity = "drop", 0
+    elif name == "ineff":
+      c.replay.insert = "all"
+    elif name == "stale" or name.startswith("stale="):
+      c.replay.priority = "staleness"
+      c.replay.staleness = int(name.split("=")[1]) if "=" in name else 10
+      c.replay.max_uses = 0  # old groups must stay in the buffer to be replayed
+      c.replay.capacity = 32 * (c.replay.staleness + 2)
+    elif name == "pi_old":
+      c.replay.on_policy = True
+    else:
+      rest.append(name)
+  return common.apply_presets(c, ",".join(rest))
