@@ -8,6 +8,10 @@ Random prompts of exactly ``prompt_len`` tokens; EOS disabled so every completio
 0.04 (one no-grad reference pass inside the same jit); one minibatch, one epoch. The first
 step (compilation) is excluded from the medians. ``--init_random`` first writes a randomly
 initialised Qwen3 of the given shape to ``--model`` (the issue's reference model by default).
+
+``--methods=grpo,popo --ineffective_fraction=0.5`` times the train step of each method on the
+same rollouts in the same run (steps alternate), with that fraction of groups given constant
+rewards so POPO refills them from its buffer: the cost of the buffer, as a ratio.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import optax
 from absl import app, flags
 from flax import nnx
 
-from grpo_jax import losses, replay as replay_lib, sampler as sampler_lib, step as step_lib
+from grpo_jax import losses, popo, replay as replay_lib, sampler as sampler_lib, step as step_lib
 from grpo_jax.models import ModelConfig, Qwen3, from_pretrained, save_pretrained
 from grpo_jax.types import Rollout
 
@@ -39,6 +43,9 @@ _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "P")
 _COMPLETION_LEN = flags.DEFINE_integer("completion_len", 64, "T")
 _STEPS = flags.DEFINE_integer("steps", 6, "steps, the first of which compiles")
 _KL = flags.DEFINE_float("kl_coef", 0.04, "KL coefficient (0 skips the reference pass)")
+_METHODS = flags.DEFINE_list("methods", ["grpo"], "train steps to time: grpo and/or popo")
+_INEFFECTIVE = flags.DEFINE_float("ineffective_fraction", 0.0,
+                                  "fraction of groups given constant rewards")
 
 
 def main(argv):
@@ -55,39 +62,62 @@ def main(argv):
   sample = sampler_lib.make_sampler(graphdef, sampler_lib.SamplingConfig(
       max_new_tokens=t, eos_ids=(-1,), pad_id=0, temperature=1.0))
   tx = optax.adamw(1e-5)
-  config = step_lib.StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value))
-  train_step = step_lib.make_train_step(graphdef, tx, config)
   ref_params = jax.tree.map(jnp.copy, params)
-  state = step_lib.init_train_state(params, tx)
-  replay = replay_lib.init_replay(0, g, p, t)
+  runs = {}
+  for method in _METHODS.value:
+    fill = popo.ReplayConfig(fill="replay", max_uses=1) if method == "popo" else popo.ReplayConfig()
+    config = step_lib.StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value),
+                                 replay=fill)
+    runs[method] = dict(
+        step=step_lib.make_train_step(graphdef, tx, config),
+        state=step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),
+        replay=replay_lib.init_replay(b if method == "popo" else 0, g, p, t), train_s=[])
   rng = np.random.RandomState(0)
-  gen_s, train_s, step_s = [], [], []
+  gen_s, step_s = [], []
+  n_constant = int(round(_INEFFECTIVE.value * b))
   for i in range(_STEPS.value):
     ids = np.repeat(rng.randint(0, model.config.vocab_size, (b, p)), g, axis=0).astype(np.int32)
     mask = np.ones_like(ids, bool)
+    first = runs[_METHODS.value[0]]
     t0 = time.perf_counter()
-    out = jax.block_until_ready(sample(state.params, ids, mask, jax.random.key(i)))
+    out = jax.block_until_ready(sample(first["state"].params, ids, mask, jax.random.key(i)))
     t1 = time.perf_counter()
-    scores = jnp.asarray(rng.randint(0, 2, n), jnp.float32)
+    scores_np = rng.randint(0, 2, (b, g)).astype(np.float32)
+    scores_np[:, :2] = [1.0, 0.0]  # every group mixed ...
+    scores_np[:n_constant] = 0.0  # ... except the first n_constant, all wrong
+    scores = jnp.asarray(scores_np.reshape(n))
     rollout = Rollout(prompt_ids_NxP=jnp.asarray(ids), prompt_mask_NxP=jnp.asarray(mask),
                       completion_ids_NxT=out.tokens_NxT, completion_mask_NxT=out.mask_NxT,
                       behaviour_logp_NxT=out.logp_NxT, scores_N=scores, success_N=scores > 0,
-                      prompt_id_N=jnp.zeros(n, jnp.int32), version_N=jnp.zeros(n, jnp.int32))
-    state, replay, metrics = train_step(state, replay, rollout, ref_params, jax.random.key(i))
-    jax.block_until_ready(metrics)
-    t2 = time.perf_counter()
+                      prompt_id_N=jnp.zeros(n, jnp.int32), version_N=jnp.full(n, i, jnp.int32))
+    line = f"step {i}: gen {t1 - t0:.3f}s"
+    for method, run in runs.items():
+      t2 = time.perf_counter()
+      run["state"], run["replay"], metrics = run["step"](run["state"], run["replay"], rollout,
+                                                         ref_params, jax.random.key(i))
+      jax.block_until_ready(metrics)
+      dt = time.perf_counter() - t2
+      if i:
+        run["train_s"].append(dt)
+      line += f" {method} train {dt:.3f}s"
+      if method == "popo":
+        line += f" (replayed {int(metrics['replay_slots_filled'])})"
     if i:  # the first step compiles
       gen_s.append(t1 - t0)
-      train_s.append(t2 - t1)
-      step_s.append(t2 - t0)
-    print(f"step {i}: gen {t1 - t0:.3f}s train {t2 - t1:.3f}s loss {float(metrics['loss']):.4f}",
-          flush=True)
+      step_s.append(t1 - t0 + runs[_METHODS.value[0]]["train_s"][-1])
+    print(line, flush=True)
+  train_s = runs[_METHODS.value[0]]["train_s"]
   med = lambda x: float(np.median(x)) if x else float("nan")
   print(json.dumps({
       "model": _MODEL.value, "backend": jax.default_backend(), "rows": n, "prompt_len": p,
       "completion_len": t, "params": model.config.num_params, "step_s_median": round(med(step_s), 4),
       "gen_s_median": round(med(gen_s), 4), "train_s_median": round(med(train_s), 4),
-      "completion_tokens_per_s": round(n * t / med(step_s), 1)}))
+      "completion_tokens_per_s": round(n * t / med(step_s), 1),
+      **{f"{m}_train_s_median": round(med(r["train_s"]), 4) for m, r in runs.items()},
+      **({"popo_over_grpo_train": round(med(runs["popo"]["train_s"]) /
+                                        med(runs["grpo"]["train_s"]), 3),
+          "popo_buffer_bytes": runs["popo"]["replay"].nbytes}
+         if {"grpo", "popo"} <= set(runs) else {})}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,107 @@
+"""Sample efficiency: held-out accuracy against rollouts generated, per method and seed.
+
+    python -m grpo_jax.bench.efficiency --methods=grpo,popo --seeds=3 --steps=100
+
+Every method trains from the embedded checkpoint with its config file (configs/<method>.py)
+and the same batch (B prompts x G rollouts per step), so equal steps mean equal rollouts.
+Writes ``<out>/efficiency.md`` (a markdown table of mean@8 by rollouts, per seed, with the
+mean and spread) and ``<out>/efficiency.png`` (needs matplotlib), and prints the table.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+
+import numpy as np
+from absl import app, flags
+
+from grpo_jax import metrics as metrics_lib
+from grpo_jax import train
+
+_METHODS = flags.DEFINE_list("methods", ["grpo", "popo"], "config files under configs/")
+_SEEDS = flags.DEFINE_integer("seeds", 3, "seeds 0..n-1 per method")
+_STEPS = flags.DEFINE_integer("steps", 100, "optimiser steps per run")
+_EVAL_EVERY = flags.DEFINE_integer("eval_every", 25, "steps between evaluations")
+_OUT = flags.DEFINE_string("out", "runs/efficiency", "output folder")
+
+
+def curve(workdir: str, k: int = 8) -> list[tuple[int, int, float]]:
+  """(step, rollouts, mean@k) of every evaluation of a run."""
+  key = f"eval/mean_at_{k}"
+  return [(r["step"], r["rollouts"], r[key]) for r in metrics_lib.read_metrics(workdir)
+          if key in r]
+
+
+def table(results: dict) -> str:
+  """Markdown: one row per evaluation point, one column per method (seeds, mean +- std)."""
+  methods = list(results)
+  points = [(s, r) for s, r, _ in next(iter(results[methods[0]].values()))]
+  lines = ["| step | rollouts | " + " | ".join(
+      f"{m}: seeds / mean ± std" for m in methods) + " |",
+           "|---|---|" + "---|" * len(methods)]
+  for i, (step, rollouts) in enumerate(points):
+    cells = []
+    for m in methods:
+      vals = [c[i][2] for c in results[m].values()]
+      cells.append(" ".join(f"{v:.3f}" for v in vals) +
+                   f" / **{np.mean(vals):.3f}** ± {np.std(vals):.3f}")
+    lines.append(f"| {step} | {rollouts:,} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def plot(results: dict, path: str) -> bool:
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for color, (m, runs) in zip(("C0", "C1", "C2", "C3", "C4"), results.items()):
+    for seed, c in runs.items():
+      ax.plot([r for _, r, _ in c], [a for _, _, a in c], color=color, alpha=0.3, lw=1)
+    mean = np.mean([[a for _, _, a in c] for c in runs.values()], axis=0)
+    ax.plot([r for _, r, _ in next(iter(runs.values()))], mean, color=color, lw=2.5,
+            label=f"{m} (mean of {len(runs)} seeds)")
+  ax.set_xlabel("rollouts generated")
+  ax.set_ylabel("held-out mean@8 (T = 1.0)")
+  ax.set_title("Countdown, embedded 1M-parameter Qwen3")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  return True
+
+
+def main(argv):
+  del argv
+  os.makedirs(_OUT.value, exist_ok=True)
+  results = {}
+  for method in _METHODS.value:
+    module = importlib.import_module(f"configs.{method}")
+    results[method] = {}
+    for seed in range(_SEEDS.value):
+      config = module.get_config()
+      config.seed = seed
+      config.total_steps = _STEPS.value
+      config.eval.every = _EVAL_EVERY.value
+      config.checkpoint.every = _STEPS.value
+      workdir = os.path.join(_OUT.value, f"{method}_seed{seed}")
+      if not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or not curve(workdir) or \
+          curve(workdir)[-1][0] < _STEPS.value:
+        train.train_and_evaluate(config, workdir)
+      results[method][seed] = curve(workdir)
+  md = table(results)
+  with open(os.path.join(_OUT.value, "efficiency.md"), "w") as f:
+    f.write(md + "\n")
+  with open(os.path.join(_OUT.value, "efficiency.json"), "w") as f:
+    json.dump(results, f)
+  drew = plot(results, os.path.join(_OUT.value, "efficiency.png"))
+  print(md)
+  print(f"wrote {_OUT.value}/efficiency.md" + (" and efficiency.png" if drew else ""))
+
+
+if __name__ == "__main__":
+  app.run(main)
