@@ -19,8 +19,9 @@ class MetricWriter:
     self._file = open(self.path, "a", encoding="utf-8")
     self._tb = None
     try:
-      # tf.summary needs both tensorflow and the tensorboard package (tensorflow-cpu alone
-      # lacks the latter).
+      # tf.summary needs both tensorflow and the tensorboard distribution (tensorflow-cpu
+      # alone lacks the latter); a failing first write also turns summaries off (write()).
+      importlib.metadata.version("tensorboard")
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
       self._tb = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
       self._tf = tf
