@@ -77,6 +77,8 @@ op = st.one_of(
 
 @hypothesis.settings(max_examples=60, deadline=None)
 @hypothesis.given(st.lists(op, min_size=1, max_size=12))
+@hypothesis.example(ops=[("insert", [False, False, False, True]), ("evict", 2),
+                         ("insert", [False, False, False, False]), ("select", None)])
 def test_matches_reference_model(ops):
   replay = replay_lib.init_replay(C, E, P, T)
   ref = Reference()
@@ -93,6 +95,9 @@ def test_matches_reference_model(ops):
       replay = _evict(replay, jnp.int32(step))
       ref.evict(step)
     else:
+      # As in the train step: evict at the current step, then select.
+      replay = _evict(replay, jnp.int32(step))
+      ref.evict(step)
       idx, ok = _select_recent(replay)
       expected = ref.recent(3)
       got = [int(i) for i, v in zip(idx, ok) if v]
