@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import pytest
 
 from grpo_jax.tasks import arithmetic
-from grpo_jax.tasks import countdown, countdown_files
+from grpo_jax.tasks import countdown, countdown_files, countdown_solver
 
 NUMS = (3, 5, 7)
 TARGET = 56  # (3 + 5) * 7 = 8 * 7 = 56
@@ -279,15 +279,15 @@ def test_reference_completion():
 
 
 def test_solve():
-  found = countdown.solve(NUMS, TARGET)
+  found = countdown_solver.solve(NUMS, TARGET)
   assert countdown.score(f"<answer>{found}</answer>", NUMS, TARGET) == 1.0
   # Needs a fractional intermediate: 5 * (5 - 1/5) = 5 * 24/5 = 24.
-  found = countdown.solve((1, 5, 5, 5), 24)
+  found = countdown_solver.solve((1, 5, 5, 5), 24)
   assert found is not None
   assert countdown.score(f"<answer>{found}</answer>", (1, 5, 5, 5), 24) == 1.0
-  assert countdown.solve((1, 2, 3), 1000) is None  # max is (1+2)*3 = 9
-  assert countdown.solve((4,), 4) == "4"
-  assert countdown.solve((), 0) is None
+  assert countdown_solver.solve((1, 2, 3), 1000) is None  # max is (1+2)*3 = 9
+  assert countdown_solver.solve((4,), 4) == "4"
+  assert countdown_solver.solve((), 0) is None
 
 
 # ---------------------------------------------------------------------------
@@ -347,7 +347,7 @@ def test_generator_ranges_and_solutions():
 def test_generated_problems_are_solvable():
   config = countdown.GeneratorConfig()
   for p in countdown.train_problems(config, 0, 50):
-    assert countdown.solve(p.nums, p.target) is not None, p
+    assert countdown_solver.solve(p.nums, p.target) is not None, p
 
 
 def _exact_value(node):
@@ -398,7 +398,7 @@ def test_four_and_six_numbers():
   problems = countdown.train_problems(config, 0, 10)
   for p in problems:
     assert len(p.nums) == 4
-    assert countdown.solve(p.nums, p.target) is not None
+    assert countdown_solver.solve(p.nums, p.target) is not None
   config = countdown.GeneratorConfig(num_numbers=6)
   six = countdown.generate_problem(config, "test", 0)
   assert len(six.nums) == 6

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import fractions
 import hashlib
 import logging
 import os
@@ -37,6 +36,8 @@ from typing import Any
 import numpy as np
 
 from grpo_jax.tasks import arithmetic
+from grpo_jax.tasks import countdown_solver
+from grpo_jax.tasks.countdown_solver import VALUE_TOLERANCE, Expr, combine, leaf, reaches
 
 _LOG = logging.getLogger(__name__)
 
@@ -68,9 +69,8 @@ def _template_words(templates: Iterable[str]) -> tuple[str, ...]:
 TEMPLATE_WORDS: tuple[str, ...] = _template_words(TEMPLATES.values())
 
 SUCCESS_THRESHOLD = 1.0
-# Absolute tolerance on the answer's value: float evaluation of an exact
-# expression such as (1/49)*49 gives 0.9999999999999999.
-VALUE_TOLERANCE = 1e-5
+# VALUE_TOLERANCE (imported): absolute tolerance on the answer's value; float evaluation of an
+# exact expression such as (1/49)*49 gives 0.9999999999999999.
 # Reward for an answer that is well-formed but wrong (format shaping, as in
 # TinyZero).
 FORMAT_SCORE = 0.1
@@ -184,48 +184,6 @@ def is_success(score_value: float) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# Expression rendering shared by the generator and the solver.
-
-# An expression under construction: exact value, text, precedence of its top
-# operator (1 for + -, 2 for * /, 3 for a bare number).
-_Expr = tuple[fractions.Fraction, str, int]
-_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
-
-
-def _combine(left: _Expr, op: str, right: _Expr) -> _Expr | None:
-  """Applies `op` exactly and renders with minimal parentheses.
-
-  Returns None on division by zero.
-  """
-  left_value, left_text, left_prec = left
-  right_value, right_text, right_prec = right
-  prec = _PRECEDENCE[op]
-  if op == "+":
-    value = left_value + right_value
-  elif op == "-":
-    value = left_value - right_value
-  elif op == "*":
-    value = left_value * right_value
-  else:
-    if right_value == 0:
-      return None
-    value = left_value / right_value
-  # The left operand needs parentheses only if it binds looser than `op`.
-  # The right one also when it binds equally and `op` is not associative
-  # with it: a-(b+c), a/(b*c). For + and * the regrouping a+(b-c) -> a+b-c
-  # and a*(b/c) -> a*b/c keeps the exact value.
-  if left_prec < prec:
-    left_text = f"({left_text})"
-  if right_prec < prec or (right_prec == prec and op in "-/"):
-    right_text = f"({right_text})"
-  return value, f"{left_text}{op}{right_text}", prec
-
-
-def _leaf(number: int) -> _Expr:
-  return fractions.Fraction(number), str(number), 3
-
-
-# ---------------------------------------------------------------------------
 # Generator.
 
 
@@ -303,7 +261,7 @@ def split_of(nums: Iterable[int], target: int, eval_fraction: float) -> str:
   return "test" if unit < eval_fraction else "train"
 
 
-def _random_solution(rng: np.random.Generator, nums: Sequence[int]) -> _Expr:
+def _random_solution(rng: np.random.Generator, nums: Sequence[int]) -> Expr:
   """Random expression using each of `nums` once, with exact divisions only.
 
   Operands are shuffled, then adjacent subexpressions are merged at random
@@ -312,7 +270,7 @@ def _random_solution(rng: np.random.Generator, nums: Sequence[int]) -> _Expr:
   only when it is exact, so every intermediate value is an integer.
   """
   order = rng.permutation(len(nums))
-  items = [_leaf(int(nums[i])) for i in order]
+  items = [leaf(int(nums[i])) for i in order]
   while len(items) > 1:
     i = int(rng.integers(len(items) - 1))
     left, right = items[i], items[i + 1]
@@ -320,14 +278,8 @@ def _random_solution(rng: np.random.Generator, nums: Sequence[int]) -> _Expr:
     if right[0] != 0 and (left[0] / right[0]).denominator == 1:
       ops.append("/")
     op = ops[int(rng.integers(len(ops)))]
-    items[i : i + 2] = [_combine(left, op, right)]
+    items[i : i + 2] = [combine(left, op, right)]
   return items[0]
-
-
-def _reaches(text: str, target: int) -> bool:
-  """Whether `text` evaluates (in float, as scored) to `target`."""
-  value = arithmetic.evaluate_arithmetic(arithmetic.parse_arithmetic(text))
-  return value is not None and abs(value - target) <= VALUE_TOLERANCE
 
 
 def generate_problem(config: GeneratorConfig, split: str, index: int) -> Problem:
@@ -371,7 +323,7 @@ def generate_problem(config: GeneratorConfig, split: str, index: int) -> Problem
       continue
     # Guards the "reference scores 1.0" contract against float rounding
     # on very large intermediates; never fails with the default ranges.
-    if not _reaches(text, target):
+    if not reaches(text, target):
       continue
     return Problem(nums=nums, target=target, solution=text)
   raise RuntimeError(
@@ -412,66 +364,10 @@ def reference_completion(problem: Problem) -> str:
   """
   solution = problem.solution
   if solution is None:
-    solution = solve(problem.nums, problem.target)
+    solution = countdown_solver.solve(problem.nums, problem.target)
     if solution is None:
       raise ValueError(f"problem has no solution: {problem}")
   return f"{_ANSWER_OPEN} {solution} {_ANSWER_CLOSE}"
-
-
-# ---------------------------------------------------------------------------
-# Brute-force solver.
-
-
-def solve(nums: Sequence[int], target: int) -> str | None:
-  """Finds an expression using every number once that equals `target`.
-
-  Exhaustive search over pairs and operators with exact Fraction arithmetic
-  (fractional intermediates allowed, so it is complete for the rules that
-  `score` applies), memoising multisets of values already known to fail.
-  Fast for up to 4 numbers; 5-6 can take seconds.
-
-  Args:
-      nums: Non-negative integers.
-      target: The value to reach.
-
-  Returns:
-      An expression in the same compact style as generated solutions, or
-      None if the target is unreachable.
-  """
-  goal = fractions.Fraction(target)
-  failed: set[tuple[fractions.Fraction, ...]] = set()
-
-  def search(items: list[_Expr]) -> str | None:
-    if len(items) == 1:
-      return items[0][1] if items[0][0] == goal else None
-    key = tuple(sorted(item[0] for item in items))
-    if key in failed:
-      return None
-    for i in range(len(items)):
-      for j in range(len(items)):
-        # Commutative ops need only one order of each pair.
-        if i == j:
-          continue
-        rest = [items[k] for k in range(len(items)) if k not in (i, j)]
-        ops = "+-*/" if i < j else "-/"
-        for op in ops:
-          merged = _combine(items[i], op, items[j])
-          if merged is None:
-            continue
-          found = search(rest + [merged])
-          if found is not None:
-            return found
-    failed.add(key)
-    return None
-
-  if not nums:
-    return None
-  found = search([_leaf(int(n)) for n in nums])
-  # Fractional intermediates can in principle drift in float evaluation;
-  # only return answers that `score` accepts.
-  if found is not None and not _reaches(found, target):
-    return None
-  return found
 
 
 # ---------------------------------------------------------------------------
