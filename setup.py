@@ -32,5 +32,7 @@ setuptools.setup(
         "test": ["pytest", "hypothesis", "pyarrow"],
         # TFDS needs TensorFlow to build or mock datasets (GSM8K); CI installs it.
         "tfds": ["tensorflow-cpu"],
+        # The PNG of bench/efficiency.py (the markdown table needs nothing extra).
+        "bench": ["matplotlib"],
     },
 )

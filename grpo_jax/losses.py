@@ -119,6 +119,20 @@ def _k3(log_ratio):
   return jnp.exp(jnp.minimum(log_ratio, 20.0)) - 1.0 - log_ratio
 
 
+def behaviour_weight(prox_logp: jax.Array, behaviour_logp: jax.Array,
+                     config: LossConfig) -> tuple[jax.Array, jax.Array]:
+  """The behaviour importance weight pi_prox / mu per token, after the cap, and where it
+  exceeded the cap: (w, capped). "none" gives 1, "truncate" min(w, cap), "mask" 0 above cap."""
+  raw_w = jnp.exp(jnp.clip(prox_logp - behaviour_logp, -20.0, 20.0))
+  if config.is_mode == "none":
+    w = jnp.ones_like(raw_w)
+  elif config.is_mode == "truncate":
+    w = jnp.minimum(raw_w, config.is_cap)
+  else:
+    w = jnp.where(raw_w <= config.is_cap, raw_w, 0.0)
+  return w, raw_w > config.is_cap
+
+
 def _masked_mean(x, mask):
   mask = mask.astype(jnp.float32)
   return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
@@ -165,14 +179,7 @@ def policy_loss(logp_NxT: jax.Array, prox_logp_NxT: jax.Array, behaviour_logp_Nx
     dual_active = (adv < 0) & (pg > bound)
     pg = jnp.where(adv < 0, jnp.minimum(pg, bound), pg)
 
-  raw_w = jnp.exp(jnp.clip(prox - behaviour, -20.0, 20.0))
-  if c.is_mode == "none":
-    w = jnp.ones_like(raw_w)
-  elif c.is_mode == "truncate":
-    w = jnp.minimum(raw_w, c.is_cap)
-  else:
-    w = jnp.where(raw_w <= c.is_cap, raw_w, 0.0)
-  capped = raw_w > c.is_cap
+  w, capped = behaviour_weight(prox, behaviour, c)
 
   per_token = w * pg
   aux = {}

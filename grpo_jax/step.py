@@ -205,12 +205,8 @@ def _replay_metrics(batch, replayed_N, comp, step, loss_config) -> dict:
   tok_f = tok.astype(jnp.float32)
   count = jnp.maximum(jnp.sum(tok_f), 1.0)
   log_w = batch["prox_logp_NxT"] - batch["behaviour_logp_NxT"]
-  raw_w = jnp.exp(jnp.clip(log_w, -20.0, 20.0))
-  w = jnp.minimum(raw_w, loss_config.is_cap)
-  if loss_config.is_mode == "mask":
-    w = jnp.where(raw_w <= loss_config.is_cap, raw_w, 0.0)
-  elif loss_config.is_mode == "none":
-    w = jnp.ones_like(raw_w)
+  w, capped = losses.behaviour_weight(batch["prox_logp_NxT"], batch["behaviour_logp_NxT"],
+                                      loss_config)
   version_B = comp.rollout.version_N[:, 0]
   age_B = (step - version_B).astype(jnp.float32)
   filled = jnp.sum(comp.replayed_B.astype(jnp.float32))
@@ -221,7 +217,7 @@ def _replay_metrics(batch, replayed_N, comp, step, loss_config) -> dict:
       "replay_drift": jnp.sum(jnp.square(log_w) * tok_f) / count,
       "replay_is_weight_mean": jnp.sum(w * tok_f) / count,
       "replay_is_weight_max": jnp.max(jnp.where(tok, w, 0.0)),
-      "replay_is_capped_frac": jnp.sum((raw_w > loss_config.is_cap) * tok_f) / count,
+      "replay_is_capped_frac": jnp.sum(capped * tok_f) / count,
   }
 
 

@@ -163,11 +163,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
     state, replay, step_metrics = train_step(state, replay, rollout, ref_params,
                                              jax.random.fold_in(key, 1))
     if pending is not None:
-      _log_step(writer, bar, *pending, last_eval, config, host, t_start, tokens_at_start)
+      _log_step(writer, bar, *pending, last_eval, config, t_start, tokens_at_start)
     pending = (step + 1, step_metrics, stats, dict(host))
     done = step + 1
     if done % config.eval.every == 0 or done == config.total_steps:
-      _log_step(writer, bar, *pending, last_eval, config, host, t_start, tokens_at_start)
+      _log_step(writer, bar, *pending, last_eval, config, t_start, tokens_at_start)
       pending = None
       last_eval = _evaluate(config, graphdef, state.params, tokenizer, task, eval_problems,
                             render)
@@ -177,7 +177,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
       ckpt.save(done, state, replay, {**host, "data_position": stream.position,
                                       "prompts_skipped": stream.skipped, "seed": config.seed})
   if pending is not None:
-    _log_step(writer, bar, *pending, last_eval, config, host, t_start, tokens_at_start)
+    _log_step(writer, bar, *pending, last_eval, config, t_start, tokens_at_start)
   if bar is not None:
     bar.close()
   writer.close()
@@ -185,10 +185,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   return last_eval
 
 
-def _log_step(writer, bar, step, step_metrics, stats, host_then, last_eval, config, host,
-              t_start, tokens_at_start):
+def _log_step(writer, bar, step, step_metrics, stats, host_then, last_eval, config, t_start,
+              tokens_at_start):
   """Writes one step's metrics (device values fetched now, one step after they were made)."""
-  del host
   values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
   elapsed = max(time.time() - t_start, 1e-9)
   record = {**values, "rollouts": host_then["rollouts"],
