@@ -33,7 +33,8 @@ def completion_logprobs(model: Qwen3, prompt_ids_NxP: jax.Array, prompt_mask_NxP
 
 def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
                                     prompt_mask_NxP: jax.Array, completion_ids_NxT: jax.Array,
-                                    temperature: float = 1.0, with_entropy: bool = True):
+                                    temperature: float = 1.0, with_entropy: bool = True,
+                                    chunk_tokens: int = 0):
   """Teacher-forced log-probs of each completion token given its left-padded prompt.
 
   Args:

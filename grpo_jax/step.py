@@ -48,6 +48,8 @@ class StepConfig:
       pi_theta and the recorded mu describe the same distribution.
     compute_entropy: compute per-token entropy (needed for an entropy bonus; else a metric).
     replay: ReplayConfig of the replay method (POPO and its ablations; default: none).
+    logprob_chunk: completion positions per chunk of the LM head in every log-prob pass
+      (0 = all at once); bounds the [chunk, V] logits held at a time.
   """
 
   group_size: int
@@ -59,17 +61,18 @@ class StepConfig:
   temperature: float = 1.0
   compute_entropy: bool = False
   replay: popo.ReplayConfig = popo.ReplayConfig()
+  logprob_chunk: int = 0
 
 
 def init_train_state(params, tx: optax.GradientTransformation) -> TrainState:
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def _policy_logprobs(graphdef, params, batch, temperature, with_entropy):
+def _policy_logprobs(graphdef, params, batch, temperature, with_entropy, chunk_tokens=0):
   model = nnx.merge(graphdef, params)
   return logprobs_lib.completion_logprobs_and_entropy(
       model, batch["prompt_ids_NxP"], batch["prompt_mask_NxP"], batch["completion_ids_NxT"],
-      temperature, with_entropy)
+      temperature, with_entropy, chunk_tokens=chunk_tokens)
 
 
 def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config: StepConfig,
@@ -124,7 +127,7 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
     if not rc.on_policy:
       # Replayed rows: pi_prox is the policy at the start of the step (one no-grad pass).
       prox, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(state.params), batch,
-                                 c.temperature, False)
+                                 c.temperature, False, c.logprob_chunk)
       batch["prox_logp_NxT"] = jnp.where(replayed_N[:, None], jax.lax.stop_gradient(prox),
                                          mixed.behaviour_logp_NxT)
     replay_metrics = _replay_metrics(batch, replayed_N, comp, state.step, c.loss)
@@ -133,11 +136,12 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   use_kl = c.loss.kl_coef > 0
   if use_kl:
     ref_logp, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(ref_params), batch,
-                                   c.temperature, False)
+                                   c.temperature, False, c.logprob_chunk)
     batch["ref_logp_NxT"] = jax.lax.stop_gradient(ref_logp)
 
   def loss_fn(params, mb):
-    logp, entropy = _policy_logprobs(graphdef, params, mb, c.temperature, c.compute_entropy)
+    logp, entropy = _policy_logprobs(graphdef, params, mb, c.temperature, c.compute_entropy,
+                                     c.logprob_chunk)
     return losses.policy_loss(logp, mb["prox_logp_NxT"], mb["behaviour_logp_NxT"],
                               mb["advantages_N"], mb["mask_NxT"], c.loss,
                               ref_logp_NxT=mb.get("ref_logp_NxT"), entropy_NxT=entropy)
