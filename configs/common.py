@@ -16,7 +16,7 @@ def base_config() -> ml_collections.ConfigDict:
   """Defaults: GRPO on the embedded Countdown model, sized for a few CPU-minutes."""
   c = ml_collections.ConfigDict()
   c.seed = 0  # init, sampling and shuffling seed; same config + seed = same run
-  c.total_steps = 200  # optimiser steps (each consumes one batch of fresh rollouts)
+  c.total_steps = 200  # train steps (each consumes one batch of fresh rollouts)
   c.log_every = 1  # steps between metric lines (JSONL, TensorBoard)
 
   c.model = ml_collections.ConfigDict()
@@ -43,12 +43,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.prompt_len = 24  # P, tokens; longer prompts are skipped and counted
   c.rollout.completion_len = 16  # T, max generated tokens
   c.rollout.temperature = 1.0  # sampling temperature (log-probs are computed at it too)
-  c.rollout.top_k = 0  # 0 disables
-  c.rollout.top_p = 1.0  # 1.0 disables
+  c.rollout.top_k = 0  # must stay 0 for RL: the loss's log-probs are of the full softmax
+  c.rollout.top_p = 1.0  # must stay 1.0 for RL (same reason)
 
   c.rl = ml_collections.ConfigDict()
   c.rl.estimator = "grpo"  # grpo | drgrpo | rloo
-  c.rl.reward_signal = "score"  # advantages from the task score ("score") or 0/1 "success"
+  # What the advantages are computed from: the 0/1 accuracy signal ("success") or the task score
+  # with shaping ("score": Countdown's 0.1 format reward, DAPO's overlong penalty).
+  c.rl.reward_signal = "success"
+  # What a group must vary on to be "effective" (POPO refill, GRPO-filter): the accuracy signal.
+  c.rl.effective_signal = "success"
+  c.rl.prox_pass = "auto"  # pi_prox pass: replayed rows | all rows | auto (all unless float32)
+  c.rl.logprob_chunk = 2048  # completion positions per LM-head chunk (bounds [chunk, V] logits)
   c.rl.clip_low = 0.2  # PPO eps_low
   c.rl.clip_high = 0.2  # PPO eps_high (DAPO clip-higher: 0.28)
   c.rl.dual_clip = 0.0  # dual-clip c for negative advantages; 0 disables
@@ -57,7 +63,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.aggregation = "seq-mean-token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
   c.rl.norm_constant = 0.0  # divisor of seq-mean-token-sum-norm (tokens); 0 = completion_len
   c.rl.kl_coef = 0.0  # beta of the KL penalty to the initial policy; 0 skips the reference pass
-  c.rl.kl_estimator = "k3"  # k1 | k2 | k3
+  c.rl.kl_estimator = "k3"  # k3 (forward-KL gradient) | k2 (reverse-KL gradient); k1 rejected
   c.rl.entropy_coef = 0.0  # entropy bonus
   c.rl.num_minibatches = 4  # updates per epoch; > 1 so the clip acts on later minibatches
   c.rl.num_epochs = 1  # passes over each batch
@@ -72,16 +78,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.replay.staleness = 0  # priority=staleness: replay groups about this many steps old
   c.replay.slots = 0  # max groups replayed per step (static); 0 = batch_prompts
   c.replay.max_uses = 0  # drop an entry after this many replays (1 = one-shot); 0 = no limit
-  c.replay.max_age = 0  # drop entries older than this many steps; 0 = no limit
-  c.replay.on_policy = False  # POPO-pi_old: treat replayed rows as on-policy (pi_prox = mu)
+  c.replay.max_age = 0  # never replay entries older than this many train steps; 0 = no limit
+  c.replay.objective = "decoupled"  # replayed rows: decoupled | pi_old | align_mu (popo.OBJECTIVES)
 
   c.allocation = ml_collections.ConfigDict()
   c.allocation.method = "uniform"  # prompt selection / rollout allocation (uniform for now)
 
   c.opt = ml_collections.ConfigDict()
   c.opt.learning_rate = 3e-5  # peak; above ~1e-4 the tiny policy collapses on Countdown
-  c.opt.warmup_steps = 10  # linear warm-up
-  c.opt.schedule = "constant"  # constant | cosine (after warm-up)
+  c.opt.warmup_steps = 10  # linear warm-up, in train steps (not minibatch updates)
+  c.opt.schedule = "constant"  # constant | cosine (after warm-up, reaching 0 at total_steps)
   c.opt.weight_decay = 0.0  # AdamW decoupled weight decay
   c.opt.b1 = 0.9  # Adam beta1
   c.opt.b2 = 0.999  # Adam beta2

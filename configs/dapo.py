@@ -14,6 +14,10 @@ def get_config(arg: str | None = None):
   c.rl.clip_low = 0.2  # eps_low
   c.rl.clip_high = 0.28  # eps_high: clip-higher
   c.rl.aggregation = "token-mean"  # every token of the batch weighs the same
+  # Advantages from the score, which carries the overlong penalty; "effective" stays on the
+  # accuracy signal (DAPO's filter metric is acc); disagreements are logged per step.
+  c.rl.reward_signal = "score"
+  c.rl.effective_signal = "success"
   c.rl.kl_coef = 0.0  # no KL
   c.rl.overlong_buffer = 4  # L_cache in tokens: the last 4 of the 16-token budget are penalised
   c.rl.overlong_penalty = 1.0  # penalty factor

@@ -9,7 +9,10 @@ Presets of the paper's comparison (combine with the common ones, e.g. ``:kl,smok
   filter    GRPO-filter: drop ineffective groups, no refill, loss over the remaining ones
   ineff     POPO-ineff: buffer and replay without the effective / ineffective distinction
   stale=S   POPO-stale(S): replay groups about S steps old (default 10)
-  pi_old    POPO-pi_old: replayed groups treated as on-policy (no behaviour correction)
+  pi_old    POPO-pi_old: replayed groups treated as on-policy (no behaviour weight; trust
+            region around pi_prox recomputed at the start of the step)
+  align_mu  the coupled objective: replayed groups clipped around their behaviour policy
+            (pi_prox := mu), "fully aligning to the behaviour policy"
 """
 
 from configs import common
@@ -17,6 +20,10 @@ from configs import common
 
 def get_config(arg: str | None = None):
   c = common.base_config()
+  # "Effective" and the advantages both on the 0/1 accuracy signal: the paper's "reward
+  # variance > 0" on the accuracy reward (a group of 0 and 0.1 format scores is ineffective).
+  c.rl.reward_signal = "success"
+  c.rl.effective_signal = "success"
   c.replay.fill = "replay"  # refill ineffective slots from the buffer
   # 32 groups = one batch: POPO keeps a *small* buffer of recent groups; with ~1/3 of the
   # slots ineffective and ~2/3 of the groups stored each step it turns over in ~1.5 steps.
@@ -26,7 +33,12 @@ def get_config(arg: str | None = None):
   # One-shot reuse: a stored group is replayed once, so the buffer never feeds the same
   # off-policy group twice (the paper leaves this open).
   c.replay.max_uses = 1
-  c.replay.max_age = 0  # one-shot reuse + recency already keeps replay ~1-2 steps old
+  # A short-term FIFO: never replay a group more than 4 policy steps old. Recency keeps replay
+  # ~1 step old while the buffer turns over fast; the age limit bounds it when it does not
+  # (few effective groups, larger buffers), well short of the 10 steps at which the paper's
+  # POPO-stale(10) collapses.
+  c.replay.max_age = 4
+  c.replay.objective = "decoupled"
   c.rl.is_mode = "truncate"  # behaviour weight min(pi_prox / mu, cap), as TIS / verl
   c.rl.is_cap = 2.0  # weights of replayed tokens rarely exceed ~1.1 at this staleness
   rest = []
@@ -38,12 +50,18 @@ def get_config(arg: str | None = None):
     elif name == "ineff":
       c.replay.insert = "all"
     elif name == "stale" or name.startswith("stale="):
+      staleness = int(name.split("=")[1]) if "=" in name else 10
       c.replay.priority = "staleness"
-      c.replay.staleness = int(name.split("=")[1]) if "=" in name else 10
+      c.replay.staleness = staleness
       c.replay.max_uses = 0  # old groups must stay in the buffer to be replayed
-      c.replay.capacity = 32 * (c.replay.staleness + 2)
+      c.replay.max_age = staleness + 1  # the target age itself must stay eligible
+      # Every group of the last S + 2 steps must fit, whatever the final batch size: a
+      # reference to rollout.batch_prompts follows presets and --config overrides.
+      c.replay.capacity = c.rollout.get_ref("batch_prompts") * (staleness + 2)
     elif name == "pi_old":
-      c.replay.on_policy = True
+      c.replay.objective = "pi_old"
+    elif name == "align_mu":
+      c.replay.objective = "align_mu"
     else:
       rest.append(name)
   return common.apply_presets(c, ",".join(rest))

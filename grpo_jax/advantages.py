@@ -2,8 +2,8 @@
 
 Rewards come as [B, G]: B groups (prompts) of G rollouts each. Estimators, by name:
 
-* ``grpo``: (r - mean) / (std + eps), with the population std (ddof = 0) of the group, as in
-  DeepSeekMath (arXiv 2402.03300) and verl; eps = 1e-6.
+* ``grpo``: (r - mean) / (std + eps), with the unbiased std (ddof = 1) of the group, as
+  ``torch.std`` gives it in verl and TRL; eps = 1e-6 (DeepSeekMath, arXiv 2402.03300).
 * ``drgrpo``: r - mean, no std division (Dr. GRPO, arXiv 2503.20783).
 * ``rloo``: r - mean of the other G - 1 rewards = G / (G - 1) * (r - mean) (RLOO,
   Ahmadian et al., arXiv 2402.14740).
@@ -21,10 +21,10 @@ import jax.numpy as jnp
 
 
 def grpo(rewards_BxG: jax.Array, eps: float = 1e-6) -> jax.Array:
-  """(r - mean) / (std + eps) within each group; std with ddof = 0."""
+  """(r - mean) / (std + eps) within each group; unbiased std (ddof = 1, as verl and TRL)."""
   r = rewards_BxG.astype(jnp.float32)
   mean = jnp.mean(r, axis=-1, keepdims=True)
-  std = jnp.std(r, axis=-1, keepdims=True)
+  std = jnp.std(r, axis=-1, keepdims=True, ddof=1)
   return (r - mean) / (std + eps)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from grpo_jax import advantages, losses, popo
+from grpo_jax import advantages, losses, popo, step
 
 _GROUPS = ("model", "task", "rollout", "rl", "replay", "allocation", "opt", "eval", "checkpoint",
            "mesh")
@@ -43,11 +43,22 @@ def validate(config) -> None:
          "prompt_len and completion_len must be >= 1")
   _check(r.temperature > 0, "rollout.temperature",
          f"{r.temperature}: RL needs stochastic rollouts (temperature > 0)")
-  _check(0 < r.top_p <= 1, "rollout.top_p", f"{r.top_p} not in (0, 1]")
+  # The train step's log-probs are of the full softmax at the temperature; a top-k / top-p
+  # filter in the sampler would make mu a different (truncated) distribution, so fresh rows
+  # would start with rho != 1 and replayed rows' behaviour weights would be biased.
+  _check(r.top_k == 0, "rollout.top_k",
+         f"{r.top_k}: RL rollouts must sample the full distribution (set 0); the loss's "
+         "log-probs are not top-k filtered")
+  _check(r.top_p == 1.0, "rollout.top_p",
+         f"{r.top_p}: RL rollouts must sample the full distribution (set 1.0); the loss's "
+         "log-probs are not top-p filtered")
   _check(rl.estimator in advantages.ADVANTAGE_ESTIMATORS, "rl.estimator",
          f"{rl.estimator!r}; known: {', '.join(advantages.ADVANTAGE_ESTIMATORS)}")
-  _check(rl.reward_signal in ("score", "success"), "rl.reward_signal",
-         f"{rl.reward_signal!r}; known: score, success")
+  for f in ("reward_signal", "effective_signal"):
+    _check(rl[f] in step.SIGNALS, f"rl.{f}", f"{rl[f]!r}; known: {', '.join(step.SIGNALS)}")
+  _check(rl.prox_pass in ("auto",) + step.PROX_PASSES, "rl.prox_pass",
+         f"{rl.prox_pass!r}; known: auto, {', '.join(step.PROX_PASSES)}")
+  _check(rl.logprob_chunk >= 0, "rl.logprob_chunk", f"{rl.logprob_chunk} must be >= 0")
   rows = r.batch_prompts * r.group_size
   _check(rl.num_minibatches >= 1 and rows % rl.num_minibatches == 0, "rl.num_minibatches",
          f"{rl.num_minibatches} must divide batch_prompts * group_size = {rows}")
@@ -84,7 +95,7 @@ def replay_config(config) -> popo.ReplayConfig:
   p = config.replay
   return popo.ReplayConfig(fill=p.fill, insert=p.insert, priority=p.priority,
                            staleness=p.staleness, slots=p.slots, max_uses=p.max_uses,
-                           max_age=p.max_age, on_policy=p.on_policy)
+                           max_age=p.max_age, objective=p.objective)
 
 
 def loss_config(config) -> losses.LossConfig:
@@ -96,3 +107,11 @@ def loss_config(config) -> losses.LossConfig:
       is_cap=rl.is_cap, aggregation=rl.aggregation,
       norm_constant=rl.norm_constant or float(config.rollout.completion_len),
       kl_coef=rl.kl_coef, kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef)
+
+
+def prox_pass(config) -> str:
+  """``rl.prox_pass`` resolved: "auto" is "all" when the matmuls are not float32 (the sampler's
+  cached decoding and the step's full forward then differ), else "replayed"."""
+  if config.rl.prox_pass != "auto":
+    return config.rl.prox_pass
+  return "all" if config.model.dtype != "float32" else "replayed"

@@ -13,11 +13,26 @@ parameters at the start of the step) and the behaviour policy (mu: the one that 
 
 Fresh on-policy data has prox = mu, so w = exp(0) = 1 exactly. KL estimators (Schulman, "Approximating
 KL divergence", 2020), with log r = log pi_ref - log pi_theta on tokens sampled from pi_theta:
-k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r (GRPO's choice).
+k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r (GRPO's choice). As *loss terms* (the
+sampled tokens held fixed, the gradient flowing through log pi_theta only) they are not the same
+regulariser, whatever their values say:
+
+  k1: grad = grad log pi_theta(o_t); its expectation under pi_theta is 0, so it adds noise and no
+      pull towards the reference. Rejected as a loss term (kl_coef > 0); kept as a diagnostic.
+  k2: grad = (log pi_theta - log pi_ref) grad log pi_theta, whose expectation under pi_theta is the
+      gradient of the reverse KL(pi_theta || pi_ref): the on-policy KL gradient.
+  k3: grad = (1 - pi_ref / pi_theta) grad log pi_theta, whose expectation under pi_theta is
+      -E_ref[grad log pi_theta] = the gradient of the forward KL(pi_ref || pi_theta).
+
+(On replayed rows the tokens come from mu, not pi_theta, so these expectations hold only up to
+the behaviour weight.)
 
 Aggregations: "token-mean" (DAPO: all tokens of the batch weigh the same), "seq-mean-token-mean"
 (GRPO: average within each sequence, then over sequences), "seq-mean-token-sum-norm" (Dr. GRPO:
-sum over tokens divided by a constant, the max completion length).
+sum over tokens divided by a constant, the max completion length). The sequence-level ones count
+only rows with at least one unmasked token, as verl's do: a row masked out entirely (a group
+dropped by GRPO-filter, an empty replay slot) leaves the loss exactly as if it were not in the
+batch.
 """
 
 from __future__ import annotations
@@ -79,6 +94,9 @@ class LossConfig:
       raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
     if self.kl_coef < 0 or self.entropy_coef < 0 or self.norm_constant < 0:
       raise ValueError("kl_coef, entropy_coef and norm_constant must be >= 0")
+    if self.kl_coef > 0 and self.kl_estimator == "k1":
+      raise ValueError("kl_estimator 'k1' has zero expected gradient as a loss term (noise "
+                       "only); use 'k3' (GRPO) or 'k2' with kl_coef > 0")
 
 
 def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> jax.Array:
@@ -98,19 +116,21 @@ def aggregate(values_NxT: jax.Array, mask_NxT: jax.Array, mode: str,
               norm_constant: float = 0.0) -> jax.Array:
   """Reduces per-token values to a scalar with the named aggregation (masked tokens ignored).
 
-  An all-masked row contributes nothing to the token sums; in "seq-mean-token-mean" it is a
-  zero-length sequence whose mean is taken as 0 (and it still counts as a sequence).
+  Rows without any unmasked token do not count as sequences: adding such rows to a batch never
+  changes the result (0 when no row has a token).
   """
   mask = mask_NxT.astype(jnp.float32)
   total = values_NxT * mask
   if mode == "token-mean":
     return jnp.sum(total) / jnp.maximum(jnp.sum(mask), 1.0)
+  tokens_N = jnp.sum(mask, axis=-1)
+  rows = jnp.maximum(jnp.sum((tokens_N > 0).astype(jnp.float32)), 1.0)
   if mode == "seq-mean-token-mean":
-    per_seq = jnp.sum(total, axis=-1) / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
-    return jnp.mean(per_seq)
+    per_seq = jnp.sum(total, axis=-1) / jnp.maximum(tokens_N, 1.0)
+    return jnp.sum(per_seq) / rows
   if mode == "seq-mean-token-sum-norm":
     norm = norm_constant if norm_constant > 0 else values_NxT.shape[-1]
-    return jnp.sum(total) / (values_NxT.shape[0] * norm)
+    return jnp.sum(total) / (rows * norm)
   raise ValueError(f"unknown aggregation {mode!r}; known: {AGGREGATIONS}")
 
 

@@ -12,9 +12,12 @@ repeated reuse, cap of the weight) are config fields (METHODS.md section 1, [R])
 
 Variants, by config: GRPO-filter (``fill="drop"``: ineffective groups leave the loss, nothing
 refills them), POPO-ineff (``insert="all"``: the buffer takes every group), POPO-stale(s)
-(``priority="staleness"``), POPO-pi_old (``on_policy=True``: replayed rows are treated as fresh,
-pi_prox = mu), POPO-KL (``priority="lowest_drift"`` with the drift of every stored group
-measured against the current policy each step).
+(``priority="staleness"``), POPO-KL (``priority="lowest_drift"`` with the drift of every stored
+group measured against the current policy each step), and two objectives for replayed rows
+besides the decoupled one (``objective``, see OBJECTIVES): POPO-pi_old ("pi_old": replayed rows
+are treated as if the current policy had sampled them: no behaviour weight, trust region around
+pi_prox) and "align_mu" (the coupled objective: trust region around the behaviour policy,
+pi_prox := mu, the "fully aligning to the behaviour policy" the authors compare against).
 
 Everything is [B, G, ...] arrays and masks: the number of groups replayed is a count inside a
 fixed-shape batch, never a shape.
@@ -33,6 +36,11 @@ from grpo_jax.types import Rollout
 
 FILL_MODES = ("none", "replay", "drop")
 INSERT_MODES = ("effective", "all")
+# How replayed rows enter the loss (w = behaviour weight, rho = trust-region ratio):
+#   decoupled  w = pi_prox / mu (capped), rho = pi_theta / pi_prox   POPO; Hilton et al. 2110.00641
+#   pi_old     w = 1,                     rho = pi_theta / pi_prox   replay taken as on-policy
+#   align_mu   w = 1,                     rho = pi_theta / mu        coupled PPO around mu
+OBJECTIVES = ("decoupled", "pi_old", "align_mu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +55,9 @@ class ReplayConfig:
     staleness: for priority "staleness": replay groups about this many steps old.
     slots: static maximum of groups replayed per step (0 = B, every slot may be refilled).
     max_uses: an entry is dropped after this many replays (1 = one-shot; 0 = no limit).
-    max_age: entries older than this many steps are dropped (0 = no limit).
-    on_policy: POPO-pi_old: replayed rows use pi_prox = mu (no behaviour correction).
+    max_age: entries older than this many steps (step - version stamp) are never replayed
+      (0 = no limit).
+    objective: how replayed rows enter the loss, one of OBJECTIVES.
   """
 
   fill: str = "none"
@@ -58,7 +67,7 @@ class ReplayConfig:
   slots: int = 0
   max_uses: int = 0
   max_age: int = 0
-  on_policy: bool = False
+  objective: str = "decoupled"
 
   def __post_init__(self):
     if self.fill not in FILL_MODES:
@@ -67,6 +76,12 @@ class ReplayConfig:
       raise ValueError(f"insert must be one of {INSERT_MODES}, got {self.insert!r}")
     if self.priority not in replay_lib.PRIORITIES:
       raise ValueError(f"priority must be one of {replay_lib.PRIORITIES}, got {self.priority!r}")
+    if self.objective not in OBJECTIVES:
+      raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+    if self.priority == "proportional":
+      # select() needs a per-entry score and a key for it; whole-group POPO has neither.
+      raise ValueError("priority 'proportional' needs per-entry scores, which whole-group "
+                       "replay does not define; use recency, staleness or lowest_drift")
     for name in ("staleness", "slots", "max_uses", "max_age"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -4,7 +4,11 @@
 
 One call: group-relative advantages of the fresh rollouts; the proximal log-probs (for fresh
 rows these are the behaviour log-probs, so no pass is needed: pi_prox = mu at the start of the
-step); the frozen reference's log-probs (one no-grad pass, only when the KL coefficient is > 0);
+step; unless ``prox_pass="all"``, used where the sampler's numerics differ from the train
+step's, e.g. bfloat16: then one no-grad pass gives pi_prox for every row, the trust region
+starts at rho = 1 exactly and the behaviour weight pi_prox / mu corrects the sampler/trainer
+mismatch, which is logged as ``fresh_logp_mismatch``); the frozen reference's log-probs (one
+no-grad pass, only when the KL coefficient is > 0);
 then ``num_epochs`` passes of ``num_minibatches`` shuffled minibatches, each a loss, a gradient
 and an optax update, all inside one ``lax.scan``. State and buffer are donated; with replay
 capacity 0 the buffer is passed through untouched and XLA drops it. Everything the loop needs
@@ -32,6 +36,10 @@ from grpo_jax.replay import ReplayState
 from grpo_jax.types import Rollout, TrainState
 
 
+SIGNALS = ("score", "success")
+PROX_PASSES = ("replayed", "all")
+
+
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
   """Static settings of the train step (hashable).
@@ -41,6 +49,12 @@ class StepConfig:
     estimator: advantage estimator name (advantages.ADVANTAGE_ESTIMATORS).
     reward_signal: "score" (the task reward with shaping) or "success" (the 0/1 accuracy
       signal) as the reward the advantages are computed from.
+    effective_signal: the signal a group must vary on to be *effective* (POPO's refill and
+      insertion, GRPO-filter's drop): "success" (the accuracy signal) or "score". When it
+      differs from ``reward_signal`` the groups where the two disagree are counted in the
+      metric ``effective_advantage_disagree``.
+    prox_pass: "replayed" (pi_prox from a no-grad pass for replayed rows only; fresh rows use
+      mu) or "all" (every row; for bfloat16, where cached decoding and the full forward differ).
     loss: LossConfig of the policy loss.
     num_minibatches: minibatches per epoch (rows split evenly).
     num_epochs: passes over the batch (mu of GRPO).
@@ -54,7 +68,9 @@ class StepConfig:
 
   group_size: int
   estimator: str = "grpo"
-  reward_signal: str = "score"
+  reward_signal: str = "success"
+  effective_signal: str = "success"
+  prox_pass: str = "replayed"
   loss: losses.LossConfig = losses.LossConfig()
   num_minibatches: int = 1
   num_epochs: int = 1
@@ -62,6 +78,13 @@ class StepConfig:
   compute_entropy: bool = False
   replay: popo.ReplayConfig = popo.ReplayConfig()
   logprob_chunk: int = 0
+
+  def __post_init__(self):
+    for name in ("reward_signal", "effective_signal"):
+      if getattr(self, name) not in SIGNALS:
+        raise ValueError(f"{name} must be one of {SIGNALS}, got {getattr(self, name)!r}")
+    if self.prox_pass not in PROX_PASSES:
+      raise ValueError(f"prox_pass must be one of {PROX_PASSES}, got {self.prox_pass!r}")
 
 
 def init_train_state(params, tx: optax.GradientTransformation) -> TrainState:
@@ -96,9 +119,9 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   n = rollout.num_rows
   g = c.group_size
   b = n // g
-  reward = rollout.scores_N if c.reward_signal == "score" else rollout.success_N
-  adv_BxG = advantages_lib.group_advantages(reward.reshape(b, g), c.estimator)
-  effective_B = advantages_lib.effective_groups(rollout.success_N.reshape(b, g))
+  signal = lambda name: rollout.scores_N if name == "score" else rollout.success_N
+  adv_BxG = advantages_lib.group_advantages(signal(c.reward_signal).reshape(b, g), c.estimator)
+  effective_B = advantages_lib.effective_groups(signal(c.effective_signal).reshape(b, g))
   fresh = jax.tree.map(lambda x: x.reshape((b, g) + x.shape[1:]), rollout)
   replaying = rc.fill == "replay" and replay.capacity > 0
 
@@ -106,7 +129,7 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   if replaying:
     replay = popo.evict(replay, state.step, rc)
     if rc.priority == "lowest_drift":
-      drift_C = _stored_drift(graphdef, state.params, replay, c.temperature)
+      drift_C = _stored_drift(graphdef, state.params, replay, c.temperature, c.logprob_chunk)
   comp = popo.compose(fresh, adv_BxG, effective_B, replay, state.step, rc, drift_C)
   to_rows = lambda x: x.reshape((n,) + x.shape[2:])
   mixed = jax.tree.map(to_rows, comp.rollout)
@@ -122,16 +145,33 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
       "prox_logp_NxT": mixed.behaviour_logp_NxT,
       "advantages_N": to_rows(comp.advantages_BxG),
   }
-  replay_metrics = {}
+  extra_metrics = {}
+  replay_prox = replaying and rc.objective != "align_mu"
+  if replay_prox or c.prox_pass == "all":
+    # pi_prox is the policy at the start of the step (one no-grad pass over the batch).
+    prox, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(state.params), batch,
+                               c.temperature, False, c.logprob_chunk)
+    prox = jax.lax.stop_gradient(prox)
+    from_pass_N = jnp.ones_like(replayed_N) if c.prox_pass == "all" else replayed_N
+    if replaying and rc.objective == "align_mu":
+      from_pass_N = from_pass_N & ~replayed_N  # replayed rows keep pi_prox := mu
+    batch["prox_logp_NxT"] = jnp.where(from_pass_N[:, None], prox, mixed.behaviour_logp_NxT)
+    if c.prox_pass == "all":
+      fresh_tok = (batch["mask_NxT"] & ~replayed_N[:, None]).astype(jnp.float32)
+      extra_metrics["fresh_logp_mismatch"] = (
+          jnp.sum(jnp.abs(prox - mixed.behaviour_logp_NxT) * fresh_tok)
+          / jnp.maximum(jnp.sum(fresh_tok), 1.0))
   if replaying:
-    if not rc.on_policy:
-      # Replayed rows: pi_prox is the policy at the start of the step (one no-grad pass).
-      prox, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(state.params), batch,
-                                 c.temperature, False, c.logprob_chunk)
-      batch["prox_logp_NxT"] = jnp.where(replayed_N[:, None], jax.lax.stop_gradient(prox),
-                                         mixed.behaviour_logp_NxT)
-    replay_metrics = _replay_metrics(batch, replayed_N, comp, state.step, c.loss)
+    if rc.objective == "pi_old":
+      # Replayed rows as if the current policy had sampled them: mu := pi_prox, so w = 1.
+      batch["behaviour_logp_NxT"] = jnp.where(replayed_N[:, None], batch["prox_logp_NxT"],
+                                              batch["behaviour_logp_NxT"])
+    extra_metrics.update(_replay_metrics(batch, replayed_N, comp, state.step, c.loss))
   adv_N = batch["advantages_N"]
+  if c.effective_signal != c.reward_signal:
+    teaches_B = jnp.any(jnp.abs(adv_BxG) > 1e-6, axis=-1)
+    extra_metrics["effective_advantage_disagree"] = jnp.sum(
+        (teaches_B != effective_B).astype(jnp.float32))
 
   use_kl = c.loss.kl_coef > 0
   if use_kl:
@@ -151,7 +191,13 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    return (params, opt_state), {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
+    out = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
+    # The rate this update used, when the optimiser exposes it (optax.inject_hyperparams).
+    lr = optax.tree_utils.tree_get(opt_state, "learning_rate",
+                                   filtering=lambda _, v: isinstance(v, jax.Array))
+    if lr is not None:
+      out["learning_rate"] = jnp.asarray(lr, jnp.float32)
+    return (params, opt_state), out
 
   def epoch(carry, key):
     perm = jax.random.permutation(key, n)
@@ -167,6 +213,8 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   metrics = {k: jnp.mean(v) for k, v in per_update.items()}
   metrics.update(
       grad_norm_max=jnp.max(per_update["grad_norm"]),
+      **({"learning_rate": per_update["learning_rate"][-1, -1]}
+         if "learning_rate" in per_update else {}),
       reward_mean=jnp.mean(rollout.scores_N),
       success_mean=jnp.mean(rollout.success_N.astype(jnp.float32)),
       effective_fraction=jnp.mean(effective_B.astype(jnp.float32)),
@@ -179,14 +227,15 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
     # After selection and the update: a group is never replayed in the step that produced it.
     replay = replay_lib.mark_used(replay, comp.indices_K, comp.used_K)
     replay = popo.insert_fresh(replay, fresh, adv_BxG, effective_B, state.step, rc)
-    replay_metrics["buffer_occupancy"] = jnp.mean(replay.valid_C.astype(jnp.float32))
-  metrics.update(replay_metrics)
+    extra_metrics["buffer_occupancy"] = jnp.mean(replay.valid_C.astype(jnp.float32))
+  metrics.update(extra_metrics)
   metrics["ineffective_fraction"] = 1.0 - metrics["effective_fraction"]
   new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, replay, metrics
 
 
-def _stored_drift(graphdef, params, replay: ReplayState, temperature: float) -> jax.Array:
+def _stored_drift(graphdef, params, replay: ReplayState, temperature: float,
+                  chunk_tokens: int = 0) -> jax.Array:
   """Drift [C] of every stored entry under the current policy (POPO-KL selection).
 
   D = mean over the entry's tokens of (log pi_theta - log mu)^2 (Headroom-Drift, 2609.03941).
@@ -194,7 +243,8 @@ def _stored_drift(graphdef, params, replay: ReplayState, temperature: float) -> 
   rows = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), replay.rollouts)
   batch = {"prompt_ids_NxP": rows.prompt_ids_NxP, "prompt_mask_NxP": rows.prompt_mask_NxP,
            "completion_ids_NxT": rows.completion_ids_NxT}
-  logp, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(params), batch, temperature, False)
+  logp, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(params), batch, temperature, False,
+                             chunk_tokens)
   sq = jnp.square(jax.lax.stop_gradient(logp) - rows.behaviour_logp_NxT)
   mask = rows.completion_mask_NxT.astype(jnp.float32)
   c = replay.capacity

@@ -60,27 +60,43 @@ def make_task(config):
   return gsm8k.JsonlTask(t.data_path)
 
 
-def make_optimizer(config) -> optax.GradientTransformation:
-  """AdamW with linear warm-up then constant or cosine decay, after global-norm clipping."""
+def make_schedule(config) -> optax.Schedule:
+  """Learning rate as a function of the *train step*: linear warm-up over
+  ``opt.warmup_steps`` steps, then constant or cosine decay reaching 0 at ``total_steps``."""
   o = config.opt
   if o.schedule == "cosine":
-    lr = optax.warmup_cosine_decay_schedule(0.0, o.learning_rate, o.warmup_steps,
-                                            max(config.total_steps, o.warmup_steps + 1))
-  else:
-    lr = optax.join_schedules([optax.linear_schedule(0.0, o.learning_rate, o.warmup_steps),
+    return optax.warmup_cosine_decay_schedule(0.0, o.learning_rate, o.warmup_steps,
+                                              max(config.total_steps, o.warmup_steps + 1))
+  return optax.join_schedules([optax.linear_schedule(0.0, o.learning_rate, o.warmup_steps),
                                optax.constant_schedule(o.learning_rate)], [o.warmup_steps])
+
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  """AdamW on ``make_schedule`` after global-norm clipping.
+
+  optax counts ``update`` calls, and one train step makes ``num_minibatches * num_epochs`` of
+  them, so the schedule is read at ``count // updates_per_step``: every update of train step k
+  uses the rate of step k. The rate sits in the optimiser state (``inject_hyperparams``), where
+  the train step reads it back as the metric ``learning_rate``.
+  """
+  o = config.opt
+  per_step = config.rl.num_minibatches * config.rl.num_epochs
+  schedule = make_schedule(config)
   parts = [optax.clip_by_global_norm(o.grad_clip)] if o.grad_clip > 0 else []
-  parts.append(optax.adamw(lr, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay))
+  parts.append(optax.inject_hyperparams(optax.adamw)(
+      learning_rate=lambda count: schedule(count // per_step), b1=o.b1, b2=o.b2,
+      weight_decay=o.weight_decay))
   return optax.chain(*parts)
 
 
 def step_config(config) -> step_lib.StepConfig:
   return step_lib.StepConfig(
       group_size=config.rollout.group_size, estimator=config.rl.estimator,
-      reward_signal=config.rl.reward_signal, loss=configuration.loss_config(config),
+      reward_signal=config.rl.reward_signal, effective_signal=config.rl.effective_signal,
+      prox_pass=configuration.prox_pass(config), loss=configuration.loss_config(config),
       num_minibatches=config.rl.num_minibatches, num_epochs=config.rl.num_epochs,
       temperature=config.rollout.temperature, compute_entropy=config.rl.entropy_coef > 0,
-      replay=configuration.replay_config(config))
+      replay=configuration.replay_config(config), logprob_chunk=config.rl.logprob_chunk)
 
 
 def _evaluate(config, graphdef, params, tokenizer, task, problems, render) -> dict:

@@ -113,7 +113,7 @@ def test_pi_old_ablation_has_no_behaviour_correction(split):
   replay, _ = _buffer_with(split, ALL_EFFECTIVE)
   shifted = replay.rollouts.behaviour_logp_NxT - 0.1 * replay.rollouts.completion_mask_NxT
   replay = replay.replace(rollouts=replay.rollouts.replace(behaviour_logp_NxT=shifted))
-  _, _, m = _run(split, popo.ReplayConfig(fill="replay", on_policy=True), rollout, replay)
+  _, _, m = _run(split, popo.ReplayConfig(fill="replay", objective="align_mu"), rollout, replay)
   assert float(m["replay_slots_filled"]) == 1.0
   assert float(m["replay_is_weight_mean"]) == 1.0  # pi_prox := mu
 
