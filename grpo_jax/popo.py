@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import flax
 import jax
 import jax.numpy as jnp
 
@@ -87,7 +88,7 @@ class ReplayConfig:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
-@dataclasses.dataclass
+@flax.struct.dataclass
 class Composition:
   """The fixed-shape batch after replay, and what was replayed.
 

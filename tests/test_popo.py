@@ -1,18 +1,32 @@
-"""POPO in the train step: exact GRPO equivalence, refill, insertion order, ablations."""
+"""POPO: exact GRPO equivalence, refill order (property test against a Python model), the three
+objectives for replayed rows, GRPO-filter, insertion and the age limit."""
 
+import functools
+
+import hypothesis
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 from flax import nnx
+from hypothesis import strategies as st
 
-from grpo_jax import losses, popo, replay as replay_lib, step as step_lib
+from configs import popo as popo_config
+from grpo_jax import configuration, losses, popo, replay as replay_lib, step as step_lib
 from grpo_jax.logprobs import completion_logprobs
-from tests.test_step import B, G, P, T, _copy, _rollout
+from grpo_jax.types import Rollout
+from tests.test_step import B, G, P, T, SHIFT_N, _copy, _rollout
 
 ALL_EFFECTIVE = [1, 0, 0, 1, 0, 1, 0, 0]
 ONE_INEFFECTIVE = [1, 0, 0, 1, 0, 0, 0, 0]  # group 1 all wrong
+# Group 0 [1, 0, 0, 1] with the unbiased std: mean 0.5, std sqrt(1/3) = 0.5773503 ->
+# +-0.5 / 0.5773513 = +-0.8660239.
+A0 = [0.8660239, -0.8660239, -0.8660239, 0.8660239]
+# Distinct frozen advantages per stored entry and rollout: entry e, rollout j -> (-1)^j (e + 1) / 4
+# + j / 100, so a wrong gather index gives a different number.
+STORED_ADV = np.asarray([[(-1) ** j * (e + 1) / 4 + j / 100 for j in range(G)] for e in range(B)],
+                        np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -20,22 +34,31 @@ def split(tiny_qwen3):
   return nnx.split(tiny_qwen3)
 
 
-def _run(split, replay_cfg, rollout, replay, loss=losses.LossConfig()):
+@functools.lru_cache(maxsize=None)
+def _step_fn(graphdef, replay_cfg, loss, lr, step_kw=()):
+  tx = optax.adam(lr) if lr else optax.sgd(0.0)
+  config = step_lib.StepConfig(group_size=G, replay=replay_cfg, loss=loss, **dict(step_kw))
+  return tx, step_lib.make_train_step(graphdef, tx, config)
+
+
+def _run(split, replay_cfg, rollout, replay, loss=losses.LossConfig(), lr=1e-2, **step_kw):
   graphdef, params = split
-  tx = optax.adam(1e-2)
-  config = step_lib.StepConfig(group_size=G, replay=replay_cfg, loss=loss)
-  fn = step_lib.make_train_step(graphdef, tx, config)
+  tx, fn = _step_fn(graphdef, replay_cfg, loss, lr, tuple(sorted(step_kw.items())))
   state = step_lib.init_train_state(_copy(params), tx)
   return fn(state, replay, rollout, None, jax.random.key(0))
 
 
-def _buffer_with(split, scores, version=0):
-  """A buffer of capacity 4 holding the effective groups of one earlier rollout."""
+def _buffer_with(split, scores, version=0, shift=0.0):
+  """A buffer of capacity 4 holding both groups of one earlier rollout (entries 0, 1), with
+  STORED_ADV as their frozen advantages and log mu shifted by ``shift``."""
   rollout = _rollout(split, scores, seed=9)
   fresh = jax.tree.map(lambda x: x.reshape((B, G) + x.shape[1:]), rollout)
-  adv = jnp.full((B, G), 0.5)
   replay = replay_lib.init_replay(4, G, P, T)
-  return replay_lib.insert(replay, fresh, adv, jnp.ones(B, bool), version), rollout
+  replay = replay_lib.insert(replay, fresh, jnp.asarray(STORED_ADV), jnp.ones(B, bool), version)
+  if shift:
+    shifted = replay.rollouts.behaviour_logp_NxT + shift * replay.rollouts.completion_mask_NxT
+    replay = replay.replace(rollouts=replay.rollouts.replace(behaviour_logp_NxT=shifted))
+  return replay, rollout
 
 
 POPO = popo.ReplayConfig(fill="replay", max_uses=1)
@@ -57,8 +80,8 @@ def test_popo_equals_grpo_exactly_when_no_slot_needs_filling(split):
 
 def test_ineffective_slot_takes_the_most_recent_stored_group(split):
   rollout = _rollout(split, ONE_INEFFECTIVE)
-  replay, old = _buffer_with(split, ALL_EFFECTIVE)
-  state, new_replay, m = _run(split, POPO, rollout, replay)
+  replay, _ = _buffer_with(split, ALL_EFFECTIVE)
+  _, new_replay, m = _run(split, POPO, rollout, replay)
   assert float(m["replay_slots_filled"]) == 1.0
   assert float(m["ineffective_fraction"]) == 0.5
   # The most recent stored entry is slot 1 (old group 1); it was used once, so with
@@ -73,64 +96,183 @@ def test_ineffective_slot_takes_the_most_recent_stored_group(split):
   assert float(m["replay_drift"]) < 1e-8
   evicted = replay_lib.evict(new_replay, jnp.int32(1), max_uses=1)
   np.testing.assert_array_equal(evicted.valid_C, [True, False, True, False])
-  del state, old
 
 
-def test_replayed_group_uses_stored_advantages_and_prox_pass(split, tiny_qwen3):
-  """With a policy update between storing and replaying, pi_prox differs from mu: the step's
-  loss must equal the decoupled loss computed by hand on the composed batch."""
+@pytest.mark.parametrize("objective", popo.OBJECTIVES)
+def test_each_objective_equals_a_hand_composed_loss(split, tiny_qwen3, objective):
+  """Stored rows' log mu is the generating policy's minus 0.5 (as if an older policy had
+  sampled them), so pi_prox / mu = e^0.5 = 1.6487 on replayed tokens. By objective:
+    decoupled: prox = teacher-forced (rho = 1), w = min(e^0.5, 2) = 1.6487;
+    pi_old:    prox = teacher-forced (rho = 1), w = 1 (mu := pi_prox);
+    align_mu:  prox = mu, rho = e^0.5 (clipped at 1.2 for A > 0), w = 1.
+  Three different losses on the same mixed batch; each must match its own composition."""
   graphdef, params = split
   rollout = _rollout(split, ONE_INEFFECTIVE)
-  replay, old = _buffer_with(split, ALL_EFFECTIVE)
-  # Pretend the stored rows were generated by another policy: shift their behaviour log-probs.
-  shifted = replay.rollouts.behaviour_logp_NxT - 0.1 * replay.rollouts.completion_mask_NxT
-  replay = replay.replace(rollouts=replay.rollouts.replace(behaviour_logp_NxT=shifted))
+  replay, old = _buffer_with(split, ALL_EFFECTIVE, shift=-0.5)
   loss_cfg = losses.LossConfig(is_cap=2.0)
-  tx = optax.sgd(0.0)
-  fn = step_lib.make_train_step(graphdef, tx, step_lib.StepConfig(group_size=G, replay=POPO,
-                                                                   loss=loss_cfg))
-  _, _, m = fn(step_lib.init_train_state(_copy(params), tx), replay, rollout, None,
-               jax.random.key(0))
-  # Composed batch: group 0 fresh, group 1 = stored entry 1 (old rollout's group 1).
+  cfg = popo.ReplayConfig(fill="replay", max_uses=1, objective=objective)
+  _, _, m = _run(split, cfg, rollout, replay, loss=loss_cfg, lr=0.0)
+  # Composed batch: group 0 fresh, group 1 = stored entry 1 (the old rollout's group 1).
   rows = lambda x, y: jnp.concatenate([x[:G], y[G:]])
   ids = rows(rollout.completion_ids_NxT, old.completion_ids_NxT)
   prompts = rows(rollout.prompt_ids_NxP, old.prompt_ids_NxP)
   pmask = rows(rollout.prompt_mask_NxP, old.prompt_mask_NxP)
   cmask = rows(rollout.completion_mask_NxT, old.completion_mask_NxT)
-  beh = rows(rollout.behaviour_logp_NxT, old.behaviour_logp_NxT - 0.1 * old.completion_mask_NxT)
+  mu = rows(rollout.behaviour_logp_NxT, old.behaviour_logp_NxT - 0.5 * old.completion_mask_NxT)
   logp = completion_logprobs(tiny_qwen3, prompts, pmask, ids)
-  prox = jnp.concatenate([rollout.behaviour_logp_NxT[:G], logp[G:]])
-  # Fresh group 0 [1, 0, 0, 1]: GRPO advantages +-0.999998; stored group: 0.5 everywhere.
-  adv = jnp.asarray([0.999998, -0.999998, -0.999998, 0.999998, 0.5, 0.5, 0.5, 0.5])
+  teacher_prox = rows(rollout.behaviour_logp_NxT, logp)
+  prox, beh = {"decoupled": (teacher_prox, mu), "pi_old": (teacher_prox, teacher_prox),
+               "align_mu": (mu, mu)}[objective]
+  adv = jnp.asarray(A0 + STORED_ADV[1].tolist())
   expected, _ = losses.policy_loss(logp, prox, beh, adv, cmask, loss_cfg)
   assert float(m["loss"]) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
-  # The behaviour weight of replayed tokens is exp(0.1) = 1.105 (prox = mu + 0.1).
-  assert float(m["replay_is_weight_mean"]) == pytest.approx(np.exp(0.1), rel=1e-3)
+  weight = {"decoupled": np.exp(0.5), "pi_old": 1.0, "align_mu": 1.0}[objective]
+  assert float(m["replay_is_weight_mean"]) == pytest.approx(weight, rel=1e-3)
+  others = [o for o in popo.OBJECTIVES if o != objective]
+  for other in others:  # the three compositions really differ on this batch
+    p2, b2 = {"decoupled": (teacher_prox, mu), "pi_old": (teacher_prox, teacher_prox),
+              "align_mu": (mu, mu)}[other]
+    alt, _ = losses.policy_loss(logp, p2, b2, adv, cmask, loss_cfg)
+    assert abs(float(alt) - float(expected)) > 1e-3
 
 
-def test_pi_old_ablation_has_no_behaviour_correction(split):
-  rollout = _rollout(split, ONE_INEFFECTIVE)
-  replay, _ = _buffer_with(split, ALL_EFFECTIVE)
-  shifted = replay.rollouts.behaviour_logp_NxT - 0.1 * replay.rollouts.completion_mask_NxT
-  replay = replay.replace(rollouts=replay.rollouts.replace(behaviour_logp_NxT=shifted))
-  _, _, m = _run(split, popo.ReplayConfig(fill="replay", objective="align_mu"), rollout, replay)
-  assert float(m["replay_slots_filled"]) == 1.0
-  assert float(m["replay_is_weight_mean"]) == 1.0  # pi_prox := mu
-
-
-def test_grpo_filter_drops_ineffective_groups_from_the_loss(split, tiny_qwen3):
-  rollout = _rollout(split, ONE_INEFFECTIVE)
+def test_grpo_filter_loss_equals_grpo_on_the_kept_groups_alone(split, tiny_qwen3):
+  """Group 1 scores [0, .1, 0, .1]: all failures (ineffective on success) but non-zero score
+  advantages, so a no-op drop, or a drop that keeps the rows in the denominator, changes the
+  loss. Advantages on the score: group 0 [1, 0, 0, 1] -> +-0.8660239 (as A0)."""
+  scores = [1.0, 0.0, 0.0, 1.0, 0.0, 0.1, 0.0, 0.1]
+  rollout = _rollout(split, scores, shift=SHIFT_N)
   _, _, m = _run(split, popo.ReplayConfig(fill="drop"), rollout,
-                 replay_lib.init_replay(0, G, P, T), loss=losses.LossConfig())
-  logp = completion_logprobs(tiny_qwen3, rollout.prompt_ids_NxP, rollout.prompt_mask_NxP,
-                             rollout.completion_ids_NxT)
-  adv = jnp.asarray([0.999998, -0.999998, -0.999998, 0.999998, 0, 0, 0, 0])
-  mask = rollout.completion_mask_NxT.at[G:].set(False)
-  expected, _ = losses.policy_loss(logp, rollout.behaviour_logp_NxT, rollout.behaviour_logp_NxT,
-                                   adv, mask, losses.LossConfig())
-  # seq-mean-token-mean over the 4 kept rows + 4 masked (zero-length) rows: the same function
-  # with the same mask, so the same number.
+                 replay_lib.init_replay(0, G, P, T), lr=0.0, reward_signal="score")
+  kept = slice(0, G)
+  logp = completion_logprobs(tiny_qwen3, rollout.prompt_ids_NxP[kept],
+                             rollout.prompt_mask_NxP[kept], rollout.completion_ids_NxT[kept])
+  mu = rollout.behaviour_logp_NxT[kept]
+  expected, _ = losses.policy_loss(logp, mu, mu, jnp.asarray(A0),
+                                   rollout.completion_mask_NxT[kept], losses.LossConfig())
   assert float(m["loss"]) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
+  assert abs(float(expected)) > 1e-3  # a loss the denominator can change
+
+
+# --- compose, insert and the age limit against a plain-Python model (no model needed) ---
+
+BC, GC, PC, TC = 4, 2, 2, 2  # small shapes for the pure-function tests
+
+
+def _fresh(step, effective):
+  """B groups whose prompt_id is 1000 * step + b; success varies where ``effective``."""
+  ids = 1000 * step + np.arange(BC)
+  success = np.zeros((BC, GC), bool)
+  success[np.asarray(effective, bool), 0] = True
+  full = lambda v, *s, d=jnp.int32: jnp.broadcast_to(jnp.asarray(v, d).reshape(
+      (BC, 1) + (1,) * len(s)), (BC, GC) + s)
+  return Rollout(
+      prompt_ids_NxP=full(ids, PC), prompt_mask_NxP=jnp.ones((BC, GC, PC), bool),
+      completion_ids_NxT=full(ids, TC), completion_mask_NxT=full(np.arange(BC) % 2 == 0, TC,
+                                                                   d=bool),
+      behaviour_logp_NxT=jnp.zeros((BC, GC, TC)), scores_N=jnp.asarray(success, jnp.float32),
+      success_N=jnp.asarray(success), prompt_id_N=full(ids), version_N=full(np.full(BC, step)))
+
+
+def _adv(step):
+  """Distinct advantages per group and rollout: prompt_id + j / 10."""
+  return jnp.asarray((1000 * step + np.arange(BC))[:, None] + np.arange(GC)[None] / 10,
+                     jnp.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _popo_ops(cfg):
+  def run(replay, fresh, adv, effective, step):
+    replay = popo.evict(replay, step, cfg)
+    comp = popo.compose(fresh, adv, effective, replay, step, cfg)
+    replay = replay_lib.mark_used(replay, comp.indices_K, comp.used_K)
+    replay = popo.insert_fresh(replay, fresh, adv, effective, step, cfg)
+    return comp, replay
+  return jax.jit(run)
+
+
+class PopoModel:
+  """POPO's buffer as a Python list: recency order, one-shot / age eviction, slot-by-slot refill."""
+
+  def __init__(self, cfg, capacity):
+    self.cfg, self.capacity, self.entries, self.count = cfg, capacity, [], 0
+
+  def step(self, step, effective):
+    cfg = self.cfg
+    live = [e for e in self.entries
+            if (not cfg.max_age or step - e["version"] <= cfg.max_age)
+            and (not cfg.max_uses or e["uses"] < cfg.max_uses)]
+    self.entries = live
+    chosen = sorted(live, key=lambda e: -e["inserted"])[:cfg.slots or BC]
+    replayed = {}
+    r = 0
+    for b in range(BC):
+      if not effective[b] and r < len(chosen):
+        replayed[b] = chosen[r]
+        chosen[r]["uses"] += 1
+        r += 1
+    for b in range(BC):
+      if effective[b] or cfg.insert == "all":
+        self.entries.append(dict(id=1000 * step + b, version=step, inserted=self.count, uses=0))
+        self.count += 1
+    # The ring keeps the last ``capacity`` entries ever inserted (evicted or not).
+    self.entries = [e for e in self.entries if e["inserted"] >= self.count - self.capacity]
+    return replayed
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(
+    steps=st.lists(st.lists(st.booleans(), min_size=BC, max_size=BC), min_size=1, max_size=8),
+    max_age=st.sampled_from([0, 1, 2]), max_uses=st.sampled_from([0, 1]),
+    slots=st.sampled_from([0, 1, 3]), insert=st.sampled_from(popo.INSERT_MODES),
+    capacity=st.sampled_from([1, 3, 5]))
+@hypothesis.example(steps=[[True, True, False, False], [False, False, False, True]], max_age=0,
+                    max_uses=0, slots=0, insert="effective", capacity=5)  # 2 slots, 2 entries
+@hypothesis.example(steps=[[True, False, False, False], [False, False, False, False]], max_age=0,
+                    max_uses=1, slots=0, insert="effective", capacity=5)  # 4 slots, 1 entry
+def test_compose_matches_the_python_model(steps, max_age, max_uses, slots, insert, capacity):
+  """Which slots are refilled, from which entry (recency order), with that entry's frozen
+  advantages, completion mask and version; fresh slots untouched; no entry older than
+  max_age ever replayed; POPO-ineff stores every group; the first step (empty buffer) replays
+  nothing."""
+  cfg = popo.ReplayConfig(fill="replay", max_age=max_age, max_uses=max_uses, slots=slots,
+                          insert=insert)
+  run = _popo_ops(cfg)
+  replay = replay_lib.init_replay(capacity, GC, PC, TC)
+  model = PopoModel(cfg, capacity)
+  for step, effective in enumerate(steps):
+    fresh = _fresh(step, effective)
+    comp, replay = run(replay, fresh, _adv(step), jnp.asarray(effective), jnp.int32(step))
+    expected = model.step(step, effective)
+    assert np.asarray(comp.replayed_B).nonzero()[0].tolist() == sorted(expected)
+    ids = np.asarray(comp.rollout.prompt_id_N[:, 0])
+    for b in range(BC):
+      if b in expected:
+        source = expected[b]["id"]
+        assert ids[b] == source
+        np.testing.assert_allclose(comp.advantages_BxG[b], source + np.arange(GC) / 10)
+        age = step - int(comp.rollout.version_N[b, 0])
+        assert age >= 1 and (not max_age or age <= max_age)
+        np.testing.assert_array_equal(comp.loss_mask_BxGxT[b], (source % 1000) % 2 == 0)
+      else:
+        assert ids[b] == 1000 * step + b
+        np.testing.assert_allclose(comp.advantages_BxG[b], _adv(step)[b])
+    stored = sorted(int(i) for i, v in zip(replay.rollouts.prompt_id_N[:, 0], replay.valid_C)
+                    if v)
+    # Same live entries (eviction is lazy in both: an entry used now goes at the next step).
+    assert stored == sorted(e["id"] for e in model.entries)
+
+
+def test_drop_masks_only_ineffective_groups():
+  cfg = popo.ReplayConfig(fill="drop")
+  effective = jnp.asarray([True, False, True, False])
+  comp = popo.compose(_fresh(0, effective), _adv(0), effective,
+                      replay_lib.init_replay(0, GC, PC, TC), jnp.int32(0), cfg)
+  fresh_mask = np.asarray(_fresh(0, effective).completion_mask_NxT)
+  np.testing.assert_array_equal(comp.loss_mask_BxGxT[1], False)
+  np.testing.assert_array_equal(comp.loss_mask_BxGxT[3], False)
+  np.testing.assert_array_equal(comp.loss_mask_BxGxT[0], fresh_mask[0])
+  assert not bool(comp.replayed_B.any())
 
 
 def test_replay_config_validation():
@@ -138,3 +280,23 @@ def test_replay_config_validation():
     popo.ReplayConfig(fill="refill")
   with pytest.raises(ValueError, match="priority"):
     popo.ReplayConfig(priority="oldest")
+  with pytest.raises(ValueError, match="proportional.*per-entry scores"):
+    popo.ReplayConfig(fill="replay", priority="proportional")
+  with pytest.raises(ValueError, match="objective"):
+    popo.ReplayConfig(objective="on_policy")
+
+
+def test_config_presets():
+  c = popo_config.get_config("stale=10,qwen3_0p6b")
+  assert c.replay.capacity == 64 * 12  # the preset's final batch of 64 groups, S + 2 steps
+  c.rollout.batch_prompts = 16  # a --config override after the presets
+  assert c.replay.capacity == 16 * 12
+  assert popo_config.get_config("pi_old").replay.objective == "pi_old"
+  assert popo_config.get_config("align_mu").replay.objective == "align_mu"
+  base = popo_config.get_config()
+  assert base.replay.max_age == 4 and base.rl.reward_signal == base.rl.effective_signal == \
+      "success"
+  bad = popo_config.get_config()
+  bad.replay.priority = "proportional"
+  with pytest.raises(configuration.ConfigError, match="config.replay: .*proportional"):
+    configuration.validate(bad)
