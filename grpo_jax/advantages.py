@@ -64,7 +64,13 @@ def group_advantages(rewards_BxG: jax.Array, estimator: str = "grpo",
   if rewards_BxG.shape[-1] < 2:
     raise ValueError(f"group size must be >= 2 for group-relative advantages, "
                      f"got {rewards_BxG.shape[-1]}")
-  return ADVANTAGE_ESTIMATORS[estimator](rewards_BxG, eps=eps)
+  adv = ADVANTAGE_ESTIMATORS[estimator](rewards_BxG, eps=eps)
+  # A constant group has no signal: its advantages are exactly 0. Without this, the float32
+  # mean of G equal rewards can miss them by one rounding step (~6e-8), which grpo's division
+  # by std + eps = 1e-6 turns into advantages of up to ~0.1 (e.g. G = 8 rewards of 0.7).
+  r = rewards_BxG.astype(jnp.float32)
+  constant_B = jnp.max(r, axis=-1) == jnp.min(r, axis=-1)
+  return jnp.where(constant_B[:, None], 0.0, adv)
 
 
 def effective_groups(success_BxG: jax.Array, tol: float = 1e-6) -> jax.Array:

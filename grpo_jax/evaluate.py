@@ -54,11 +54,15 @@ def cached_sampler(graphdef: nnx.GraphDef, config: sampler_lib.SamplingConfig):
 def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
              problems: Sequence, *, k: int, temperature: float, prompt_len: int,
              completion_len: int, rows_per_batch: int = 512, seed: int = 0,
-             render=None) -> dict:
+             render=None, model_path: str | None = None) -> dict:
   """Samples k completions per problem, scores them with the task, summarises.
 
-  Batches always have ``rows_per_batch`` rows (the last one padded with repeats), so the
-  sampler compiles once.
+  Every sampler batch has the same number of rows, ``min(rows_per_batch, k * len(problems))``
+  (``rows_per_batch`` first rounded down to a multiple of k, at least k; the last batch is
+  padded with repeats), so the sampler compiles once per distinct size and a small evaluation
+  does not pay for padding. Token t of a row is drawn with ``fold_in(key, t)`` and uniforms
+  of shape [rows, 1], whose first rows do not depend on the row count (threefry is
+  partitionable by default), so the size does not change the results.
 
   Args:
     graphdef, params: the model, split.
@@ -68,19 +72,23 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
     k: samples per problem.
     temperature: sampling temperature (0 = greedy; then k = 1 is enough).
     prompt_len, completion_len: P and T.
-    rows_per_batch: sampler batch rows (rounded up to a multiple of k).
+    rows_per_batch: most sampler batch rows (rounded down to a multiple of k, at least k).
     seed: sampling seed.
     render: optional ``problem -> prompt text`` (e.g. with a chat template); default
       ``task.prompt``.
+    model_path: model folder whose ``generation_config.json`` adds stop tokens (see
+      ``sampler.stop_token_ids``); None: the tokenizer's EOS only.
 
   Returns:
     ``group_metrics`` of the successes, plus mean_score and truncated_fraction.
   """
-  config = sampler_lib.sampling_config_for(tokenizer, completion_len, temperature=temperature)
+  config = sampler_lib.sampling_config_for(tokenizer, completion_len, temperature=temperature,
+                                           model_path=model_path)
   sample = cached_sampler(graphdef, config)
-  rows_per_batch = max(k, rows_per_batch // k * k)
   render = render or task.prompt
   prompts = [render(p) for p in problems for _ in range(k)]
+  # len(prompts) is a multiple of k, so every batch holds whole groups.
+  rows_per_batch = max(k, min(rows_per_batch // k * k, len(prompts)))
   owners = [p for p in problems for _ in range(k)]
   scores, lengths, truncated = [], [], []
   for start in range(0, len(prompts), rows_per_batch):

@@ -63,18 +63,25 @@ class PromptStream:
     return text
 
   def next_batch(self, n: int, max_skips: int = 10_000):
-    """n (position, problem, text) triples, in data order."""
+    """n (position, problem, text) triples, in data order.
+
+    Raises:
+      ValueError: more than ``max_skips`` consecutive prompts are longer than P.
+    """
     out = []
     skipped_now = 0
+    in_a_row = 0  # consecutive skips: max_skips bounds these, not the call's total
     while len(out) < n:
       problem = self.task.train_problem(self.position)
       text = self.render(problem)
       if tokenization.prompt_lengths(self.tokenizer, [text])[0] <= self.prompt_len:
         out.append((self.position, problem, text))
+        in_a_row = 0
       else:
         self.skipped += 1
         skipped_now += 1
-        if skipped_now > max_skips:
+        in_a_row += 1
+        if in_a_row > max_skips:
           raise ValueError(f"more than {max_skips} consecutive prompts are longer than "
                            f"rollout.prompt_len={self.prompt_len}: raise it")
       self.position += 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Sequence
 
 import jax
@@ -173,12 +174,60 @@ def make_sampler(graphdef: nnx.GraphDef, config: SamplingConfig):
   return jax.jit(functools.partial(sample, graphdef, config=config))
 
 
+GENERATION_CONFIG = "generation_config.json"
+
+
+def _as_ids(value) -> list[int]:
+  """An ``eos_token_id`` field (None, an int or a list of ints) as a list."""
+  if value is None:
+    return []
+  if isinstance(value, (list, tuple)):
+    return [int(i) for i in value if i is not None]
+  return [int(value)]
+
+
+def stop_token_ids(tokenizer, model_path: str | None = None) -> tuple[int, ...]:
+  """Token ids that end a completion: the tokenizer's EOS, then the model folder's.
+
+  Qwen3 instruct checkpoints stop on both ``<|im_end|>`` (the tokenizer's eos_token) and
+  ``<|endoftext|>``; the second is only named by ``generation_config.json``.
+
+  Args:
+    tokenizer: transformers tokenizer (its ``eos_token_id`` comes first; None is skipped).
+    model_path: Hugging Face model folder; its ``generation_config.json`` is read when it exists
+      (a missing file, or no path, means the tokenizer's id alone).
+
+  Returns:
+    The ids in order of first appearance, without repeats (empty if neither names one).
+
+  Raises:
+    ValueError: ``generation_config.json`` exists but cannot be read (names the file).
+  """
+  ids = _as_ids(tokenizer.eos_token_id)
+  if model_path is not None:
+    path = os.path.join(model_path, GENERATION_CONFIG)
+    if os.path.isfile(path):
+      import transformers  # pylint: disable=g-import-not-at-top
+      try:
+        gen = transformers.GenerationConfig.from_pretrained(model_path)
+        ids += _as_ids(getattr(gen, "eos_token_id", None))
+      except Exception as e:  # pylint: disable=broad-except
+        raise ValueError(f"cannot read the stop tokens of {path}: {e}") from e
+  return tuple(dict.fromkeys(ids))
+
+
 def sampling_config_for(tokenizer, max_new_tokens: int, *, temperature: float = 1.0,
                         top_k: int = 0, top_p: float = 1.0,
-                        extra_eos_ids: Sequence[int] = ()) -> SamplingConfig:
-  """SamplingConfig whose EOS / pad ids come from a transformers tokenizer."""
-  eos = [tokenizer.eos_token_id, *extra_eos_ids]
-  eos = tuple(dict.fromkeys(int(i) for i in eos if i is not None))
-  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+                        extra_eos_ids: Sequence[int] = (),
+                        model_path: str | None = None) -> SamplingConfig:
+  """SamplingConfig whose EOS / pad ids come from a transformers tokenizer.
+
+  The EOS ids are ``stop_token_ids(tokenizer, model_path)`` followed by ``extra_eos_ids``.
+  """
+  eos = (*stop_token_ids(tokenizer, model_path), *(int(i) for i in extra_eos_ids))
+  eos = tuple(dict.fromkeys(eos))
+  pad = tokenizer.pad_token_id
+  if pad is None:
+    pad = eos[0] if eos else 0  # no EOS at all: SamplingConfig says so
   return SamplingConfig(max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=int(pad),
                         temperature=temperature, top_k=top_k, top_p=top_p)

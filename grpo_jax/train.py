@@ -102,7 +102,7 @@ def step_config(config) -> step_lib.StepConfig:
 def _evaluate(config, graphdef, params, tokenizer, task, problems, render) -> dict:
   r, e = config.rollout, config.eval
   kw = dict(prompt_len=r.prompt_len, completion_len=r.completion_len, seed=config.seed,
-            render=render)
+            render=render, model_path=config.model.path)
   out = evaluate_lib.evaluate(graphdef, params, tokenizer, task, problems, k=e.k,
                               temperature=e.temperature, **kw)
   result = {f"eval/mean_at_{e.k}": out["mean_at_k"], f"eval/pass_at_{e.k}": out["pass_at_k"],
@@ -148,7 +148,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
         flush=True)
 
   sample_fn = sampler_lib.make_sampler(graphdef, sampler_lib.sampling_config_for(
-      tokenizer, r.completion_len, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p))
+      tokenizer, r.completion_len, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+      model_path=config.model.path))
   train_step = step_lib.make_train_step(graphdef, tx, step_config(config))
   eval_problems = task.eval_problems(config.eval.num_prompts)
   render = stream.render

@@ -19,3 +19,123 @@ def test_group_metrics_by_hand():
   assert m["constant_fraction"] == pytest.approx(2 / 3)
   # lengths: (2+4+6+8+10+12) / 6 = 42 / 6 = 7
   assert m["mean_length"] == pytest.approx(7.0)
+
+
+# evaluate() with the embedded model: batch sizing, and that the size does not change results.
+
+import jax
+from flax import nnx
+
+from grpo_jax import assets
+from grpo_jax import evaluate as evaluate_lib
+
+TEXTS = ["Using the numbers [20, 15, 41], create an equation that equals 46.",
+         "Using the numbers [49, 38, 33], create an equation that equals 44.",
+         "Using the numbers [12, 7, 30], create an equation that equals 25."]
+
+
+class AnswerTask:
+  """Problem i prompts with TEXTS[i]; a completion scores 1 if it closes its answer tag."""
+
+  def prompt(self, problem):
+    return TEXTS[problem]
+
+  def score(self, text, problem):
+    del problem
+    return float("</answer>" in text)
+
+  def is_success(self, score):
+    return score >= 1.0
+
+
+@pytest.fixture(scope="module")
+def embedded():
+  import transformers
+  from grpo_jax.models import from_pretrained
+  tokenizer = transformers.AutoTokenizer.from_pretrained(assets.EMBEDDED_MODEL)
+  return tokenizer, nnx.split(from_pretrained(assets.EMBEDDED_MODEL))
+
+
+def _spy(monkeypatch, pad_to=None):
+  """Replaces the cached sampler with one that records (eos_ids, rows, real-row outputs).
+
+  With ``pad_to``, every batch is first padded to that many rows by repeating its last row and
+  the outputs cut back to the batch's rows: the old always-pad behaviour.
+  """
+  real = evaluate_lib.cached_sampler
+  calls = []
+
+  def cached(graphdef, config):
+    fn = real(graphdef, config)
+
+    def sample(params, ids, mask, rng):
+      n = ids.shape[0]
+      if pad_to:
+        extra = pad_to - n
+        ids = np.concatenate([ids, np.repeat(ids[-1:], extra, 0)])
+        mask = np.concatenate([mask, np.repeat(mask[-1:], extra, 0)])
+      out = jax.tree.map(lambda x: x[:n], fn(params, ids, mask, rng))
+      calls.append((config.eos_ids, ids.shape[0], jax.device_get(out)))
+      return out
+
+    return sample
+
+  monkeypatch.setattr(evaluate_lib, "cached_sampler", cached)
+  return calls
+
+
+KW = dict(k=2, temperature=1.0, prompt_len=20, completion_len=8, seed=3)
+
+
+def test_small_evaluation_samples_only_its_rows(monkeypatch, embedded):
+  tokenizer, (graphdef, params) = embedded
+  calls = _spy(monkeypatch)
+  m = evaluate_lib.evaluate(graphdef, params, tokenizer, AnswerTask(), [0, 1],
+                            rows_per_batch=512, **KW)
+  # 2 problems x k = 2 samples = 4 rows < 512: one batch of 4 rows, not 512.
+  assert [rows for _, rows, _ in calls] == [4]
+  assert calls[0][0] == (1,)  # no model_path: the tokenizer's EOS only
+  lengths = calls[0][2].lengths_N
+  assert m["mean_length"] == pytest.approx(lengths.mean())
+  # 3 problems x 2 = 6 rows with rows_per_batch 5 -> rounded down to 4 (whole groups): batches
+  # of 4 rows, the second holding 2 real rows padded to 4.
+  calls.clear()
+  m = evaluate_lib.evaluate(graphdef, params, tokenizer, AnswerTask(), [0, 1, 2],
+                            rows_per_batch=5, **KW)
+  assert [rows for _, rows, _ in calls] == [4, 4]
+  assert m["mean_length"] == pytest.approx(
+      np.concatenate([calls[0][2].lengths_N, calls[1][2].lengths_N[:2]]).mean())
+
+
+def test_batch_size_does_not_change_the_results(monkeypatch, embedded):
+  """A 4-row batch gives the same rows as the same batch padded to 64 (old behaviour).
+
+  Token t of every row is drawn from uniforms of shape [rows, 1] under fold_in(key, t), and
+  (partitionable threefry, the JAX default) the first rows of those do not depend on the row
+  count, and the model computes rows independently (up to float rounding). So padding does not
+  change the real rows' tokens, hence not the metrics.
+  """
+  tokenizer, (graphdef, params) = embedded
+  calls = _spy(monkeypatch)
+  small = evaluate_lib.evaluate(graphdef, params, tokenizer, AnswerTask(), [0, 1], **KW)
+  padded_calls = _spy(monkeypatch, pad_to=64)
+  padded = evaluate_lib.evaluate(graphdef, params, tokenizer, AnswerTask(), [0, 1], **KW)
+  assert calls[0][1] == 4 and padded_calls[0][1] == 64
+  for name in ("tokens_NxT", "mask_NxT", "lengths_N"):
+    np.testing.assert_array_equal(getattr(calls[0][2], name), getattr(padded_calls[0][2], name))
+  # The CPU matmuls round differently for 4 and 64 rows (~1e-6 in the log-probs); a draw could
+  # only flip if its uniform fell within that of a CDF step, which these seeds do not.
+  np.testing.assert_allclose(calls[0][2].logp_NxT, padded_calls[0][2].logp_NxT, atol=1e-5)
+  assert small == padded
+  # Sampled at temperature 1, the 4 rows are not all the same completion.
+  assert len({tuple(r) for r in np.asarray(calls[0][2].tokens_NxT).tolist()}) > 1
+
+
+def test_model_path_adds_generation_config_stop_tokens(monkeypatch, tmp_path, embedded):
+  tokenizer, (graphdef, params) = embedded
+  # Only generation_config.json is read from model_path; 7 is "!" in the embedded vocabulary.
+  (tmp_path / "generation_config.json").write_text('{"eos_token_id": [1, 7]}')
+  calls = _spy(monkeypatch)
+  evaluate_lib.evaluate(graphdef, params, tokenizer, AnswerTask(), [0], model_path=str(tmp_path),
+                        **{**KW, "k": 1})
+  assert calls[0][0] == (1, 7)

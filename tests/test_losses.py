@@ -1,9 +1,12 @@
 """Policy loss: hand-worked cases and a float64 reference on random inputs."""
 
+import hypothesis
+import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 from grpo_jax.losses import LossConfig, aggregate, kl_penalty, policy_loss
 
@@ -105,22 +108,47 @@ def test_all_masked_rows_zero_advantages_and_extreme_ratios_are_finite():
   assert float(loss) == 0.0
 
 
-def _reference(logp, prox, beh, adv, mask, cfg, ref):
+def _np_aggregate(values, mask, mode, norm_constant=0.0):
+  """float64 numpy aggregation: the sequence-level modes count only rows with a token."""
+  m = mask.astype(np.float64)
+  total = values * m
+  tokens = m.sum(1)
+  rows = int((tokens > 0).sum())
+  if mode == "token-mean":
+    return total.sum() / max(tokens.sum(), 1.0)
+  if rows == 0:
+    return 0.0
+  if mode == "seq-mean-token-mean":
+    return sum(total[i].sum() / tokens[i] for i in range(len(m)) if tokens[i] > 0) / rows
+  assert mode == "seq-mean-token-sum-norm"
+  norm = norm_constant if norm_constant > 0 else values.shape[-1]
+  return total.sum() / (rows * norm)
+
+
+def _reference(logp, prox, beh, adv, mask, cfg, ref=None):
   """float64 numpy transcription of the documented formula."""
   rho = np.exp(logp - prox)
   a = adv[:, None]
-  pg = np.maximum(-a * rho, -a * np.clip(rho, 1 - cfg.clip_low, 1 + cfg.clip_high))
+  pg = -np.minimum(rho * a, np.clip(rho, 1 - cfg.clip_low, 1 + cfg.clip_high) * a)
   if cfg.dual_clip:
     pg = np.where(a < 0, np.minimum(pg, -a * cfg.dual_clip), pg)
-  w = np.minimum(np.exp(prox - beh), cfg.is_cap)
-  log_r = ref - logp
-  per = w * pg + cfg.kl_coef * (np.exp(log_r) - 1 - log_r)
-  m = mask.astype(np.float64)
-  return np.mean((per * m).sum(1) / np.maximum(m.sum(1), 1))
+  raw_w = np.exp(prox - beh)
+  if cfg.is_mode == "truncate":
+    w = np.minimum(raw_w, cfg.is_cap)
+  elif cfg.is_mode == "mask":
+    w = np.where(raw_w <= cfg.is_cap, raw_w, 0.0)
+  else:
+    w = np.ones_like(raw_w)
+  per = w * pg
+  if cfg.kl_coef > 0:
+    log_r = ref - logp
+    per = per + cfg.kl_coef * (np.exp(log_r) - 1 - log_r)
+  return _np_aggregate(per, mask, cfg.aggregation, cfg.norm_constant)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_matches_float64_reference(seed):
+  """Row 0 is all-masked: the reference counts only the other rows (mean over 5, not 6)."""
   rng = np.random.RandomState(seed)
   n, t = 6, 7
   logp = rng.randn(n, t) * 0.3 - 2
@@ -145,3 +173,186 @@ def test_config_validation_names_the_field():
     LossConfig(dual_clip=0.5)
   with pytest.raises(ValueError, match="is_mode"):
     LossConfig(is_mode="clip")
+
+
+# ---------------------------------------------------------------------------------------------
+# Entropy bonus.
+
+
+def test_entropy_bonus_lowers_the_loss_by_coef_times_aggregated_entropy():
+  """Mutations: + alpha H instead of - alpha H (loss 0.65); aux["entropy"] over all tokens
+  including masked ones (6.5); entropy ignored in the loss (0.5)."""
+  # logp = prox = mu: rho = 1, w = 1, pg = -A. A = [1, -2], mask [[1, 1, 0], [1, 0, 0]].
+  # seq-mean-token-mean of pg: row 0 (-1 - 1) / 2 = -1, row 1 2 / 1 = 2 -> (-1 + 2) / 2 = 0.5.
+  # entropy [[0.5, 1.5, 9], [2, 9, 9]]: rows (0.5 + 1.5) / 2 = 1, 2 / 1 = 2 -> 1.5;
+  # with alpha = 0.1: 0.5 - 0.1 * 1.5 = 0.35. aux entropy = (0.5 + 1.5 + 2) / 3 = 4/3
+  # (unmasked mean: (0.5 + 1.5 + 9 + 2 + 9 + 9) / 6 = 5.1667).
+  # token-mean: pg (-1 - 1 + 2) / 3 = 0, entropy 4/3 -> 0 - 0.1 * 4/3 = -0.13333.
+  z = jnp.zeros((2, 3))
+  adv = jnp.array([1.0, -2.0])
+  mask = jnp.array([[1, 1, 0], [1, 0, 0]], bool)
+  ent = jnp.array([[0.5, 1.5, 9.0], [2.0, 9.0, 9.0]])
+  for agg, base, agg_ent in (("seq-mean-token-mean", 0.5, 1.5), ("token-mean", 0.0, 4 / 3)):
+    l0, aux0 = policy_loss(z, z, z, adv, mask, LossConfig(aggregation=agg), entropy_NxT=ent)
+    l1, aux1 = policy_loss(z, z, z, adv, mask, LossConfig(aggregation=agg, entropy_coef=0.1),
+                           entropy_NxT=ent)
+    assert float(l0) == pytest.approx(base, abs=1e-6), agg
+    assert float(l1) == pytest.approx(base - 0.1 * agg_ent, abs=1e-6), agg
+    assert float(l1) - float(l0) == pytest.approx(-0.1 * agg_ent, abs=1e-6), agg
+    assert float(aux0["entropy"]) == pytest.approx(4 / 3, abs=1e-6)
+    assert float(aux1["entropy"]) == pytest.approx(4 / 3, abs=1e-6)
+
+
+def test_entropy_coef_needs_the_entropy():
+  z = jnp.zeros((1, 2))
+  with pytest.raises(ValueError, match="entropy"):
+    policy_loss(z, z, z, jnp.ones(1), jnp.ones((1, 2), bool), LossConfig(entropy_coef=0.1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Clip fractions count only tokens whose clip is active (the side that matters for the sign of A).
+
+
+def test_clip_fracs_count_only_active_clips():
+  """Mutations: clip_frac_low without `A < 0` (gives 2/4), clip_frac_high without `A > 0`
+  (gives 2/4); either fraction over masked tokens too (denominator 8 or extra counts)."""
+  # eps_low = eps_high = 0.2. Rows (one unmasked token each, token 1 masked):
+  #   row 0: rho 0.5 < 0.8, A = +1 -> pg max(-0.5, -0.8) = -0.5: lower clip inactive, no count
+  #   row 1: rho 0.5 < 0.8, A = -1 -> pg max(0.5, 0.8) = 0.8: lower clip active, counts low
+  #   row 2: rho 1.5 > 1.2, A = +1 -> pg max(-1.5, -1.2) = -1.2: upper clip active, counts high
+  #   row 3: rho 1.5 > 1.2, A = -1 -> pg max(1.5, 1.2) = 1.5: upper clip inactive, no count
+  # clip_frac_low = 1/4, clip_frac_high = 1/4. Masked token 1 of every row has rho 0.5 with
+  # rows 1's A < 0 (and rho 1.5 in row 2), which would count if the mask were ignored.
+  rho = np.array([[0.5, 0.5], [0.5, 0.5], [1.5, 1.5], [1.5, 1.5]])
+  logp = jnp.asarray(LOG(rho), jnp.float32)
+  z = jnp.zeros((4, 2))
+  mask = jnp.array([[1, 0]] * 4, bool)
+  loss, aux = policy_loss(logp, z, z, jnp.array([1.0, -1.0, 1.0, -1.0]), mask,
+                          LossConfig(clip_low=0.2, clip_high=0.2))
+  assert float(aux["clip_frac_low"]) == pytest.approx(0.25)
+  assert float(aux["clip_frac_high"]) == pytest.approx(0.25)
+  # seq-mean-token-mean of pg: (-0.5 + 0.8 - 1.2 + 1.5) / 4 = 0.15.
+  assert float(loss) == pytest.approx(0.15, abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Aggregation: rows without any unmasked token do not count.
+
+
+def test_aggregations_with_an_all_masked_row_by_hand():
+  """Mutations: counting the all-masked row as a sequence (old semantics: seq-mean-token-mean
+  (2 + 4 + 0) / 3 = 2, sum-norm 10 / (3 * 3) = 1.1111 and 10 / 15 = 0.6667)."""
+  values = jnp.array([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0], [7.0, 7.0, 7.0]])
+  mask = jnp.array([[1, 1, 1], [1, 0, 0], [0, 0, 0]], bool)
+  # token-mean: (1 + 2 + 3 + 4) / 4 = 2.5
+  assert float(aggregate(values, mask, "token-mean")) == pytest.approx(2.5)
+  # seq-mean-token-mean over the 2 rows with tokens: (6 / 3 + 4 / 1) / 2 = 3
+  assert float(aggregate(values, mask, "seq-mean-token-mean")) == pytest.approx(3.0)
+  # seq-mean-token-sum-norm, 2 rows with tokens: T = 3 -> 10 / (2 * 3) = 1.6667;
+  # constant 5 -> 10 / (2 * 5) = 1
+  assert float(aggregate(values, mask, "seq-mean-token-sum-norm")) == pytest.approx(10 / 6)
+  assert float(aggregate(values, mask, "seq-mean-token-sum-norm", 5.0)) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean",
+                                  "seq-mean-token-sum-norm"])
+def test_all_masked_batch_aggregates_to_zero(mode):
+  """Mutation: dividing by a row count without the max(., 1) guard gives NaN (0 / 0)."""
+  out = aggregate(jnp.full((2, 3), 5.0), jnp.zeros((2, 3), bool), mode)
+  assert float(out) == 0.0
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean",
+                                  "seq-mean-token-sum-norm"])
+def test_appending_all_masked_rows_changes_nothing(mode):
+  """aggregate and policy_loss on a batch == on the batch with 2 all-masked rows appended
+  (filled with large values). Mutation: N (all rows) instead of the rows with a token in the
+  sequence-level modes: e.g. seq-mean divides by 5 instead of 3."""
+  rng = np.random.RandomState(3)
+  n, t = 3, 4
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+  logp = rng.randn(n, t) * 0.3 - 2
+  prox = logp + rng.randn(n, t) * 0.3
+  beh = prox + rng.randn(n, t) * 0.3
+  ent = rng.rand(n, t)
+  adv = rng.randn(n)
+  mask = np.array([[1, 1, 0, 1], [1, 0, 0, 0], [1, 1, 1, 1]], bool)
+  pad = lambda x, v: np.concatenate([x, np.full((2,) + x.shape[1:], v, x.dtype)])
+  cfg = LossConfig(aggregation=mode, entropy_coef=0.01, clip_high=0.28)
+  a = aggregate(f32(logp), jnp.asarray(mask), mode)
+  b = aggregate(f32(pad(logp, 50.0)), jnp.asarray(pad(mask, False)), mode)
+  assert float(b) == pytest.approx(float(a), rel=1e-6, abs=1e-7)
+  la, _ = policy_loss(f32(logp), f32(prox), f32(beh), f32(adv), jnp.asarray(mask), cfg,
+                      entropy_NxT=f32(ent))
+  lb, _ = policy_loss(f32(pad(logp, 3.0)), f32(pad(prox, -3.0)), f32(pad(beh, -9.0)),
+                      f32(pad(adv, 7.0)), jnp.asarray(pad(mask, False)), cfg,
+                      entropy_NxT=f32(pad(ent, 4.0)))
+  assert float(lb) == pytest.approx(float(la), rel=1e-6, abs=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------
+# KL estimator k1 is a diagnostic, not a loss term.
+
+
+def test_k1_rejected_as_a_loss_term_but_kept_as_a_diagnostic():
+  """Mutation: no check in LossConfig (k1 with kl_coef > 0 accepted); a check that also rejects
+  kl_coef = 0 or that breaks kl_penalty(..., "k1")."""
+  with pytest.raises(ValueError, match="k1"):
+    LossConfig(kl_coef=0.1, kl_estimator="k1")
+  cfg = LossConfig(kl_coef=0.0, kl_estimator="k1")  # allowed: the term is off
+  z = jnp.zeros((1, 2))
+  loss, _ = policy_loss(z, z, z, jnp.ones(1), jnp.ones((1, 2), bool), cfg)
+  assert float(loss) == pytest.approx(-1.0)  # rho = w = 1, A = 1: pg = -1 per token
+  LossConfig(kl_coef=0.1, kl_estimator="k2")
+  LossConfig(kl_coef=0.1, kl_estimator="k3")
+  # k1 = -log r = log pi - log pi_ref = 0.5 - (-0.25) = 0.75
+  assert float(kl_penalty(jnp.array(0.5), jnp.array(-0.25), "k1")) == pytest.approx(0.75)
+
+
+# ---------------------------------------------------------------------------------------------
+# Property test against an independent float64 reference.
+
+
+@st.composite
+def _batches(draw):
+  # Shapes from a fixed set spanning N in 1..4 and T in 1..5: every new shape costs eager JAX
+  # about a second of per-op compilation, so fully random shapes would make this test slow.
+  n, t = draw(st.sampled_from([(1, 1), (1, 2), (2, 3), (4, 2), (3, 4), (4, 5)]))
+  f = lambda lo, hi, shape: draw(hnp.arrays(np.float32, shape, elements=st.floats(
+      lo, hi, width=32)))
+  prox = f(-5.0, 0.0, (n, t))
+  logp = (prox + f(-1.0, 1.0, (n, t))).astype(np.float32)
+  beh = (prox - f(-1.0, 1.0, (n, t))).astype(np.float32)
+  adv = f(-3.0, 3.0, (n,))
+  mask = draw(hnp.arrays(np.bool_, (n, t)))
+  empty_rows = draw(st.lists(st.integers(0, n - 1), max_size=n))
+  mask[empty_rows] = False
+  cfg = LossConfig(
+      clip_low=draw(st.sampled_from([0.0, 0.1, 0.2])),
+      clip_high=draw(st.sampled_from([0.0, 0.2, 0.28])),
+      is_mode=draw(st.sampled_from(["truncate", "mask"])),
+      is_cap=draw(st.sampled_from([0.8, 1.5, 2.0])),
+      aggregation=draw(st.sampled_from(["token-mean", "seq-mean-token-mean",
+                                        "seq-mean-token-sum-norm"])),
+      norm_constant=draw(st.sampled_from([0.0, 3.0, 8.0])))
+  if cfg.is_mode == "mask":  # the mask is a step at the cap: keep float32 rounding off it
+    hypothesis.assume(np.all(np.abs(np.exp(prox.astype(np.float64) - beh) - cfg.is_cap) > 1e-4))
+  return logp, prox, beh, adv, mask, cfg
+
+
+@hypothesis.settings(max_examples=50, deadline=None)
+@hypothesis.given(_batches())
+def test_policy_loss_matches_float64_reference_property(batch):
+  """Mutations: any change of the clip (min -> max, eps swapped), of the behaviour weight
+  (truncate vs mask, no cap), or of the aggregation (all-masked rows counted) breaks the match;
+  a loss that leaks through masked tokens gives them a non-zero gradient."""
+  logp, prox, beh, adv, mask, cfg = batch
+  f64 = lambda x: x.astype(np.float64)
+  expected = _reference(f64(logp), f64(prox), f64(beh), f64(adv), mask, cfg)
+  fn = lambda lp: policy_loss(lp, jnp.asarray(prox), jnp.asarray(beh), jnp.asarray(adv),
+                              jnp.asarray(mask), cfg)[0]
+  loss, grad = jax.value_and_grad(fn)(jnp.asarray(logp))
+  np.testing.assert_allclose(float(loss), expected, rtol=1e-4, atol=1e-5)
+  grad = np.asarray(grad)
+  assert np.all(np.isfinite(grad))
+  assert np.all(grad[~mask] == 0.0)

@@ -1,11 +1,15 @@
 """Sampler: greedy = argmax of the full forward; behaviour log-probs = teacher-forced ones."""
 
+import json
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+from grpo_jax import assets, tokenization
 from grpo_jax import sampler as sampler_lib
 from grpo_jax.logprobs import completion_logprobs, token_logprobs
 from grpo_jax.sampler import SamplingConfig, filter_logits
@@ -121,17 +125,66 @@ def test_one_compilation_per_shape(split, prompts):
   assert fn._cache_size() == 2
 
 
-def test_top_k_and_top_p_logprobs_are_of_the_renormalised_distribution(split, prompts):
+# (name, temperature, top_k, top_p): one sampler each, compiled once for the module.
+FILTERS = [("top_k", 1.0, 3, 1.0), ("top_p", 0.7, 0, 0.5), ("both", 1.0, 5, 0.9)]
+
+
+def _kept_set(logits_V: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+  """The filter rule written out independently of ``filter_logits``, in float64.
+
+  top-k: the k largest scaled logits. top-p (on the distribution left after top-k): sort the
+  probabilities in decreasing order and keep the smallest prefix whose mass reaches p (the top
+  token always kept). Returns a bool mask over the vocabulary.
+  """
+  z = logits_V.astype(np.float64) / temperature
+  kept = np.ones(z.shape, bool)
+  if top_k:
+    kept &= z >= np.sort(z)[::-1][top_k - 1]
+  if top_p < 1.0:
+    prob = np.where(kept, np.exp(z - z.max()), 0.0)
+    prob /= prob.sum()
+    order = np.argsort(-prob)
+    cum = np.cumsum(prob[order])
+    n_keep = int(np.argmax(cum >= top_p)) + 1  # first prefix whose mass reaches p
+    keep_p = np.zeros(z.shape, bool)
+    keep_p[order[:n_keep]] = True
+    kept &= keep_p
+  return kept
+
+
+@pytest.fixture(scope="module", params=FILTERS, ids=[f[0] for f in FILTERS])
+def filtered_run(request, split, prompts):
+  """Samples once per filter setting, with teacher-forced full logits of the same tokens."""
+  _, temperature, top_k, top_p = request.param
   ids, mask = prompts
-  config = SamplingConfig(max_new_tokens=T, eos_ids=(EOS,), pad_id=PAD, temperature=1.0,
-                          top_k=5, top_p=0.9)
+  config = SamplingConfig(max_new_tokens=T, eos_ids=(EOS,), pad_id=PAD, temperature=temperature,
+                          top_k=top_k, top_p=top_p)
   out = sampler_lib.make_sampler(split[0], config)(split[1], ids, mask, jax.random.key(3))
-  m = np.asarray(out.mask_NxT)
-  # Renormalising over a subset raises every kept token's probability, so log-probs under the
-  # filtered distribution are >= those under the full one (equality only if nothing was cut).
-  model = nnx.merge(*split)
-  full = np.asarray(completion_logprobs(model, ids, mask, out.tokens_NxT, 1.0))
-  assert np.all(np.asarray(out.logp_NxT)[m] >= full[m] - 1e-5)
+  # Full forward over prompt + completion: the logits at position P - 1 + t predict token t
+  # (causal attention: PAD written after a row's end cannot reach earlier positions).
+  seq = jnp.concatenate([ids, out.tokens_NxT], 1)
+  seq_mask = jnp.concatenate([mask, jnp.ones((N, T), bool)], 1)
+  logits = nnx.merge(*split)(seq, seq_mask)[:, P - 1:P - 1 + T]
+  return request.param, jax.device_get(out), np.asarray(logits, np.float64)
+
+
+def test_filtered_draws_lie_in_the_kept_set_and_logp_is_renormalised(filtered_run):
+  (_, temperature, top_k, top_p), out, logits = filtered_run
+  tokens, m, logp = np.asarray(out.tokens_NxT), np.asarray(out.mask_NxT), np.asarray(out.logp_NxT)
+  assert m.sum() > 2 * N  # several decode steps per row were checked
+  sizes = []
+  for row, t in zip(*np.nonzero(m)):
+    kept = _kept_set(logits[row, t], temperature, top_k, top_p)
+    sizes.append(kept.sum())
+    assert kept[tokens[row, t]], (row, t)
+    # log_softmax over the kept set only: z_tok - logsumexp(z_kept).
+    z = logits[row, t] / temperature
+    expected = z[tokens[row, t]] - np.log(np.sum(np.exp(z[kept] - z.max()))) - z.max()
+    np.testing.assert_allclose(logp[row, t], expected, atol=1e-5)
+  # The filter really cut something (and the test did not degenerate to greedy).
+  assert max(sizes) < logits.shape[-1] and max(sizes) > 1
+  if top_k:
+    assert max(sizes) <= top_k
 
 
 def test_filter_logits_by_hand():
@@ -166,3 +219,83 @@ def test_inverse_cdf_draws_follow_the_distribution():
   # Binomial std of a frequency: sqrt(p (1 - p) / n) <= sqrt(0.25 / 20000) = 0.0035; allow 5 std.
   np.testing.assert_allclose(freq, probs, atol=5 * 0.0036)
   assert freq[4] == 0.0  # a zero-probability (filtered) token is never drawn
+
+
+# Stop tokens from generation_config.json, with the embedded model (EOS "<|endoftext|>" = 1).
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory):
+  """A copy of the embedded model folder (no generation_config.json), its tokenizer and model."""
+  import transformers
+  from grpo_jax.models import from_pretrained
+  folder = tmp_path_factory.mktemp("model") / "embedded"
+  shutil.copytree(assets.EMBEDDED_MODEL, folder)
+  assert not (folder / "generation_config.json").exists()
+  tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+  return folder, tokenizer, nnx.split(from_pretrained(str(folder)))
+
+
+def _write_generation_config(folder, eos):
+  (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+
+
+def test_stop_token_ids_without_generation_config_are_the_tokenizers(embedded):
+  folder, tokenizer, _ = embedded
+  assert tokenizer.eos_token_id == 1
+  assert sampler_lib.stop_token_ids(tokenizer, str(folder)) == (1,)
+  assert sampler_lib.stop_token_ids(tokenizer) == (1,)
+  config = sampler_lib.sampling_config_for(tokenizer, 4, model_path=str(folder))
+  assert config.eos_ids == (1,) and config.pad_id == tokenizer.pad_token_id == 0
+
+
+def test_stop_token_ids_int_and_malformed_generation_config(tmp_path, embedded):
+  _, tokenizer, _ = embedded
+  _write_generation_config(tmp_path, 7)  # a single int; the tokenizer's 1 comes first
+  assert sampler_lib.stop_token_ids(tokenizer, str(tmp_path)) == (1, 7)
+  (tmp_path / "generation_config.json").write_text('{"eos_token_id": [7,')
+  with pytest.raises(ValueError, match="generation_config.json"):
+    sampler_lib.stop_token_ids(tokenizer, str(tmp_path))
+
+
+def test_second_stop_token_from_generation_config_ends_a_row(embedded):
+  folder, tokenizer, (graphdef, params) = embedded
+  texts = ["Using the numbers [20, 15, 41], create an equation that equals 46.",
+           "Using the numbers [49, 38, 33], create an equation that equals 44."]
+  ids, mask = tokenization.encode_prompts(tokenizer, texts, 20)
+  t_max = 8
+
+  def greedy(config):
+    out = sampler_lib.make_sampler(graphdef, config)(params, ids, mask, jax.random.key(0))
+    return jax.device_get(out)
+
+  free = greedy(sampler_lib.sampling_config_for(tokenizer, t_max, temperature=0.0,
+                                                model_path=str(folder)))
+  # The token row 0 emits greedily at step 2, not an EOS or PAD: declare it the second stop id.
+  second = int(free.tokens_NxT[0, 2])
+  assert second not in (0, 1) and free.lengths_N[0] > 3
+  _write_generation_config(folder, [second, 1])
+  try:
+    # Tokenizer's id first, then the file's, the repeated 1 dropped.
+    assert sampler_lib.stop_token_ids(tokenizer, str(folder)) == (1, second)
+    config = sampler_lib.sampling_config_for(tokenizer, t_max, temperature=0.0,
+                                             model_path=str(folder))
+    assert config.eos_ids == (1, second)
+    out = greedy(config)
+  finally:
+    (folder / "generation_config.json").unlink()
+  tokens, m = np.asarray(out.tokens_NxT), np.asarray(out.mask_NxT)
+  free_tokens = np.asarray(free.tokens_NxT)
+  for row in range(len(texts)):
+    hits = np.flatnonzero(free_tokens[row] == second)
+    stop = hits[0] if hits.size and hits[0] < free.lengths_N[row] else None
+    if row == 0:
+      assert stop is not None and stop <= 2
+    if stop is None:  # unchanged
+      np.testing.assert_array_equal(tokens[row], free_tokens[row])
+      continue
+    # Greedy prefix up to and including the stop token, then PAD (0) and a closed mask.
+    np.testing.assert_array_equal(tokens[row, :stop + 1], free_tokens[row, :stop + 1])
+    assert np.all(tokens[row, stop + 1:] == 0)
+    assert m[row, :stop + 1].all() and not m[row, stop + 1:].any()
+    assert out.lengths_N[row] == stop + 1 and not out.truncated_N[row]

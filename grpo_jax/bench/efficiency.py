@@ -1,9 +1,11 @@
 """Sample efficiency: held-out accuracy against rollouts generated, per method and seed.
 
     python -m grpo_jax.bench.efficiency --methods=grpo,popo --seeds=3 --steps=100
+    python -m grpo_jax.bench.efficiency --methods=grpo,popo,popo:filter,popo:pi_old --seeds=3
 
-Every method trains from the embedded checkpoint with its config file (configs/<method>.py)
-and the same batch (B prompts x G rollouts per step), so equal steps mean equal rollouts.
+Every method trains from the embedded checkpoint with its config file (configs/<method>.py,
+optionally with presets after a colon: ``popo:filter``, ``popo:stale=10``) and the same batch
+(B prompts x G rollouts per step), so equal steps mean equal rollouts.
 Writes ``<out>/efficiency.md`` (a markdown table of mean@8 by rollouts, per seed, with the
 mean and spread) and ``<out>/efficiency.png`` (needs matplotlib), and prints the table.
 """
@@ -20,11 +22,17 @@ from absl import app, flags
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import train
 
-_METHODS = flags.DEFINE_list("methods", ["grpo", "popo"], "config files under configs/")
+_METHODS = flags.DEFINE_list("methods", ["grpo", "popo"],
+                             "config files under configs/, with optional presets: popo:filter")
 _SEEDS = flags.DEFINE_integer("seeds", 3, "seeds 0..n-1 per method")
 _STEPS = flags.DEFINE_integer("steps", 100, "optimiser steps per run")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 25, "steps between evaluations")
 _OUT = flags.DEFINE_string("out", "runs/efficiency", "output folder")
+
+
+def run_name(method: str) -> str:
+  """A folder name for a method with presets: "popo:stale=10" -> "popo-stale10"."""
+  return method.replace(":", "-").replace(",", "-").replace("=", "")
 
 
 def curve(workdir: str, k: int = 8) -> list[tuple[int, int, float]]:
@@ -59,7 +67,7 @@ def plot(results: dict, path: str) -> bool:
   except ImportError:
     return False
   fig, ax = plt.subplots(figsize=(6, 4))
-  for color, (m, runs) in zip(("C0", "C1", "C2", "C3", "C4"), results.items()):
+  for color, (m, runs) in zip([f"C{i}" for i in range(10)], results.items()):
     for seed, c in runs.items():
       ax.plot([r for _, r, _ in c], [a for _, _, a in c], color=color, alpha=0.3, lw=1)
     mean = np.mean([[a for _, _, a in c] for c in runs.values()], axis=0)
@@ -80,15 +88,16 @@ def main(argv):
   os.makedirs(_OUT.value, exist_ok=True)
   results = {}
   for method in _METHODS.value:
-    module = importlib.import_module(f"configs.{method}")
+    name, _, presets = method.partition(":")
+    module = importlib.import_module(f"configs.{name}")
     results[method] = {}
     for seed in range(_SEEDS.value):
-      config = module.get_config()
+      config = module.get_config(presets or None)
       config.seed = seed
       config.total_steps = _STEPS.value
       config.eval.every = _EVAL_EVERY.value
       config.checkpoint.every = _STEPS.value
-      workdir = os.path.join(_OUT.value, f"{method}_seed{seed}")
+      workdir = os.path.join(_OUT.value, f"{run_name(method)}_seed{seed}")
       if not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or not curve(workdir) or \
           curve(workdir)[-1][0] < _STEPS.value:
         train.train_and_evaluate(config, workdir)
