@@ -54,7 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
   # What a group must vary on to be "effective" (POPO refill, GRPO-filter): the accuracy signal.
   c.rl.effective_signal = "success"
   c.rl.prox_pass = "auto"  # pi_prox pass: replayed rows | all rows | auto (all unless float32)
-  c.rl.logprob_chunk = 2048  # completion positions per LM-head chunk (bounds [chunk, V] logits)
+  c.rl.logprob_chunk = 1024  # completion positions per LM-head block: bounds [block, V] logits
   c.rl.clip_low = 0.2  # PPO eps_low
   c.rl.clip_high = 0.2  # PPO eps_high (DAPO clip-higher: 0.28)
   c.rl.dual_clip = 0.0  # dual-clip c for negative advantages; 0 disables

@@ -8,6 +8,8 @@ log-softmax values.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -37,6 +39,15 @@ def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
                                     chunk_tokens: int = 0):
   """Teacher-forced log-probs of each completion token given its left-padded prompt.
 
+  The LM head's output is the largest array of every log-prob pass: float32 logits [N, T, V]
+  are N * T * V * 4 bytes (at Qwen3's V = 151,936 and N * T = 8 * 1024 that is ~5 GB, and the
+  backward pass of the loss can hold more of that size, e.g. the logits' cotangent).
+  With ``chunk_tokens > 0`` the N * T completion positions are instead flattened, padded to a
+  multiple of ``chunk_tokens`` and pushed through the LM head one [chunk_tokens, V] block at a
+  time (``lax.map``), each block under ``jax.checkpoint`` so the backward pass recomputes its
+  logits instead of storing them: at most one block of logits (and one of its cotangent) is
+  alive at a time. The numbers are the same as the single-shot path up to float rounding.
+
   Args:
     model: the policy.
     prompt_ids_NxP: int32 prompts, left padded.
@@ -44,19 +55,25 @@ def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
     completion_ids_NxT: int32 completions (tokens after the end are ignored by callers' masks).
     temperature: the sampling temperature the completions were drawn at.
     with_entropy: also return the entropy of each next-token distribution.
+    chunk_tokens: completion positions per LM-head block (static). 0, or a value >= N * T,
+      computes all logits at once.
 
   Returns:
     (logp float32 [N, T]: log pi(completion[t] | prompt, completion[:t]) at ``temperature``,
      entropy float32 [N, T] or None).
   """
-  _, p = prompt_ids_NxP.shape
+  n, p = prompt_ids_NxP.shape
   t = completion_ids_NxT.shape[1]
   ids = jnp.concatenate([prompt_ids_NxP, completion_ids_NxT], axis=1)
   mask = jnp.concatenate([prompt_mask_NxP.astype(bool),
                           jnp.ones(completion_ids_NxT.shape, bool)], axis=1)
   hidden, _ = model.hidden_states(ids, mask)
   # Position p - 1 + t predicts completion token t.
-  logits_NxTxV = model.logits(hidden[:, p - 1: p - 1 + t])
+  hidden_NxTxD = hidden[:, p - 1: p - 1 + t]
+  if 0 < chunk_tokens < n * t:
+    return _chunked_logprobs_and_entropy(model, hidden_NxTxD, completion_ids_NxT, temperature,
+                                         with_entropy, chunk_tokens)
+  logits_NxTxV = model.logits(hidden_NxTxD)
   if temperature != 1.0:
     logits_NxTxV = logits_NxTxV / temperature
   lse_NxT = jax.nn.logsumexp(logits_NxTxV, axis=-1)
@@ -67,3 +84,50 @@ def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
     probs = jnp.exp(logits_NxTxV - lse_NxT[..., None])
     entropy = lse_NxT - jnp.sum(probs * logits_NxTxV, axis=-1)
   return picked - lse_NxT, entropy
+
+
+def _chunked_logprobs_and_entropy(model: Qwen3, hidden_NxTxD: jax.Array,
+                                  tokens_NxT: jax.Array, temperature: float,
+                                  with_entropy: bool, chunk: int):
+  """The LM head, log-probs and entropy in [chunk, V] blocks (see the caller).
+
+  Local shape letters: M = N * T completion positions, K = chunk, M' = M padded to a multiple
+  of K.
+
+  Returns:
+    (logp float32 [N, T], entropy float32 [N, T] or None).
+  """
+  n, t, d = hidden_NxTxD.shape
+  m = n * t
+  num_chunks = -(-m // chunk)
+  pad = num_chunks * chunk - m
+  hidden_MxD = hidden_NxTxD.reshape(m, d)  # M' after padding
+  tokens_M = tokens_NxT.reshape(m)
+  if pad:
+    # Padding rows (zero hidden state, token 0) are computed and dropped below.
+    hidden_MxD = jnp.pad(hidden_MxD, ((0, pad), (0, 0)))
+    tokens_M = jnp.pad(tokens_M, (0, pad))
+  hidden_blocks = hidden_MxD.reshape(num_chunks, chunk, d)  # [M' / K, K, D]
+  token_blocks = tokens_M.reshape(num_chunks, chunk)  # [M' / K, K]
+
+  # Remat: the backward pass recomputes this block's logits rather than storing them. In a loop
+  # body the recomputation cannot be merged with the forward pass, so XLA's CSE may stay on
+  # (prevent_cse=False, as the jax.checkpoint documentation advises under scan).
+  @functools.partial(jax.checkpoint, prevent_cse=False)
+  def block(xs):
+    h_KxD, tok_K = xs
+    logits_KxV = model.logits(h_KxD)
+    if temperature != 1.0:
+      logits_KxV = logits_KxV / temperature
+    lse_K = jax.nn.logsumexp(logits_KxV, axis=-1)
+    picked_K = jnp.take_along_axis(logits_KxV, tok_K[:, None], axis=-1)[:, 0]
+    if not with_entropy:
+      return picked_K - lse_K
+    probs_KxV = jnp.exp(logits_KxV - lse_K[:, None])
+    return picked_K - lse_K, lse_K - jnp.sum(probs_KxV * logits_KxV, axis=-1)
+
+  out = jax.lax.map(block, (hidden_blocks, token_blocks))
+  unchunk = lambda blocks: blocks.reshape(num_chunks * chunk)[:m].reshape(n, t)
+  if not with_entropy:
+    return unchunk(out), None
+  return unchunk(out[0]), unchunk(out[1])
