@@ -211,7 +211,9 @@ def _log_step(writer, bar, step, step_metrics, stats, host_then, last_eval, conf
             "completion_tokens": host_then["completion_tokens"],
             "reward_errors": host_then["reward_errors"],
             "truncated_fraction": stats["truncated_fraction"],
-            "tokens_per_s": (host_then["completion_tokens"] - tokens_at_start) / elapsed}
+            "tokens_per_s": (host_then["completion_tokens"] - tokens_at_start) / elapsed,
+            # Seconds since this process's loop started (evaluations included; not resumed).
+            "wall_s": elapsed}
   if step % config.log_every == 0:
     writer.write(step, record)
   if bar is not None:

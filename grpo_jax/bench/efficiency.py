@@ -42,7 +42,21 @@ def curve(workdir: str, k: int = 8) -> list[tuple[int, int, float]]:
           if key in r]
 
 
-def table(results: dict) -> str:
+def wall_at_evals(workdir: str, k: int = 8) -> list[float]:
+  """Seconds of the run's loop (evaluations included) at each evaluation of ``curve``.
+
+  From the step record logged just before each evaluation: ``wall_s`` when recorded, else
+  completion tokens / tokens_per_s (the same clock); 0 at step 0.
+  """
+  seconds = {0: 0.0}
+  for r in metrics_lib.read_metrics(workdir):
+    if "tokens_per_s" in r:
+      seconds[r["step"]] = float(r.get("wall_s", r["completion_tokens"] /
+                                       max(r["tokens_per_s"], 1e-9)))
+  return [seconds.get(step, float("nan")) for step, _, _ in curve(workdir, k)]
+
+
+def table(results: dict, walls: dict | None = None) -> str:
   """Markdown: one row per evaluation point, one column per method (seeds, mean +- std)."""
   methods = list(results)
   points = [(s, r) for s, r, _ in next(iter(results[methods[0]].values()))]
@@ -56,28 +70,39 @@ def table(results: dict) -> str:
       cells.append(" ".join(f"{v:.3f}" for v in vals) +
                    f" / **{np.mean(vals):.3f}** ± {np.std(vals):.3f}")
     lines.append(f"| {step} | {rollouts:,} | " + " | ".join(cells) + " |")
+  if walls:
+    cells = [" ".join(f"{w[-1]:.0f}" for w in walls[m]) +
+             f" / **{np.mean([w[-1] for w in walls[m]]):.0f}**" for m in methods]
+    lines.append("| wall s at the end | | " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
 
-def plot(results: dict, path: str) -> bool:
+def plot(results: dict, walls: dict, path: str) -> bool:
+  """Mean@8 against rollouts generated (left) and wall-clock seconds (right), every seed thin,
+  the seed mean thick."""
   try:
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   except ImportError:
     return False
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig, (ax, ax_t) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
   for color, (m, runs) in zip([f"C{i}" for i in range(10)], results.items()):
-    for seed, c in runs.items():
+    accs = [[a for _, _, a in c] for c in runs.values()]
+    for c, w in zip(runs.values(), walls[m]):
       ax.plot([r for _, r, _ in c], [a for _, _, a in c], color=color, alpha=0.3, lw=1)
-    mean = np.mean([[a for _, _, a in c] for c in runs.values()], axis=0)
-    ax.plot([r for _, r, _ in next(iter(runs.values()))], mean, color=color, lw=2.5,
-            label=f"{m} (mean of {len(runs)} seeds)")
+      ax_t.plot(w, [a for _, _, a in c], color=color, alpha=0.3, lw=1)
+    label = f"{m} (mean of {len(runs)} seeds)"
+    ax.plot([r for _, r, _ in next(iter(runs.values()))], np.mean(accs, axis=0), color=color,
+            lw=2.5, label=label)
+    ax_t.plot(np.mean(walls[m], axis=0), np.mean(accs, axis=0), color=color, lw=2.5, label=label)
   ax.set_xlabel("rollouts generated")
+  ax_t.set_xlabel("wall-clock seconds (evaluations included)")
   ax.set_ylabel("held-out mean@8 (T = 1.0)")
-  ax.set_title("Countdown, embedded 1M-parameter Qwen3")
-  ax.grid(alpha=0.3)
-  ax.legend()
+  fig.suptitle("Countdown, embedded 1M-parameter Qwen3")
+  for a in (ax, ax_t):
+    a.grid(alpha=0.3)
+  ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   return True
@@ -86,7 +111,7 @@ def plot(results: dict, path: str) -> bool:
 def main(argv):
   del argv
   os.makedirs(_OUT.value, exist_ok=True)
-  results = {}
+  results, walls = {}, {}
   for method in _METHODS.value:
     name, _, presets = method.partition(":")
     module = importlib.import_module(f"configs.{name}")
@@ -102,12 +127,13 @@ def main(argv):
           curve(workdir)[-1][0] < _STEPS.value:
         train.train_and_evaluate(config, workdir)
       results[method][seed] = curve(workdir)
-  md = table(results)
+      walls.setdefault(method, []).append(wall_at_evals(workdir))
+  md = table(results, walls)
   with open(os.path.join(_OUT.value, "efficiency.md"), "w") as f:
     f.write(md + "\n")
   with open(os.path.join(_OUT.value, "efficiency.json"), "w") as f:
-    json.dump(results, f)
-  drew = plot(results, os.path.join(_OUT.value, "efficiency.png"))
+    json.dump({"mean_at_8": results, "wall_s": walls}, f)
+  drew = plot(results, walls, os.path.join(_OUT.value, "efficiency.png"))
   print(md)
   print(f"wrote {_OUT.value}/efficiency.md" + (" and efficiency.png" if drew else ""))
 

@@ -1,0 +1,44 @@
+"""The sample-efficiency benchmark's bookkeeping: run names, curves, wall clock, the table."""
+
+import json
+
+from grpo_jax.bench import efficiency
+
+
+def _write(path, records):
+  path.mkdir(parents=True, exist_ok=True)
+  with open(path / "metrics.jsonl", "w", encoding="utf-8") as f:
+    for r in records:
+      f.write(json.dumps(r) + "\n")
+
+
+def test_run_names_of_presets():
+  assert efficiency.run_name("popo") == "popo"
+  assert efficiency.run_name("popo:filter") == "popo-filter"
+  assert efficiency.run_name("popo:stale=10") == "popo-stale10"
+  assert efficiency.run_name("popo:kl,smoke") == "popo-kl-smoke"
+
+
+def test_curve_wall_clock_and_table(tmp_path):
+  # Two runs of one method: evaluations at steps 0 and 2; step records carry either wall_s
+  # or (older runs) only completion tokens and tokens_per_s: 300 tokens / 10 tok/s = 30 s.
+  a, b = tmp_path / "a", tmp_path / "b"
+  _write(a, [{"step": 0, "eval/mean_at_8": 0.25, "rollouts": 0},
+             {"step": 1, "loss": 0.1, "completion_tokens": 100, "tokens_per_s": 10.0,
+              "wall_s": 12.0},
+             {"step": 2, "loss": 0.1, "completion_tokens": 200, "tokens_per_s": 10.0,
+              "wall_s": 21.0},
+             {"step": 2, "eval/mean_at_8": 0.5, "rollouts": 16}])
+  _write(b, [{"step": 0, "eval/mean_at_8": 0.25, "rollouts": 0},
+             {"step": 2, "loss": 0.1, "completion_tokens": 300, "tokens_per_s": 10.0},
+             {"step": 2, "eval/mean_at_8": 0.75, "rollouts": 16}])
+  assert efficiency.curve(str(a)) == [(0, 0, 0.25), (2, 16, 0.5)]
+  assert efficiency.wall_at_evals(str(a)) == [0.0, 21.0]
+  assert efficiency.wall_at_evals(str(b)) == [0.0, 30.0]
+  md = efficiency.table({"popo:filter": {0: efficiency.curve(str(a)),
+                                         1: efficiency.curve(str(b))}},
+                        {"popo:filter": [[0.0, 21.0], [0.0, 30.0]]})
+  lines = md.splitlines()
+  # Step 2: seeds 0.5 and 0.75 -> mean 0.625, population std 0.125; wall mean (21 + 30) / 2.
+  assert lines[3] == "| 2 | 16 | 0.500 0.750 / **0.625** ± 0.125 |"
+  assert lines[4] == "| wall s at the end | | 21 30 / **26** |"
