@@ -71,15 +71,23 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.overlong_penalty = 1.0  # DAPO soft overlong penalty factor
 
   c.replay = ml_collections.ConfigDict()
-  c.replay.capacity = 0  # entries (groups) in the on-device buffer; 0 = none (compiled away)
-  c.replay.fill = "none"  # none | replay (POPO: refill ineffective slots) | drop (GRPO-filter)
-  c.replay.insert = "effective"  # groups stored: effective (POPO) | all (POPO-ineff)
-  c.replay.priority = "recency"  # recency | staleness | lowest_drift (POPO-KL) | proportional
-  c.replay.staleness = 0  # priority=staleness: replay groups about this many steps old
-  c.replay.slots = 0  # max groups replayed per step (static); 0 = batch_prompts
-  c.replay.max_uses = 0  # drop an entry after this many replays (1 = one-shot); 0 = no limit
+  c.replay.method = "none"  # none | popo | rollout (Yoo et al.) | headroom (Headroom-Drift)
+  c.replay.capacity = 0  # entries in the on-device buffer (groups; rollouts for "rollout")
+  c.replay.objective = "decoupled"  # replayed rows in the loss: decoupled | pi_old | align_mu
   c.replay.max_age = 0  # never replay entries older than this many train steps; 0 = no limit
-  c.replay.objective = "decoupled"  # replayed rows: decoupled | pi_old | align_mu (popo.OBJECTIVES)
+  c.replay.max_uses = 0  # drop an entry after this many replays (1 = one-shot); 0 = no limit
+  c.replay.fill = "replay"  # popo: replay (refill ineffective slots) | drop (GRPO-filter)
+  c.replay.insert = "effective"  # stored: effective | all (popo); nonzero | all (rollout)
+  c.replay.priority = "recency"  # popo: recency | staleness | lowest_drift (POPO-KL)
+  c.replay.staleness = 0  # popo, priority=staleness: replay groups about this many steps old
+  c.replay.slots = 0  # popo: max groups refilled per step (0 = all); headroom: K_rep groups
+  c.replay.rho = 0.5  # rollout: replay rows per fresh row (fixed, larger batch)
+  c.replay.alpha = 0.5  # rollout: priority exponent of (|A| + 1e-6)
+  c.replay.warmup_steps = 20  # rollout: no replay before this train step
+  c.replay.candidates = 16  # headroom: M groups evaluated (teacher-forced) per step
+  c.replay.drift_tau = 1e-3  # headroom: admit a group only if its drift D <= tau
+  c.replay.gate = True  # headroom: apply the drift gate (False: headroom-only ablation)
+  c.replay.order = "headroom"  # headroom: candidate order, headroom | fifo (drift-only ablation)
 
   c.allocation = ml_collections.ConfigDict()
   c.allocation.method = "uniform"  # prompt selection / rollout allocation (uniform for now)

@@ -24,6 +24,7 @@ def get_config(arg: str | None = None):
   # variance > 0" on the accuracy reward (a group of 0 and 0.1 format scores is ineffective).
   c.rl.reward_signal = "success"
   c.rl.effective_signal = "success"
+  c.replay.method = "popo"
   c.replay.fill = "replay"  # refill ineffective slots from the buffer
   # 32 groups = one batch: POPO keeps a *small* buffer of recent groups; with ~1/3 of the
   # slots ineffective and ~2/3 of the groups stored each step it turns over in ~1.5 steps.

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 
-from grpo_jax import advantages, losses, popo, step
+from grpo_jax import advantages, losses, step
+from grpo_jax.replay import headroom, popo, rollout
+from grpo_jax.replay import method as method_lib
 
 _GROUPS = ("model", "task", "rollout", "rl", "replay", "allocation", "opt", "eval", "checkpoint",
            "mesh")
@@ -59,9 +61,6 @@ def validate(config) -> None:
   _check(rl.prox_pass in ("auto",) + step.PROX_PASSES, "rl.prox_pass",
          f"{rl.prox_pass!r}; known: auto, {', '.join(step.PROX_PASSES)}")
   _check(rl.logprob_chunk >= 0, "rl.logprob_chunk", f"{rl.logprob_chunk} must be >= 0")
-  rows = r.batch_prompts * r.group_size
-  _check(rl.num_minibatches >= 1 and rows % rl.num_minibatches == 0, "rl.num_minibatches",
-         f"{rl.num_minibatches} must divide batch_prompts * group_size = {rows}")
   _check(rl.num_epochs >= 1, "rl.num_epochs", f"{rl.num_epochs} must be >= 1")
   _check(0 <= rl.overlong_buffer < r.completion_len, "rl.overlong_buffer",
          f"{rl.overlong_buffer} must be in [0, completion_len={r.completion_len})")
@@ -69,15 +68,31 @@ def validate(config) -> None:
     loss_config(config)
   except ValueError as e:
     raise ConfigError(f"config.rl: {e}") from None
-  _check(config.replay.capacity >= 0, "replay.capacity", "must be >= 0")
+  p = config.replay
+  _check(p.method in REPLAY_METHODS, "replay.method",
+         f"{p.method!r}; known: {', '.join(REPLAY_METHODS)}")
+  _check(p.capacity >= 0, "replay.capacity", "must be >= 0")
+  _check(p.objective in method_lib.OBJECTIVES, "replay.objective",
+         f"{p.objective!r}; known: {', '.join(method_lib.OBJECTIVES)}")
   try:
-    replay_config(config)
+    method = replay_config(config)
   except ValueError as e:
     raise ConfigError(f"config.replay: {e}") from None
-  _check(config.replay.fill != "replay" or config.replay.capacity > 0, "replay.capacity",
-         "must be > 0 when replay.fill='replay' (POPO needs a buffer)")
-  _check(config.replay.slots <= r.batch_prompts, "replay.slots",
-         f"{config.replay.slots} exceeds batch_prompts={r.batch_prompts}")
+  if p.method == "popo":
+    _check(p.fill != "replay" or p.capacity > 0, "replay.capacity",
+           "must be > 0 when replay.fill='replay' (POPO needs a buffer)")
+    _check(p.slots <= r.batch_prompts, "replay.slots",
+           f"{p.slots} exceeds batch_prompts={r.batch_prompts}")
+  if p.method == "rollout":
+    _check(p.capacity > 0, "replay.capacity", "must be > 0 for rollout replay")
+  if p.method == "headroom":
+    _check(p.capacity >= p.candidates, "replay.capacity",
+           f"{p.capacity} must be >= replay.candidates={p.candidates} (groups evaluated per step)")
+  fresh = r.batch_prompts * r.group_size
+  rows = fresh + method.extra_rows(fresh, r.group_size)
+  _check(rl.num_minibatches >= 1 and rows % rl.num_minibatches == 0, "rl.num_minibatches",
+         f"{rl.num_minibatches} must divide the update batch: {fresh} fresh rows"
+         + (f" + {rows - fresh} replay rows" if rows > fresh else "") + f" = {rows}")
   _check(config.allocation.method == "uniform", "allocation.method",
          f"{config.allocation.method!r}; known: uniform")
   _check(o.learning_rate > 0, "opt.learning_rate", f"{o.learning_rate} must be > 0")
@@ -90,12 +105,25 @@ def validate(config) -> None:
          "eval.k and eval.num_prompts must be >= 1")
 
 
-def replay_config(config) -> popo.ReplayConfig:
-  """The ReplayConfig described by ``config.replay``."""
+REPLAY_METHODS = ("none", "popo", "rollout", "headroom")
+
+
+def replay_config(config):
+  """The replay method object described by ``config.replay`` (see grpo_jax/replay/method.py)."""
   p = config.replay
-  return popo.ReplayConfig(fill=p.fill, insert=p.insert, priority=p.priority,
+  if p.method == "popo":
+    return popo.PopoConfig(fill=p.fill, insert=p.insert, priority=p.priority,
                            staleness=p.staleness, slots=p.slots, max_uses=p.max_uses,
                            max_age=p.max_age, objective=p.objective)
+  if p.method == "rollout":
+    return rollout.RolloutReplayConfig(tau_max=p.max_age, rho=p.rho, alpha=p.alpha,
+                                       warmup_steps=p.warmup_steps, insert=p.insert,
+                                       max_uses=p.max_uses, objective=p.objective)
+  if p.method == "headroom":
+    return headroom.HeadroomConfig(slots=p.slots, candidates=p.candidates, tau=p.drift_tau,
+                                   gate=p.gate, order=p.order, max_age=p.max_age,
+                                   objective=p.objective)
+  return method_lib.NoReplay()
 
 
 def loss_config(config) -> losses.LossConfig:

@@ -10,8 +10,11 @@ starts at rho = 1 exactly and the behaviour weight pi_prox / mu corrects the sam
 mismatch, which is logged as ``fresh_logp_mismatch``); the frozen reference's log-probs (one
 no-grad pass, only when the KL coefficient is > 0);
 then ``num_epochs`` passes of ``num_minibatches`` shuffled minibatches, each a loss, a gradient
-and an optax update, all inside one ``lax.scan``. State and buffer are donated; with replay
-capacity 0 the buffer is passed through untouched and XLA drops it. Everything the loop needs
+and an optax update, all inside one ``lax.scan``. Replay goes through one interface
+(replay/method.py): the method evicts, composes the [N + R]-row update batch (R static) and
+inserts after the update, so this file has no branch per method; how replayed rows enter the
+loss is the method's ``objective``. State and buffer are donated; with replay capacity 0 the
+buffer is passed through untouched and XLA drops it. Everything the loop needs
 back is in ``metrics`` (scalars), fetched by the host one step late.
 
 References: GRPO (DeepSeekMath, arXiv 2402.03300); PPO epochs and minibatches (arXiv 1707.06347).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,13 +34,13 @@ from flax import nnx
 from grpo_jax import advantages as advantages_lib
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
-from grpo_jax import popo
-from grpo_jax import replay as replay_lib
 from grpo_jax.replay import ReplayState
+from grpo_jax.replay import method as replay_method
 from grpo_jax.types import Rollout, TrainState
 
 
 SIGNALS = ("score", "success")
+_REPLAY_KEY = 0x7265706C  # folded into the step key for a replay method's own sampling
 PROX_PASSES = ("replayed", "all")
 
 
@@ -61,7 +65,8 @@ class StepConfig:
     temperature: the rollout temperature; policy log-probs are computed at it, so that
       pi_theta and the recorded mu describe the same distribution.
     compute_entropy: compute per-token entropy (needed for an entropy bonus; else a metric).
-    replay: ReplayConfig of the replay method (POPO and its ablations; default: none).
+    replay: the replay method (replay/method.py: NoReplay, popo.PopoConfig,
+      rollout.RolloutReplayConfig, headroom.HeadroomConfig); static.
     logprob_chunk: completion positions per chunk of the LM head in every log-prob pass
       (0 = all at once); bounds the [chunk, V] logits held at a time.
   """
@@ -76,7 +81,7 @@ class StepConfig:
   num_epochs: int = 1
   temperature: float = 1.0
   compute_entropy: bool = False
-  replay: popo.ReplayConfig = popo.ReplayConfig()
+  replay: Any = replay_method.NoReplay()
   logprob_chunk: int = 0
 
   def __post_init__(self):
@@ -123,50 +128,64 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   adv_BxG = advantages_lib.group_advantages(signal(c.reward_signal).reshape(b, g), c.estimator)
   effective_B = advantages_lib.effective_groups(signal(c.effective_signal).reshape(b, g))
   fresh = jax.tree.map(lambda x: x.reshape((b, g) + x.shape[1:]), rollout)
-  replaying = rc.fill == "replay" and replay.capacity > 0
+  step_key = jax.random.fold_in(rng, state.step)
+  ctx = replay_method.StepContext(fresh=fresh, advantages_BxG=adv_BxG, effective_B=effective_B,
+                                  step=state.step, rng=jax.random.fold_in(step_key, _REPLAY_KEY))
+  start_params = jax.lax.stop_gradient(state.params)
 
-  drift_C = None
+  def start_logp(rows: Rollout) -> jax.Array:
+    """log pi_prox: the policy at the start of the step, no gradient."""
+    logp, _ = _policy_logprobs(graphdef, start_params, _rows_batch(rows), c.temperature, False,
+                               c.logprob_chunk)
+    return jax.lax.stop_gradient(logp)
+
+  # Replay, through the method interface (replay/method.py): evict, compose; insert comes last.
+  replaying = rc.replays(replay)
+  live_before = jnp.sum(replay.valid_C.astype(jnp.float32))
+  replay = rc.evict(replay, state.step)
+  extra_metrics = {}
   if replaying:
-    replay = popo.evict(replay, state.step, rc)
-    if rc.priority == "lowest_drift":
-      drift_C = _stored_drift(graphdef, state.params, replay, c.temperature, c.logprob_chunk)
-  comp = popo.compose(fresh, adv_BxG, effective_B, replay, state.step, rc, drift_C)
-  to_rows = lambda x: x.reshape((n,) + x.shape[2:])
-  mixed = jax.tree.map(to_rows, comp.rollout)
-  replayed_N = jnp.repeat(comp.replayed_B, g)
+    extra_metrics["replay_evicted"] = live_before - jnp.sum(replay.valid_C.astype(jnp.float32))
+  comp = rc.compose(ctx, replay, start_logp)
+  mixed = comp.rollout
+  rows = mixed.num_rows
+  replayed_N = comp.replayed_N
 
-  batch = {
-      "prompt_ids_NxP": mixed.prompt_ids_NxP,
-      "prompt_mask_NxP": mixed.prompt_mask_NxP,
-      "completion_ids_NxT": mixed.completion_ids_NxT,
-      "mask_NxT": to_rows(comp.loss_mask_BxGxT),
+  batch = _rows_batch(mixed)
+  batch.update({
+      "mask_NxT": comp.loss_mask_NxT,
       "behaviour_logp_NxT": mixed.behaviour_logp_NxT,
       # Fresh rows: the proximal policy (params at the start of the step) is the behaviour one.
       "prox_logp_NxT": mixed.behaviour_logp_NxT,
-      "advantages_N": to_rows(comp.advantages_BxG),
-  }
-  extra_metrics = {}
-  replay_prox = replaying and rc.objective != "align_mu"
-  if replay_prox or c.prox_pass == "all":
+      "advantages_N": comp.advantages_N,
+  })
+  replay_prox_N = replayed_N
+  if rc.objective == "align_mu":
+    replay_prox_N = jnp.zeros_like(replayed_N)  # replayed rows keep pi_prox := mu
+  needs_prox = replaying and rc.objective != "align_mu"
+  if c.prox_pass == "all" or (needs_prox and comp.prox_logp_NxT is None):
     # pi_prox is the policy at the start of the step (one no-grad pass over the batch).
-    prox, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(state.params), batch,
-                               c.temperature, False, c.logprob_chunk)
-    prox = jax.lax.stop_gradient(prox)
-    from_pass_N = jnp.ones_like(replayed_N) if c.prox_pass == "all" else replayed_N
-    if replaying and rc.objective == "align_mu":
-      from_pass_N = from_pass_N & ~replayed_N  # replayed rows keep pi_prox := mu
+    prox = start_logp(mixed)
+    if comp.prox_logp_NxT is not None:  # the method's own pass already gave replayed rows
+      prox = jnp.where(replayed_N[:, None], comp.prox_logp_NxT, prox)
+    from_pass_N = (~replayed_N | replay_prox_N) if c.prox_pass == "all" else replay_prox_N
     batch["prox_logp_NxT"] = jnp.where(from_pass_N[:, None], prox, mixed.behaviour_logp_NxT)
     if c.prox_pass == "all":
       fresh_tok = (batch["mask_NxT"] & ~replayed_N[:, None]).astype(jnp.float32)
       extra_metrics["fresh_logp_mismatch"] = (
           jnp.sum(jnp.abs(prox - mixed.behaviour_logp_NxT) * fresh_tok)
           / jnp.maximum(jnp.sum(fresh_tok), 1.0))
+  elif needs_prox:
+    batch["prox_logp_NxT"] = jnp.where(replay_prox_N[:, None], comp.prox_logp_NxT,
+                                       mixed.behaviour_logp_NxT)
   if replaying:
     if rc.objective == "pi_old":
       # Replayed rows as if the current policy had sampled them: mu := pi_prox, so w = 1.
       batch["behaviour_logp_NxT"] = jnp.where(replayed_N[:, None], batch["prox_logp_NxT"],
                                               batch["behaviour_logp_NxT"])
-    extra_metrics.update(_replay_metrics(batch, replayed_N, comp, state.step, c.loss))
+    extra_metrics.update(_replay_metrics(batch, replayed_N, mixed.version_N, state.step,
+                                         c.loss))
+    extra_metrics.update(comp.metrics)
   adv_N = batch["advantages_N"]
   if c.effective_signal != c.reward_signal:
     teaches_B = jnp.any(jnp.abs(adv_BxG) > 1e-6, axis=-1)
@@ -200,13 +219,13 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
     return (params, opt_state), out
 
   def epoch(carry, key):
-    perm = jax.random.permutation(key, n)
+    perm = jax.random.permutation(key, rows)
     shaped = jax.tree.map(
-        lambda x: x[perm].reshape((c.num_minibatches, n // c.num_minibatches) + x.shape[1:]),
+        lambda x: x[perm].reshape((c.num_minibatches, rows // c.num_minibatches) + x.shape[1:]),
         batch)
     return jax.lax.scan(minibatch_update, carry, shaped)
 
-  keys = jax.random.split(jax.random.fold_in(rng, state.step), c.num_epochs)
+  keys = jax.random.split(step_key, c.num_epochs)
   (params, opt_state), per_update = jax.lax.scan(epoch, (state.params, state.opt_state), keys)
 
   mask = rollout.completion_mask_NxT
@@ -223,10 +242,10 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
       # Fraction of the batch's rows whose advantage is non-zero: the rows that teach.
       nonzero_advantage_fraction=jnp.mean((jnp.abs(adv_N) > 1e-8).astype(jnp.float32)),
   )
+  # After selection and the update: nothing is replayed in the step that produced it.
+  replay, insert_metrics = rc.after_update(ctx, replay, comp)
+  extra_metrics.update(insert_metrics)
   if replaying:
-    # After selection and the update: a group is never replayed in the step that produced it.
-    replay = replay_lib.mark_used(replay, comp.indices_K, comp.used_K)
-    replay = popo.insert_fresh(replay, fresh, adv_BxG, effective_B, state.step, rc)
     extra_metrics["buffer_occupancy"] = jnp.mean(replay.valid_C.astype(jnp.float32))
   metrics.update(extra_metrics)
   metrics["ineffective_fraction"] = 1.0 - metrics["effective_fraction"]
@@ -234,40 +253,27 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   return new_state, replay, metrics
 
 
-def _stored_drift(graphdef, params, replay: ReplayState, temperature: float,
-                  chunk_tokens: int = 0) -> jax.Array:
-  """Drift [C] of every stored entry under the current policy (POPO-KL selection).
-
-  D = mean over the entry's tokens of (log pi_theta - log mu)^2 (Headroom-Drift, 2609.03941).
-  """
-  rows = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), replay.rollouts)
-  batch = {"prompt_ids_NxP": rows.prompt_ids_NxP, "prompt_mask_NxP": rows.prompt_mask_NxP,
-           "completion_ids_NxT": rows.completion_ids_NxT}
-  logp, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(params), batch, temperature, False,
-                             chunk_tokens)
-  sq = jnp.square(jax.lax.stop_gradient(logp) - rows.behaviour_logp_NxT)
-  mask = rows.completion_mask_NxT.astype(jnp.float32)
-  c = replay.capacity
-  per_entry = jnp.sum((sq * mask).reshape(c, -1), axis=1)
-  count = jnp.sum(mask.reshape(c, -1), axis=1)
-  return per_entry / jnp.maximum(count, 1.0)
+def _rows_batch(rows: Rollout) -> dict:
+  """The token arrays a log-prob pass reads, by name."""
+  return {"prompt_ids_NxP": rows.prompt_ids_NxP, "prompt_mask_NxP": rows.prompt_mask_NxP,
+          "completion_ids_NxT": rows.completion_ids_NxT}
 
 
-def _replay_metrics(batch, replayed_N, comp, step, loss_config) -> dict:
-  """Replay diagnostics: slots filled, age of replayed groups, their drift and IS weights."""
+def _replay_metrics(batch, replayed_N, version_N, step, loss_config) -> dict:
+  """Replay diagnostics: rows replayed, their age, drift and behaviour weights."""
   tok = batch["mask_NxT"] & replayed_N[:, None]
   tok_f = tok.astype(jnp.float32)
   count = jnp.maximum(jnp.sum(tok_f), 1.0)
   log_w = batch["prox_logp_NxT"] - batch["behaviour_logp_NxT"]
   w, capped = losses.behaviour_weight(batch["prox_logp_NxT"], batch["behaviour_logp_NxT"],
                                       loss_config)
-  version_B = comp.rollout.version_N[:, 0]
-  age_B = (step - version_B).astype(jnp.float32)
-  filled = jnp.sum(comp.replayed_B.astype(jnp.float32))
+  used_N = replayed_N & jnp.any(batch["mask_NxT"], axis=-1)
+  age_N = (step - version_N).astype(jnp.float32)
+  num = jnp.sum(used_N.astype(jnp.float32))
   return {
-      "replay_slots_filled": filled,
-      "replay_age_mean": jnp.sum(jnp.where(comp.replayed_B, age_B, 0.0)) / jnp.maximum(filled, 1),
-      "replay_age_max": jnp.max(jnp.where(comp.replayed_B, age_B, 0.0)),
+      "replay_rows": num,
+      "replay_age_mean": jnp.sum(jnp.where(used_N, age_N, 0.0)) / jnp.maximum(num, 1.0),
+      "replay_age_max": jnp.max(jnp.where(used_N, age_N, 0.0)),
       "replay_drift": jnp.sum(jnp.square(log_w) * tok_f) / count,
       "replay_is_weight_mean": jnp.sum(w * tok_f) / count,
       "replay_is_weight_max": jnp.max(jnp.where(tok, w, 0.0)),

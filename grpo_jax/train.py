@@ -129,8 +129,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   ref_params = jax.tree.map(jnp.copy, params) if config.rl.kl_coef > 0 else None
   tx = make_optimizer(config)
   state = step_lib.init_train_state(params, tx)
-  replay = replay_lib.init_replay(config.replay.capacity, r.group_size, r.prompt_len,
-                                  r.completion_len)
+  method = configuration.replay_config(config)
+  replay = replay_lib.init_replay(config.replay.capacity, method.entry_size(r.group_size),
+                                  r.prompt_len, r.completion_len)
   task = make_task(config)
   stream = rollouts_lib.PromptStream(task, tokenizer, r.prompt_len, config.task.chat_template)
   host = {"rollouts": 0, "completion_tokens": 0, "reward_errors": 0}

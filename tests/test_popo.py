@@ -13,7 +13,8 @@ from flax import nnx
 from hypothesis import strategies as st
 
 from configs import popo as popo_config
-from grpo_jax import configuration, losses, popo, replay as replay_lib, step as step_lib
+from grpo_jax import configuration, losses, replay as replay_lib, step as step_lib
+from grpo_jax.replay import method as method_lib, popo
 from grpo_jax.logprobs import completion_logprobs
 from grpo_jax.types import Rollout
 from tests.test_step import B, G, P, T, SHIFT_N, _copy, _rollout
@@ -61,13 +62,13 @@ def _buffer_with(split, scores, version=0, shift=0.0):
   return replay, rollout
 
 
-POPO = popo.ReplayConfig(fill="replay", max_uses=1)
+POPO = popo.PopoConfig(fill="replay", max_uses=1)
 
 
 def test_popo_equals_grpo_exactly_when_no_slot_needs_filling(split):
   rollout = _rollout(split, ALL_EFFECTIVE)
   replay, _ = _buffer_with(split, ALL_EFFECTIVE)
-  grpo_state, _, grpo_m = _run(split, popo.ReplayConfig(), rollout,
+  grpo_state, _, grpo_m = _run(split, method_lib.NoReplay(), rollout,
                                replay_lib.init_replay(0, G, P, T))
   popo_state, new_replay, popo_m = _run(split, POPO, rollout, replay)
   for a, b in zip(jax.tree.leaves(grpo_state.params), jax.tree.leaves(popo_state.params)):
@@ -98,7 +99,7 @@ def test_ineffective_slot_takes_the_most_recent_stored_group(split):
   np.testing.assert_array_equal(evicted.valid_C, [True, False, True, False])
 
 
-@pytest.mark.parametrize("objective", popo.OBJECTIVES)
+@pytest.mark.parametrize("objective", method_lib.OBJECTIVES)
 def test_each_objective_equals_a_hand_composed_loss(split, tiny_qwen3, objective):
   """Stored rows' log mu is the generating policy's minus 0.5 (as if an older policy had
   sampled them), so pi_prox / mu = e^0.5 = 1.6487 on replayed tokens. By objective:
@@ -110,7 +111,7 @@ def test_each_objective_equals_a_hand_composed_loss(split, tiny_qwen3, objective
   rollout = _rollout(split, ONE_INEFFECTIVE)
   replay, old = _buffer_with(split, ALL_EFFECTIVE, shift=-0.5)
   loss_cfg = losses.LossConfig(is_cap=2.0)
-  cfg = popo.ReplayConfig(fill="replay", max_uses=1, objective=objective)
+  cfg = popo.PopoConfig(fill="replay", max_uses=1, objective=objective)
   _, _, m = _run(split, cfg, rollout, replay, loss=loss_cfg, lr=0.0)
   # Composed batch: group 0 fresh, group 1 = stored entry 1 (the old rollout's group 1).
   rows = lambda x, y: jnp.concatenate([x[:G], y[G:]])
@@ -128,7 +129,7 @@ def test_each_objective_equals_a_hand_composed_loss(split, tiny_qwen3, objective
   assert float(m["loss"]) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
   weight = {"decoupled": np.exp(0.5), "pi_old": 1.0, "align_mu": 1.0}[objective]
   assert float(m["replay_is_weight_mean"]) == pytest.approx(weight, rel=1e-3)
-  others = [o for o in popo.OBJECTIVES if o != objective]
+  others = [o for o in method_lib.OBJECTIVES if o != objective]
   for other in others:  # the three compositions really differ on this batch
     p2, b2 = {"decoupled": (teacher_prox, mu), "pi_old": (teacher_prox, teacher_prox),
               "align_mu": (mu, mu)}[other]
@@ -142,7 +143,7 @@ def test_grpo_filter_loss_equals_grpo_on_the_kept_groups_alone(split, tiny_qwen3
   loss. Advantages on the score: group 0 [1, 0, 0, 1] -> +-0.8660239 (as A0)."""
   scores = [1.0, 0.0, 0.0, 1.0, 0.0, 0.1, 0.0, 0.1]
   rollout = _rollout(split, scores, shift=SHIFT_N)
-  _, _, m = _run(split, popo.ReplayConfig(fill="drop"), rollout,
+  _, _, m = _run(split, popo.PopoConfig(fill="drop"), rollout,
                  replay_lib.init_replay(0, G, P, T), lr=0.0, reward_signal="score")
   kept = slice(0, G)
   logp = completion_logprobs(tiny_qwen3, rollout.prompt_ids_NxP[kept],
@@ -180,13 +181,22 @@ def _adv(step):
                      jnp.float32)
 
 
+def _ctx(fresh, adv, effective, step):
+  return method_lib.StepContext(fresh=fresh, advantages_BxG=adv, effective_B=effective,
+                                step=step, rng=jax.random.key(0))
+
+
+def _no_pass(rows):
+  raise AssertionError("POPO with recency priority needs no teacher-forced pass")
+
+
 @functools.lru_cache(maxsize=None)
 def _popo_ops(cfg):
   def run(replay, fresh, adv, effective, step):
-    replay = popo.evict(replay, step, cfg)
-    comp = popo.compose(fresh, adv, effective, replay, step, cfg)
-    replay = replay_lib.mark_used(replay, comp.indices_K, comp.used_K)
-    replay = popo.insert_fresh(replay, fresh, adv, effective, step, cfg)
+    ctx = _ctx(fresh, adv, effective, step)
+    replay = cfg.evict(replay, step)
+    comp = cfg.compose(ctx, replay, _no_pass)
+    replay, _ = cfg.after_update(ctx, replay, comp)
     return comp, replay
   return jax.jit(run)
 
@@ -235,7 +245,7 @@ def test_compose_matches_the_python_model(steps, max_age, max_uses, slots, inser
   advantages, completion mask and version; fresh slots untouched; no entry older than
   max_age ever replayed; POPO-ineff stores every group; the first step (empty buffer) replays
   nothing."""
-  cfg = popo.ReplayConfig(fill="replay", max_age=max_age, max_uses=max_uses, slots=slots,
+  cfg = popo.PopoConfig(fill="replay", max_age=max_age, max_uses=max_uses, slots=slots,
                           insert=insert)
   run = _popo_ops(cfg)
   replay = replay_lib.init_replay(capacity, GC, PC, TC)
@@ -244,19 +254,24 @@ def test_compose_matches_the_python_model(steps, max_age, max_uses, slots, inser
     fresh = _fresh(step, effective)
     comp, replay = run(replay, fresh, _adv(step), jnp.asarray(effective), jnp.int32(step))
     expected = model.step(step, effective)
-    assert np.asarray(comp.replayed_B).nonzero()[0].tolist() == sorted(expected)
-    ids = np.asarray(comp.rollout.prompt_id_N[:, 0])
+    # The composition is flat rows, group-major: group b is rows b * G .. b * G + G - 1.
+    assert comp.rollout.num_rows == BC * GC  # in place: no extra rows
+    group = lambda x: np.asarray(x).reshape((BC, GC) + np.asarray(x).shape[1:])
+    replayed_B = group(comp.replayed_N)[:, 0]
+    assert replayed_B.nonzero()[0].tolist() == sorted(expected)
+    ids = group(comp.rollout.prompt_id_N)[:, 0]
+    adv, mask = group(comp.advantages_N), group(comp.loss_mask_NxT)
     for b in range(BC):
       if b in expected:
         source = expected[b]["id"]
         assert ids[b] == source
-        np.testing.assert_allclose(comp.advantages_BxG[b], source + np.arange(GC) / 10)
-        age = step - int(comp.rollout.version_N[b, 0])
+        np.testing.assert_allclose(adv[b], source + np.arange(GC) / 10)
+        age = step - int(group(comp.rollout.version_N)[b, 0])
         assert age >= 1 and (not max_age or age <= max_age)
-        np.testing.assert_array_equal(comp.loss_mask_BxGxT[b], (source % 1000) % 2 == 0)
+        np.testing.assert_array_equal(mask[b], (source % 1000) % 2 == 0)
       else:
         assert ids[b] == 1000 * step + b
-        np.testing.assert_allclose(comp.advantages_BxG[b], _adv(step)[b])
+        np.testing.assert_allclose(adv[b], _adv(step)[b])
     stored = sorted(int(i) for i, v in zip(replay.rollouts.prompt_id_N[:, 0], replay.valid_C)
                     if v)
     # Same live entries (eviction is lazy in both: an entry used now goes at the next step).
@@ -264,26 +279,27 @@ def test_compose_matches_the_python_model(steps, max_age, max_uses, slots, inser
 
 
 def test_drop_masks_only_ineffective_groups():
-  cfg = popo.ReplayConfig(fill="drop")
+  cfg = popo.PopoConfig(fill="drop")
   effective = jnp.asarray([True, False, True, False])
-  comp = popo.compose(_fresh(0, effective), _adv(0), effective,
-                      replay_lib.init_replay(0, GC, PC, TC), jnp.int32(0), cfg)
+  comp = cfg.compose(_ctx(_fresh(0, effective), _adv(0), effective, jnp.int32(0)),
+                     replay_lib.init_replay(0, GC, PC, TC), _no_pass)
   fresh_mask = np.asarray(_fresh(0, effective).completion_mask_NxT)
-  np.testing.assert_array_equal(comp.loss_mask_BxGxT[1], False)
-  np.testing.assert_array_equal(comp.loss_mask_BxGxT[3], False)
-  np.testing.assert_array_equal(comp.loss_mask_BxGxT[0], fresh_mask[0])
-  assert not bool(comp.replayed_B.any())
+  mask = np.asarray(comp.loss_mask_NxT).reshape(BC, GC, TC)
+  np.testing.assert_array_equal(mask[1], False)
+  np.testing.assert_array_equal(mask[3], False)
+  np.testing.assert_array_equal(mask[0], fresh_mask[0])
+  assert not bool(comp.replayed_N.any())
 
 
 def test_replay_config_validation():
   with pytest.raises(ValueError, match="fill"):
-    popo.ReplayConfig(fill="refill")
+    popo.PopoConfig(fill="none")
   with pytest.raises(ValueError, match="priority"):
-    popo.ReplayConfig(priority="oldest")
+    popo.PopoConfig(priority="oldest")
   with pytest.raises(ValueError, match="proportional.*per-entry scores"):
-    popo.ReplayConfig(fill="replay", priority="proportional")
+    popo.PopoConfig(fill="replay", priority="proportional")
   with pytest.raises(ValueError, match="objective"):
-    popo.ReplayConfig(objective="on_policy")
+    popo.PopoConfig(objective="on_policy")
 
 
 def test_config_presets():

@@ -168,6 +168,7 @@ def test_capacity_zero_is_a_no_op_and_bytes_are_fixed():
   full = replay_lib.init_replay(C, E, P, T)
   # Per rollout: P ids 4*3 + P mask 1*3 + T ids 4*2 + T mask 1*2 + T logp 4*2 + score 4 +
   # success 1 + prompt id 4 + version 4 = 12+3+8+2+8+4+1+4+4 = 46 bytes; x E=2 -> 92, plus
-  # advantages 2*4 = 8 -> 100 per entry, plus 4+4+4+4+1 = 17 per entry of stamps -> 117;
-  # C=5 -> 585, plus write_pos and num_inserted 8 -> 593.
-  assert full.nbytes == 593
+  # advantages 2*4 = 8 -> 100 per entry, plus version, inserted, use count, drift, headroom
+  # 4+4+4+4+4 and valid 1 = 21 per entry -> 121; C=5 -> 605, plus write_pos and num_inserted
+  # 8 -> 613.
+  assert full.nbytes == 613

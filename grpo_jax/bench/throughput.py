@@ -16,6 +16,7 @@ rewards so POPO refills them from its buffer: the cost of the buffer, as a ratio
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
@@ -27,7 +28,8 @@ import optax
 from absl import app, flags
 from flax import nnx
 
-from grpo_jax import losses, popo, replay as replay_lib, sampler as sampler_lib, step as step_lib
+from grpo_jax import configuration, losses, replay as replay_lib, sampler as sampler_lib
+from grpo_jax import step as step_lib
 from grpo_jax.models import ModelConfig, Qwen3, from_pretrained, save_pretrained
 from grpo_jax.types import Rollout
 
@@ -43,7 +45,9 @@ _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "P")
 _COMPLETION_LEN = flags.DEFINE_integer("completion_len", 64, "T")
 _STEPS = flags.DEFINE_integer("steps", 6, "steps, the first of which compiles")
 _KL = flags.DEFINE_float("kl_coef", 0.04, "KL coefficient (0 skips the reference pass)")
-_METHODS = flags.DEFINE_list("methods", ["grpo"], "train steps to time: grpo and/or popo")
+_METHODS = flags.DEFINE_list("methods", ["grpo"], "train steps to time: config files under "
+                             "configs/ with optional presets (grpo, popo, rollout_replay, "
+                             "headroom, popo:filter)")
 _INEFFECTIVE = flags.DEFINE_float("ineffective_fraction", 0.0,
                                   "fraction of groups given constant rewards")
 
@@ -65,13 +69,13 @@ def main(argv):
   ref_params = jax.tree.map(jnp.copy, params)
   runs = {}
   for method in _METHODS.value:
-    fill = popo.ReplayConfig(fill="replay", max_uses=1) if method == "popo" else popo.ReplayConfig()
+    replay_method, capacity = _replay_method(method, b, g)
     config = step_lib.StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value),
-                                 replay=fill)
+                                 replay=replay_method)
     runs[method] = dict(
         step=step_lib.make_train_step(graphdef, tx, config),
         state=step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),
-        replay=replay_lib.init_replay(b if method == "popo" else 0, g, p, t), train_s=[])
+        replay=replay_lib.init_replay(capacity, replay_method.entry_size(g), p, t), train_s=[])
   rng = np.random.RandomState(0)
   gen_s, step_s = [], []
   n_constant = int(round(_INEFFECTIVE.value * b))
@@ -100,8 +104,8 @@ def main(argv):
       if i:
         run["train_s"].append(dt)
       line += f" {method} train {dt:.3f}s"
-      if method == "popo":
-        line += f" (replayed {int(metrics['replay_slots_filled'])})"
+      if "replay_rows" in metrics:
+        line += f" (replayed rows {int(metrics['replay_rows'])})"
     if i:  # the first step compiles
       gen_s.append(t1 - t0)
       step_s.append(t1 - t0 + runs[_METHODS.value[0]]["train_s"][-1])
@@ -114,10 +118,22 @@ def main(argv):
       "gen_s_median": round(med(gen_s), 4), "train_s_median": round(med(train_s), 4),
       "completion_tokens_per_s": round(n * t / med(step_s), 1),
       **{f"{m}_train_s_median": round(med(r["train_s"]), 4) for m, r in runs.items()},
-      **({"popo_over_grpo_train": round(med(runs["popo"]["train_s"]) /
-                                        med(runs["grpo"]["train_s"]), 3),
-          "popo_buffer_bytes": runs["popo"]["replay"].nbytes}
-         if {"grpo", "popo"} <= set(runs) else {})}))
+      **{f"{m}_over_grpo_train": round(med(r["train_s"]) / med(runs["grpo"]["train_s"]), 3)
+         for m, r in runs.items() if m != "grpo" and "grpo" in runs},
+      **{f"{m}_buffer_bytes": r["replay"].nbytes for m, r in runs.items()}}))
+
+
+def _replay_method(name: str, b: int, g: int):
+  """(replay method, buffer capacity) of configs/<name>.py[:presets] at this batch shape.
+
+  Warm-up is switched off so that replay happens from the second step on.
+  """
+  module, _, presets = name.partition(":")
+  config = importlib.import_module(f"configs.{module}").get_config(presets or None)
+  config.rollout.batch_prompts, config.rollout.group_size = b, g
+  config.replay.warmup_steps = 0
+  method = configuration.replay_config(config)
+  return method, (config.replay.capacity if config.replay.method != "none" else 0)
 
 
 if __name__ == "__main__":

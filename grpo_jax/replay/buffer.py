@@ -21,9 +21,9 @@ import flax
 import jax
 import jax.numpy as jnp
 
-PRIORITIES = ("recency", "staleness", "lowest_drift", "proportional")
-
 from grpo_jax.types import Rollout
+
+PRIORITIES = ("recency", "staleness", "lowest_drift", "proportional")
 
 
 @flax.struct.dataclass
@@ -38,6 +38,7 @@ class ReplayState:
     inserted_C: value of ``num_inserted`` when the entry was written (insertion order).
     use_count_C: how many times the entry has been replayed.
     drift_C: last measured drift (mean squared log-ratio to the behaviour policy).
+    headroom_C: last measured headroom (Headroom-Drift replay, arXiv 2609.03941).
     valid_C: the slot holds a live entry.
     write_pos: int32 scalar, the next slot to write (oldest first).
     num_inserted: int32 scalar, entries inserted so far.
@@ -49,6 +50,7 @@ class ReplayState:
   inserted_C: jax.Array
   use_count_C: jax.Array
   drift_C: jax.Array
+  headroom_C: jax.Array
   valid_C: jax.Array
   write_pos: jax.Array
   num_inserted: jax.Array
@@ -79,12 +81,12 @@ def init_replay(capacity: int, entry_size: int, prompt_len: int,
   return ReplayState(rollouts=rollouts, advantages_CxE=jnp.zeros((c, e), jnp.float32),
                      version_C=jnp.zeros((c,), jnp.int32), inserted_C=jnp.zeros((c,), jnp.int32),
                      use_count_C=jnp.zeros((c,), jnp.int32), drift_C=jnp.zeros((c,), jnp.float32),
-                     valid_C=jnp.zeros((c,), bool), write_pos=jnp.zeros((), jnp.int32),
+                     headroom_C=jnp.zeros((c,), jnp.float32), valid_C=jnp.zeros((c,), bool), write_pos=jnp.zeros((), jnp.int32),
                      num_inserted=jnp.zeros((), jnp.int32))
 
 
 def insert(replay: ReplayState, entries: Rollout, advantages_MxE: jax.Array, keep_M: jax.Array,
-           version: jax.Array) -> ReplayState:
+           version: jax.Array, headroom_M: jax.Array | None = None) -> ReplayState:
   """Writes the kept candidates into the ring in candidate order.
 
   Args:
@@ -93,6 +95,7 @@ def insert(replay: ReplayState, entries: Rollout, advantages_MxE: jax.Array, kee
     advantages_MxE: their advantages, frozen from now on.
     keep_M: which candidates to insert (any number, including none or more than C).
     version: int32 policy step that generated them.
+    headroom_M: optional initial cached headroom of each candidate (default 0).
 
   Returns:
     The buffer with the k kept candidates written at write_pos, write_pos + 1, ... (mod C).
@@ -120,6 +123,8 @@ def insert(replay: ReplayState, entries: Rollout, advantages_MxE: jax.Array, kee
       inserted_C=put(replay.inserted_C, replay.num_inserted + rank_M),
       use_count_C=put(replay.use_count_C, jnp.zeros((m,), jnp.int32)),
       drift_C=put(replay.drift_C, jnp.zeros((m,), jnp.float32)),
+      headroom_C=put(replay.headroom_C, jnp.zeros((m,), jnp.float32) if headroom_M is None
+                     else headroom_M),
       valid_C=put(replay.valid_C, jnp.ones((m,), bool)),
       write_pos=(replay.write_pos + k) % c,
       num_inserted=replay.num_inserted + k)

@@ -1,0 +1,40 @@
+"""Headroom-Drift replay (Park & Chang, arXiv 2609.03941).
+
+A FIFO buffer of mixed-outcome groups; each step the 16 stored groups of highest cached
+headroom are teacher-forced once, and admitted in that order while their drift
+D = mean (log pi_theta - log pi_gen)^2 <= 1e-3, up to 8 groups next to the 32 fresh ones;
+replayed groups use pi_gen as the ratio denominator (objective "align_mu").
+
+    python -m grpo_jax.train --config=configs/headroom.py --workdir=runs/headroom
+
+Presets (combine with the common ones):
+  headroom_only   no drift gate: the 8 highest-headroom groups
+  drift_only      the gate, walking the buffer oldest first instead of by headroom
+  decoupled       pi_prox from the candidate pass as the ratio denominator (no extra pass)
+"""
+
+from configs import common
+
+
+def get_config(arg: str | None = None):
+  c = common.base_config()
+  c.replay.method = "headroom"
+  c.replay.capacity = 128  # groups: four batches' worth of mixed-outcome groups
+  c.replay.slots = 8  # K_rep: up to 8 replayed groups (64 rows) next to 32 fresh groups
+  c.replay.candidates = 16  # M: one teacher-forced pass over 16 groups (half a batch)
+  c.replay.drift_tau = 1e-3  # the paper's tau for single-turn math
+  c.replay.gate = True
+  c.replay.order = "headroom"
+  c.replay.objective = "align_mu"  # the paper's L_mix: ratio denominator pi_gen
+  # 256 fresh + 64 replay rows = 320: 4 minibatches of 80.
+  rest = []
+  for name in filter(None, (arg or "").split(",")):
+    if name == "headroom_only":
+      c.replay.gate = False
+    elif name == "drift_only":
+      c.replay.order = "fifo"
+    elif name == "decoupled":
+      c.replay.objective = "decoupled"
+    else:
+      rest.append(name)
+  return common.apply_presets(c, ",".join(rest))

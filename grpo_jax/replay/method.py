@@ -1,0 +1,138 @@
+"""The interface between the train step and a replay method, and its simplest implementation.
+
+A replay method is a frozen (hashable, static under jit) dataclass with
+
+  objective             how replayed rows enter the loss (OBJECTIVES)
+  entry_size(G) -> E    rollouts per buffer entry (G for group replay, 1 for rollout replay)
+  extra_rows(N, G) -> R rows added to the update batch beyond the N fresh ones (static)
+  replays(buffer)       False when the method can never replay (static: e.g. capacity 0)
+  evict(buffer, step) -> buffer                     before anything is selected
+  compose(ctx, buffer, logp_fn) -> Composition      the [N + R]-row update batch
+  after_update(ctx, buffer, comp) -> (buffer, metrics)   inserts, counts uses
+
+so the train step has no branch per method: it evicts, composes, computes what the objective
+needs, runs the update and inserts, whatever the method. ``logp_fn(rows) -> [n, T]`` is the
+policy at the start of the step (no gradient), for methods that score candidates with a
+teacher-forced pass (POPO-KL, Headroom-Drift); its log-probs are pi_prox, so a method that
+evaluated its replayed rows returns them in ``Composition.prox_logp_NxT`` and the step does not
+run the same pass again.
+
+Every count (replayed, admitted, evicted) is a mask inside a fixed-size batch, never a shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.replay.buffer import ReplayState
+from grpo_jax.types import Rollout
+
+# How replayed rows enter the loss (w = behaviour weight, rho = trust-region ratio):
+#   decoupled  w = pi_prox / mu (capped), rho = pi_theta / pi_prox   POPO; Hilton et al. 2110.00641
+#   pi_old     w = 1,                     rho = pi_theta / pi_prox   replay taken as on-policy
+#   align_mu   w = 1,                     rho = pi_theta / mu        coupled PPO around mu (the
+#                                                                    ratio of Yoo et al. and of
+#                                                                    Headroom-Drift)
+OBJECTIVES = ("decoupled", "pi_old", "align_mu")
+
+LogpFn = Callable[[Rollout], jax.Array]
+
+
+@flax.struct.dataclass
+class StepContext:
+  """What the step knows when it composes: this step's fresh groups and their statistics.
+
+  Attributes:
+    fresh: Rollout of [B, G, ...] arrays.
+    advantages_BxG: their advantages.
+    effective_B: which groups are effective (on the configured signal).
+    step: int32 policy step (the version these rollouts carry).
+    rng: key for the method's own sampling (e.g. Gumbel top-k priorities).
+  """
+
+  fresh: Rollout
+  advantages_BxG: jax.Array
+  effective_B: jax.Array
+  step: jax.Array
+  rng: jax.Array
+
+
+@flax.struct.dataclass
+class Composition:
+  """The update batch after replay.
+
+  Attributes:
+    rollout: Rollout of [N + R, ...] rows: the N fresh rows (or their replacements) first.
+    advantages_N: [N + R] advantages (stored ones frozen at insertion on replayed rows).
+    loss_mask_NxT: [N + R, T] which tokens count (False on empty or dropped rows).
+    replayed_N: bool [N + R], the row comes from the buffer.
+    prox_logp_NxT: optional [N + R, T] log pi_prox of replayed rows from the method's own pass
+      at the start-of-step parameters (None: the step runs the pass when the objective needs it).
+    selection: what ``after_update`` needs to know of this step's selection (per method).
+    metrics: float32 scalar diagnostics of the method.
+  """
+
+  rollout: Rollout
+  advantages_N: jax.Array
+  loss_mask_NxT: jax.Array
+  replayed_N: jax.Array
+  prox_logp_NxT: Optional[jax.Array]
+  selection: Any
+  metrics: dict
+
+
+def flat_rows(x: jax.Array) -> jax.Array:
+  """[B, G, ...] -> [B * G, ...] (group-major rows)."""
+  return x.reshape((-1,) + x.shape[2:])
+
+
+def fresh_composition(ctx: StepContext, mask_BxGxT: jax.Array | None = None,
+                      metrics: dict | None = None) -> Composition:
+  """The fresh batch as it is (optionally with another loss mask): no row replayed."""
+  mask = ctx.fresh.completion_mask_NxT if mask_BxGxT is None else mask_BxGxT
+  n = ctx.advantages_BxG.size
+  return Composition(rollout=jax.tree.map(flat_rows, ctx.fresh),
+                     advantages_N=flat_rows(ctx.advantages_BxG), loss_mask_NxT=flat_rows(mask),
+                     replayed_N=jnp.zeros((n,), bool), prox_logp_NxT=None, selection=None,
+                     metrics=metrics or {})
+
+
+def validate_objective(objective: str):
+  if objective not in OBJECTIVES:
+    raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class NoReplay:
+  """Plain on-policy training: the batch is the fresh rollouts, the buffer is never touched."""
+
+  objective: str = "decoupled"
+
+  def entry_size(self, group_size: int) -> int:
+    return group_size
+
+  def extra_rows(self, num_rows: int, group_size: int) -> int:
+    del num_rows, group_size
+    return 0
+
+  def replays(self, replay: ReplayState) -> bool:
+    del replay
+    return False
+
+  def evict(self, replay: ReplayState, step: jax.Array) -> ReplayState:
+    del step
+    return replay
+
+  def compose(self, ctx: StepContext, replay: ReplayState, logp_fn: LogpFn) -> Composition:
+    del replay, logp_fn
+    return fresh_composition(ctx)
+
+  def after_update(self, ctx: StepContext, replay: ReplayState,
+             comp: Composition) -> tuple[ReplayState, dict]:
+    del ctx, comp
+    return replay, {}

@@ -1,0 +1,160 @@
+"""POPO: group-prioritised off-policy optimisation on the on-device replay buffer.
+
+POPO (Mao, Qu, Wang, Zou, Ji; arXiv 2606.01281) keeps a small FIFO buffer of recent *effective*
+groups (success not constant within the group). Each step the slots of the ineffective fresh
+groups are filled, one by one, with the most recently stored effective groups, so the batch
+shape never changes and no extra rollouts are drawn; this step's effective groups are inserted
+only after selection, so a group is never replayed in the step that produced it. Replayed
+groups keep the advantages and behaviour log-probs frozen at insertion; the loss is the
+decoupled objective (behaviour weight pi_prox / mu, trust region on pi_theta / pi_prox; see
+losses.py). The paper publishes no equations or code: the open choices (capacity, one-shot or
+repeated reuse, cap of the weight) are config fields (METHODS.md section 1, [R]).
+
+Variants, by config: GRPO-filter (``fill="drop"``: ineffective groups leave the loss, nothing
+refills them, and they leave its denominator too: see losses.aggregate), POPO-ineff
+(``insert="all"``: the buffer takes every group), POPO-stale(s)
+(``priority="staleness"``), POPO-KL (``priority="lowest_drift"`` with the drift of every stored
+group measured against the current policy each step), and two objectives for replayed rows
+besides the decoupled one (``objective``, see OBJECTIVES): POPO-pi_old ("pi_old": replayed rows
+are treated as if the current policy had sampled them: no behaviour weight, trust region around
+pi_prox) and "align_mu" (the coupled objective: trust region around the behaviour policy,
+pi_prox := mu, the "fully aligning to the behaviour policy" the authors compare against).
+
+Everything is [B, G, ...] arrays and masks: the number of groups replayed is a count inside a
+fixed-shape batch, never a shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.replay import buffer
+from grpo_jax.replay.buffer import ReplayState
+from grpo_jax.replay.method import (Composition, LogpFn, StepContext, flat_rows,
+                                    fresh_composition, validate_objective)
+
+FILL_MODES = ("replay", "drop")
+INSERT_MODES = ("effective", "all")
+
+
+@dataclasses.dataclass(frozen=True)
+class PopoConfig:
+  """POPO and its ablations, as a replay method of the train step (see replay/method.py).
+
+  Attributes:
+    fill: "replay" (POPO: ineffective slots take stored groups) or "drop" (GRPO-filter:
+      ineffective groups are masked out of the loss; no buffer is needed).
+    insert: which fresh groups enter the buffer: "effective" (POPO) or "all" (POPO-ineff).
+    priority: buffer.select priority ("recency" for POPO).
+    staleness: for priority "staleness": replay groups about this many steps old.
+    slots: static maximum of groups replayed per step (0 = B, every slot may be refilled).
+    max_uses: an entry is dropped after this many replays (1 = one-shot; 0 = no limit).
+    max_age: entries older than this many steps (step - version stamp) are never replayed
+      (0 = no limit).
+    objective: how replayed rows enter the loss, one of method.OBJECTIVES.
+  """
+
+  fill: str = "replay"
+  insert: str = "effective"
+  priority: str = "recency"
+  staleness: int = 0
+  slots: int = 0
+  max_uses: int = 0
+  max_age: int = 0
+  objective: str = "decoupled"
+
+  def __post_init__(self):
+    if self.fill not in FILL_MODES:
+      raise ValueError(f"fill must be one of {FILL_MODES}, got {self.fill!r}")
+    if self.insert not in INSERT_MODES:
+      raise ValueError(f"insert must be one of {INSERT_MODES}, got {self.insert!r}")
+    if self.priority not in buffer.PRIORITIES:
+      raise ValueError(f"priority must be one of {buffer.PRIORITIES}, got {self.priority!r}")
+    validate_objective(self.objective)
+    if self.priority == "proportional":
+      # select() needs a per-entry score and a key for it; whole-group POPO has neither.
+      raise ValueError("priority 'proportional' needs per-entry scores, which whole-group "
+                       "replay does not define; use recency, staleness or lowest_drift")
+    for name in ("staleness", "slots", "max_uses", "max_age"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+  def entry_size(self, group_size: int) -> int:
+    return group_size
+
+  def extra_rows(self, num_rows: int, group_size: int) -> int:
+    del num_rows, group_size
+    return 0  # refills happen in place: the batch shape never changes
+
+  def replays(self, replay: ReplayState) -> bool:
+    return self.fill == "replay" and replay.capacity > 0
+
+  def evict(self, replay: ReplayState, step: jax.Array) -> ReplayState:
+    """Age and use-count eviction before selection."""
+    return buffer.evict(replay, step, max_age=self.max_age or None,
+                        max_uses=self.max_uses or None)
+
+  def compose(self, ctx: StepContext, replay: ReplayState, logp_fn: LogpFn) -> Composition:
+    """Fills the ineffective slots of the fresh batch from the buffer (or drops them).
+
+    Slot b, the r-th ineffective one in batch order, takes the r-th selected entry while
+    selected entries last. POPO-KL measures every stored group's drift under the current
+    policy first (one teacher-forced pass over the buffer).
+    """
+    fresh, effective_B = ctx.fresh, ctx.effective_B
+    b = effective_B.shape[0]
+    if self.fill == "drop":
+      return fresh_composition(ctx, fresh.completion_mask_NxT & effective_B[:, None, None])
+    if not self.replays(replay):
+      return fresh_composition(ctx)
+    k = self.slots or b
+    if self.priority == "lowest_drift":
+      replay = replay.replace(drift_C=stored_drift(replay, logp_fn))
+    indices_K, ok_K = buffer.select(replay, k, self.priority, step=ctx.step,
+                                    staleness=self.staleness)
+    # Valid selections come first (top-k order), so "r < number valid" is the test.
+    rank_B = jnp.cumsum((~effective_B).astype(jnp.int32)) - 1
+    replayed_B = ~effective_B & (rank_B < jnp.sum(ok_K.astype(jnp.int32)))
+    source_B = indices_K[jnp.clip(rank_B, 0, k - 1)]
+    stored = jax.tree.map(lambda x: x[source_B], replay.rollouts)
+
+    def pick(fresh_x, stored_x):
+      cond = replayed_B.reshape((b,) + (1,) * (fresh_x.ndim - 1))
+      return jnp.where(cond, stored_x, fresh_x)
+
+    rollout = jax.tree.map(pick, fresh, stored)
+    used_K = ok_K & (jnp.arange(k) < jnp.sum(replayed_B.astype(jnp.int32)))
+    g = fresh.completion_ids_NxT.shape[1]
+    return Composition(
+        rollout=jax.tree.map(flat_rows, rollout),
+        advantages_N=flat_rows(pick(ctx.advantages_BxG, replay.advantages_CxE[source_B])),
+        loss_mask_NxT=flat_rows(pick(fresh.completion_mask_NxT, stored.completion_mask_NxT)),
+        replayed_N=jnp.repeat(replayed_B, g), prox_logp_NxT=None,
+        selection=(indices_K, used_K),
+        metrics={"replay_slots_filled": jnp.sum(replayed_B.astype(jnp.float32))})
+
+  def after_update(self, ctx: StepContext, replay: ReplayState,
+             comp: Composition) -> tuple[ReplayState, dict]:
+    """After the update: count the uses, then store this step's effective groups (or all)."""
+    if not self.replays(replay):
+      return replay, {}
+    replay = buffer.mark_used(replay, *comp.selection)
+    keep = ctx.effective_B if self.insert == "effective" else jnp.ones_like(ctx.effective_B)
+    return buffer.insert(replay, ctx.fresh, ctx.advantages_BxG, keep, ctx.step), {}
+
+
+def stored_drift(replay: ReplayState, logp_fn: LogpFn) -> jax.Array:
+  """Drift [C] of every stored entry under the current policy (POPO-KL's priority).
+
+  D = mean over the entry's tokens of (log pi_theta - log mu)^2 (as Headroom-Drift,
+  arXiv 2609.03941, measures compatibility).
+  """
+  rows = jax.tree.map(flat_rows, replay.rollouts)
+  sq = jnp.square(logp_fn(rows) - rows.behaviour_logp_NxT)
+  mask = rows.completion_mask_NxT.astype(jnp.float32)
+  c = replay.capacity
+  per_entry = jnp.sum((sq * mask).reshape(c, -1), axis=1)
+  return per_entry / jnp.maximum(jnp.sum(mask.reshape(c, -1), axis=1), 1.0)

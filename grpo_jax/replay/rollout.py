@@ -1,0 +1,153 @@
+"""Rollout-level advantage-prioritised replay (Yoo, Park, Jang, Kim, Yoon; arXiv 2606.04560).
+
+The buffer holds single rollouts (entry size E = 1): prompt, completion, behaviour log-probs,
+the advantage frozen at insertion and a version stamp. Per step:
+
+1. **Age eviction**: an entry more than ``tau_max`` train steps old (step - version) is never
+   replayed again.
+2. **Fresh-anchored composition**: the update batch is all N fresh rollouts followed by
+   R = round(rho * N) replay rows, a fixed, larger shape; rows stay masked when the buffer holds
+   fewer live entries, and during the first ``warmup_steps`` steps nothing is replayed.
+3. **Priority** P(i) = (|A_i| + eps)^alpha / sum_j (|A_j| + eps)^alpha over live entries,
+   drawn without replacement by Gumbel top-k on the device (no PER importance weights, as the
+   paper's defaults [S]).
+4. After the update this step's rollouts are inserted (never replayed in the step that made
+   them).
+
+Defaults (METHODS.md section 2, from a third-party implementation that claims the paper's
+Table 7 [S]): tau_max 10, rho 0.5, alpha 0.5, eps 1e-6, warm-up 20 steps. Replayed rows keep
+their frozen advantage; the objective defaults to "align_mu", the paper's ratio pi_theta /
+mu_birth with no further correction (the clip then bounds how far a replayed token's ratio may
+move from its behaviour policy, up to tau_max steps old). "decoupled" (POPO's objective) is
+available and costs one no-grad pass over the larger batch.
+
+Choices the paper leaves open, as config fields: ``insert`` ("nonzero": only rollouts with
+|A| > 0 are stored, since a zero advantage carries no gradient and the priority would draw it
+~1000x less often anyway; "all" stores every rollout) and ``max_uses`` (0 = an entry may be
+drawn again in later steps while it is young enough).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.replay import buffer
+from grpo_jax.replay.buffer import ReplayState
+from grpo_jax.replay.method import (Composition, LogpFn, StepContext, flat_rows,
+                                    validate_objective)
+
+INSERT_MODES = ("nonzero", "all")
+
+
+def priorities(advantages_C: jax.Array, valid_C: jax.Array, alpha: float = 0.5,
+               eps: float = 1e-6) -> jax.Array:
+  """Sampling probabilities [C] float32: (|A| + eps)^alpha normalised over valid entries.
+
+  Zero for invalid entries; the valid ones sum to 1 (all zeros when none is valid).
+  Reference: Yoo et al., arXiv 2606.04560 (priority by advantage magnitude).
+  """
+  p = jnp.power(jnp.abs(advantages_C.astype(jnp.float32)) + eps, alpha)
+  p = jnp.where(valid_C, p, 0.0)
+  return p / jnp.maximum(jnp.sum(p), jnp.finfo(jnp.float32).tiny)
+
+
+def priority_entropy(p_C: jax.Array) -> jax.Array:
+  """-sum p log p over the entries with p > 0 (nats): log(live entries) when uniform."""
+  return -jnp.sum(jnp.where(p_C > 0, p_C * jnp.log(jnp.maximum(p_C, 1e-30)), 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutReplayConfig:
+  """Rollout-level prioritised replay as a replay method of the train step.
+
+  Attributes:
+    tau_max: entries more than this many train steps old are never replayed.
+    rho: replay rows per fresh row; R = round(rho * N) is static.
+    alpha: priority exponent.
+    eps: added to |A| before the exponent.
+    warmup_steps: no replay before this train step.
+    insert: which fresh rollouts are stored: "nonzero" (|A| > 0) or "all".
+    max_uses: an entry is dropped after this many replays (0 = no limit).
+    objective: how replayed rows enter the loss (method.OBJECTIVES); "align_mu" as the paper.
+  """
+
+  tau_max: int = 10
+  rho: float = 0.5
+  alpha: float = 0.5
+  eps: float = 1e-6
+  warmup_steps: int = 20
+  insert: str = "nonzero"
+  max_uses: int = 0
+  objective: str = "align_mu"
+
+  def __post_init__(self):
+    validate_objective(self.objective)
+    if self.insert not in INSERT_MODES:
+      raise ValueError(f"insert must be one of {INSERT_MODES}, got {self.insert!r}")
+    if self.tau_max < 1:
+      raise ValueError(f"tau_max must be >= 1 (train steps), got {self.tau_max}")
+    if not 0.0 < self.rho <= 4.0:
+      raise ValueError(f"rho must be in (0, 4], got {self.rho}")
+    if self.alpha < 0 or self.eps <= 0:
+      raise ValueError(f"alpha must be >= 0 and eps > 0, got {self.alpha}, {self.eps}")
+    if self.warmup_steps < 0 or self.max_uses < 0:
+      raise ValueError("warmup_steps and max_uses must be >= 0")
+
+  def entry_size(self, group_size: int) -> int:
+    del group_size
+    return 1
+
+  def extra_rows(self, num_rows: int, group_size: int) -> int:
+    del group_size
+    return max(1, round(self.rho * num_rows))
+
+  def replays(self, replay: ReplayState) -> bool:
+    return replay.capacity > 0
+
+  def evict(self, replay: ReplayState, step: jax.Array) -> ReplayState:
+    """Age eviction on the version stamps (and the use limit when one is set)."""
+    return buffer.evict(replay, step, max_age=self.tau_max, max_uses=self.max_uses or None)
+
+  def compose(self, ctx: StepContext, replay: ReplayState, logp_fn: LogpFn) -> Composition:
+    """All N fresh rows, then R rows drawn by priority without replacement (masked if absent)."""
+    del logp_fn
+    fresh_rows = jax.tree.map(flat_rows, ctx.fresh)
+    n = fresh_rows.num_rows
+    r = self.extra_rows(n, ctx.fresh.completion_ids_NxT.shape[1])
+    live_C = replay.valid_C & (ctx.step >= self.warmup_steps)
+    p_C = priorities(replay.advantages_CxE[:, 0], live_C, self.alpha, self.eps)
+    if replay.capacity:
+      indices_R, ok_R = buffer.select(replay.replace(valid_C=live_C), r, "proportional",
+                                      score_C=p_C, rng=ctx.rng)
+    else:
+      indices_R, ok_R = jnp.zeros((r,), jnp.int32), jnp.zeros((r,), bool)
+    stored = jax.tree.map(lambda x: x[indices_R, 0] if x.shape[0] else
+                          jnp.zeros((r,) + x.shape[2:], x.dtype), replay.rollouts)
+    stored_adv = (replay.advantages_CxE[indices_R, 0] if replay.capacity
+                  else jnp.zeros((r,), jnp.float32))
+    rows = jax.tree.map(lambda f, s: jnp.concatenate([f, s.astype(f.dtype)]), fresh_rows, stored)
+    mask = jnp.concatenate([fresh_rows.completion_mask_NxT,
+                            stored.completion_mask_NxT & ok_R[:, None]])
+    return Composition(
+        rollout=rows,
+        advantages_N=jnp.concatenate([flat_rows(ctx.advantages_BxG),
+                                      jnp.where(ok_R, stored_adv, 0.0)]),
+        loss_mask_NxT=mask, replayed_N=jnp.concatenate([jnp.zeros((n,), bool), ok_R]),
+        prox_logp_NxT=None, selection=(indices_R, ok_R),
+        metrics={"replay_priority_entropy": priority_entropy(p_C),
+                 "replay_live_entries": jnp.sum(live_C.astype(jnp.float32))})
+
+  def after_update(self, ctx: StepContext, replay: ReplayState,
+             comp: Composition) -> tuple[ReplayState, dict]:
+    """After the update: count uses, then store this step's rollouts one entry each."""
+    if not self.replays(replay):
+      return replay, {}
+    replay = buffer.mark_used(replay, *comp.selection)
+    rows = jax.tree.map(lambda x: flat_rows(x)[:, None], ctx.fresh)  # [N, 1, ...]
+    adv_N = flat_rows(ctx.advantages_BxG)
+    keep_N = jnp.abs(adv_N) > 0 if self.insert == "nonzero" else jnp.ones_like(adv_N, bool)
+    replay = buffer.insert(replay, rows, adv_N[:, None], keep_N, ctx.step)
+    return replay, {"replay_inserted": jnp.sum(keep_N.astype(jnp.float32))}
