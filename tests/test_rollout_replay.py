@@ -1,0 +1,187 @@
+"""Rollout-level prioritised replay: priorities by hand, the fresh-anchored composition, age
+eviction and warm-up against a Python model (hypothesis), and the loss in the train step."""
+
+import functools
+
+import chex
+import hypothesis
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from hypothesis import strategies as st
+
+from grpo_jax import losses, replay as replay_lib, step as step_lib
+from grpo_jax.logprobs import completion_logprobs
+from grpo_jax.replay import method as method_lib
+from grpo_jax.replay import rollout as rollout_lib
+from grpo_jax.types import Rollout
+from tests.test_step import B, G, P, SHIFT_N, T, _copy, _rollout
+
+
+def test_priorities_by_hand():
+  # |A| + 1e-6 to the power 0.5: 1.000001^.5 = 1.0000005, 0.250001^.5 = 0.5000010,
+  # 0.000001^.5 = 0.001; the fourth entry is invalid. Sum 1.5010015 ->
+  # 0.6662222, 0.3331118, 0.0006662, 0.
+  p = rollout_lib.priorities(jnp.asarray([1.0, -0.25, 0.0, 2.0]),
+                             jnp.asarray([True, True, True, False]), 0.5, 1e-6)
+  np.testing.assert_allclose(p, [0.6662222, 0.3331118, 0.0006662, 0.0], rtol=2e-5, atol=1e-7)
+  assert float(jnp.sum(p)) == pytest.approx(1.0, abs=1e-6)
+  # alpha = 0: uniform over the valid entries; entropy log 3.
+  u = rollout_lib.priorities(jnp.asarray([1.0, -0.25, 0.0, 2.0]),
+                             jnp.asarray([True, True, True, False]), 0.0, 1e-6)
+  np.testing.assert_allclose(u, [1 / 3, 1 / 3, 1 / 3, 0.0], rtol=1e-6)
+  assert float(rollout_lib.priority_entropy(u)) == pytest.approx(np.log(3), rel=1e-6)
+  # No valid entry: all zeros, not NaN.
+  z = rollout_lib.priorities(jnp.ones(3), jnp.zeros(3, bool))
+  np.testing.assert_array_equal(z, 0.0)
+
+
+BR, GR, PR, TR = 2, 2, 2, 2  # tiny shapes for the pure tests: N = 4 fresh rows, R = 2
+
+
+def _fresh(step, adv_N):
+  """B groups of G rollouts; prompt_id 100 * step + row; completion mask True iff row even."""
+  ids = 100 * step + np.arange(BR * GR)
+  shape = lambda *s: (BR, GR) + s
+  grid = lambda v: jnp.asarray(np.asarray(v).reshape(BR, GR))
+  return Rollout(
+      prompt_ids_NxP=jnp.broadcast_to(grid(ids)[..., None], shape(PR)).astype(jnp.int32),
+      prompt_mask_NxP=jnp.ones(shape(PR), bool),
+      completion_ids_NxT=jnp.broadcast_to(grid(ids)[..., None], shape(TR)).astype(jnp.int32),
+      completion_mask_NxT=jnp.ones(shape(TR), bool),
+      behaviour_logp_NxT=jnp.zeros(shape(TR)), scores_N=jnp.zeros(shape()),
+      success_N=jnp.zeros(shape(), bool), prompt_id_N=grid(ids).astype(jnp.int32),
+      version_N=jnp.full(shape(), step, jnp.int32)), grid(adv_N).astype(jnp.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _ops(cfg):
+  def run(replay, fresh, adv, step, key):
+    ctx = method_lib.StepContext(fresh=fresh, advantages_BxG=adv,
+                                 effective_B=jnp.ones((BR,), bool), step=step, rng=key)
+    replay = cfg.evict(replay, step)
+    comp = cfg.compose(ctx, replay, None)
+    replay, metrics = cfg.after_update(ctx, replay, comp)
+    return comp, replay, metrics
+  return jax.jit(run)
+
+
+@hypothesis.settings(max_examples=30, deadline=None)
+@hypothesis.given(
+    advs=st.lists(st.lists(st.sampled_from([0.0, 0.5, -1.0, 2.0]), min_size=4, max_size=4),
+                  min_size=1, max_size=8),
+    tau_max=st.sampled_from([1, 2, 3]), warmup=st.sampled_from([0, 2]),
+    capacity=st.sampled_from([2, 5, 9]), insert=st.sampled_from(rollout_lib.INSERT_MODES))
+def test_composition_ages_and_warmup_against_a_python_model(advs, tau_max, warmup, capacity,
+                                                             insert):
+  """Every replayed row is a live stored rollout (not evicted by the ring, not older than
+  tau_max, inserted in an earlier step), with its frozen advantage; no replay before warm-up;
+  no entry twice in one batch; as many rows as there are live entries, up to R = 2."""
+  cfg = rollout_lib.RolloutReplayConfig(tau_max=tau_max, rho=0.5, warmup_steps=warmup,
+                                        insert=insert)
+  run = _ops(cfg)
+  replay = replay_lib.init_replay(capacity, 1, PR, TR)
+  stored = []  # (id, version, adv) in insertion order
+  for step, adv in enumerate(advs):
+    fresh, adv_BxG = _fresh(step, adv)
+    comp, replay, m = run(replay, fresh, adv_BxG, jnp.int32(step), jax.random.key(step))
+    n = BR * GR
+    assert comp.rollout.num_rows == n + 2
+    ids = np.asarray(comp.rollout.prompt_id_N)
+    assert ids[:n].tolist() == list(range(100 * step, 100 * step + n))  # fresh first
+    live = {sid: (v, a) for sid, v, a in stored[-capacity:] if step - v <= tau_max}
+    replayed = [int(i) for i, r in zip(ids[n:], np.asarray(comp.replayed_N[n:])) if r]
+    if step < warmup:
+      assert replayed == []
+    else:
+      assert len(replayed) == min(2, len(live)) and len(set(replayed)) == len(replayed)
+      for i, a in zip(ids[n:], np.asarray(comp.advantages_N[n:])):
+        if int(i) in replayed:
+          assert a == live[int(i)][1]
+    np.testing.assert_array_equal(np.asarray(comp.loss_mask_NxT[n:]).any(-1),
+                                  np.asarray(comp.replayed_N[n:]))
+    assert float(m["replay_inserted"]) == sum(1 for a in adv if insert == "all" or a != 0)
+    stored += [(100 * step + j, step, a) for j, a in enumerate(adv) if insert == "all" or a != 0]
+
+
+def test_high_priority_entries_are_drawn_more_often():
+  """Two live entries with |A| = 4 and |A| = 0.01 (alpha 1): P = 0.9975 / 0.0025 for R = 1
+  draw; over 200 keys the first is drawn ~200 times (a wrong sign or no priority: ~100)."""
+  cfg = rollout_lib.RolloutReplayConfig(tau_max=5, rho=0.25, alpha=1.0, warmup_steps=0)
+  replay = replay_lib.init_replay(4, 1, PR, TR)
+  fresh, adv = _fresh(0, [4.0, 0.01, 0.0, 0.0])
+  rows = jax.tree.map(lambda x: x.reshape((-1, 1) + x.shape[2:]), fresh)
+  replay = replay_lib.insert(replay, rows, adv.reshape(-1, 1), jnp.asarray([1, 1, 0, 0], bool), 0)
+  fresh1, adv1 = _fresh(1, [0.0] * 4)
+  ctx = lambda k: method_lib.StepContext(fresh=fresh1, advantages_BxG=adv1,
+                                         effective_B=jnp.ones((BR,), bool), step=jnp.int32(1),
+                                         rng=jax.random.key(k))
+  compose = jax.jit(lambda k: cfg.compose(ctx(k), replay, None).rollout.prompt_id_N[-1])
+  firsts = sum(int(compose(k)) == 0 for k in range(200))
+  assert firsts >= 190
+
+
+@pytest.fixture(scope="module")
+def split(tiny_qwen3):
+  return nnx.split(tiny_qwen3)
+
+
+def test_train_step_loss_on_the_fresh_anchored_batch(split, tiny_qwen3):
+  """N = 8 fresh rows plus R = 4 replayed rollouts (frozen advantages 0.7, -0.4, 0.9, -1.1 after
+  priority order) whose log mu is 0.2 below the policy's (align_mu: rho = e^0.2 = 1.2214, so
+  the clip at 1.2 acts on positive advantages): the step's loss equals policy_loss on the
+  12-row batch composed by hand, and the step compiles once over several steps."""
+  graphdef, params = split
+  old = _rollout(split, [1, 0, 0, 1, 0, 1, 0, 0], seed=9)
+  rollout = _rollout(split, [1, 0, 0, 1, 0, 1, 0, 0], shift=SHIFT_N)
+  stored_adv = jnp.asarray([0.7, -0.4, 0.9, -1.1, 0, 0, 0, 0])
+  replay = replay_lib.init_replay(16, 1, P, T)
+  rows = jax.tree.map(lambda x: x[:, None], old)
+  rows = rows.replace(behaviour_logp_NxT=rows.behaviour_logp_NxT - 0.2 * rows.completion_mask_NxT)
+  replay = replay_lib.insert(replay, rows, stored_adv[:, None], stored_adv != 0, 0)
+  cfg = rollout_lib.RolloutReplayConfig(tau_max=10, rho=0.5, warmup_steps=0)
+  tx = optax.sgd(0.0)
+  config = step_lib.StepConfig(group_size=G, replay=cfg)
+
+  @chex.assert_max_traces(n=1)
+  def traced(*args):
+    return step_lib.train_step(graphdef, tx, config, *args)
+
+  fn = jax.jit(traced)
+  state = step_lib.init_train_state(_copy(params), tx)
+  _, new_replay, m = fn(state, replay, rollout, None, jax.random.key(0))
+  assert float(m["replay_rows"]) == 4.0
+  # All four stored rollouts are replayed (R = 4 = live entries), in some priority order; the
+  # loss is a sum over rows, so the order does not matter for seq-mean-token-mean.
+  cat = lambda a, b: jnp.concatenate([a, b[:4]])
+  ids = cat(rollout.completion_ids_NxT, old.completion_ids_NxT)
+  prompts = cat(rollout.prompt_ids_NxP, old.prompt_ids_NxP)
+  pmask = cat(rollout.prompt_mask_NxP, old.prompt_mask_NxP)
+  cmask = cat(rollout.completion_mask_NxT, old.completion_mask_NxT)
+  mu = cat(rollout.behaviour_logp_NxT, old.behaviour_logp_NxT - 0.2 * old.completion_mask_NxT)
+  # MIXED advantages (unbiased std), see tests/test_step.py.
+  from tests.test_step import MIXED_ADV  # pylint: disable=g-import-not-at-top
+  adv = jnp.concatenate([jnp.asarray(MIXED_ADV), stored_adv[:4]])
+  logp = completion_logprobs(tiny_qwen3, prompts, pmask, ids)
+  expected, _ = losses.policy_loss(logp, mu, mu, adv, cmask, losses.LossConfig())
+  assert float(m["loss"]) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
+  # The fresh rows with non-zero advantage were inserted after the update (all 8 here).
+  assert int(new_replay.num_inserted) == 4 + 8
+  for seed in (1, 2):  # later steps: same trace
+    state, replay, m = fn(state, new_replay, _rollout(split, [1, 0, 0, 1, 1, 1, 0, 0], seed),
+                          None, jax.random.key(seed))
+    new_replay = replay
+  assert float(m["replay_age_max"]) <= 10
+
+
+def test_config_validation():
+  with pytest.raises(ValueError, match="tau_max"):
+    rollout_lib.RolloutReplayConfig(tau_max=0)
+  with pytest.raises(ValueError, match="objective"):
+    rollout_lib.RolloutReplayConfig(objective="coupled")
+  with pytest.raises(ValueError, match="insert"):
+    rollout_lib.RolloutReplayConfig(insert="effective")
+  assert rollout_lib.RolloutReplayConfig(rho=0.5).extra_rows(256, 8) == 128
