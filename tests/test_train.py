@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import dapo, drgrpo, grpo, popo, rloo
+from configs import dapo, drgrpo, grpo, headroom, popo, rloo, rollout_replay
 from grpo_jax import checkpoint as checkpoint_lib
 from grpo_jax import configuration, metrics, train
 
@@ -35,16 +35,20 @@ def _final_state(workdir):
   return ck.manager.restore(ck.latest_step()).state
 
 
-@pytest.mark.parametrize("module", [popo])
+@pytest.mark.parametrize("module", [popo, rollout_replay, headroom])
 def test_resume_gives_exactly_the_uninterrupted_run(tmp_path, module):
   """N steps + resume + N steps == 2N steps: parameters, optimiser state, the replay buffer.
 
-  POPO only: its step is GRPO's plus the buffer, and the GRPO loop runs end to end in the CLI
-  smoke test, so a GRPO copy of these three runs would add time and no coverage.
+  The replay methods only: their steps are GRPO's plus the buffer, and the GRPO loop runs end
+  to end in the CLI smoke test, so a GRPO copy of these three runs would add time and no
+  coverage. Advantages and effectiveness on the score (0 / 0.1 / 1), so that the tiny smoke
+  batches do have mixed groups to store; rollout replay starts replaying at step 1.
   """
 
   def config(total):
     c = module.get_config("smoke")
+    c.rl.reward_signal = c.rl.effective_signal = "score"
+    c.replay.warmup_steps = 1
     c.total_steps = total
     c.eval.every = 100  # evaluations never change the trajectory; keep them out of the way
     c.checkpoint.every = 2
@@ -55,7 +59,8 @@ def test_resume_gives_exactly_the_uninterrupted_run(tmp_path, module):
   train.train_and_evaluate(config(2), resumed)   # "killed" after 2 steps...
   train.train_and_evaluate(config(4), resumed)   # ...and started again with the same command
   a, b = _final_state(straight), _final_state(resumed)
-  assert ("replay" in a) == (module is popo)
+  assert "replay" in a
+  assert int(np.asarray(a["replay"]["num_inserted"])) > 0  # the buffer really was used
   leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
   assert len(leaves_a) == len(leaves_b) > 0
   for x, y in zip(leaves_a, leaves_b):
@@ -66,16 +71,18 @@ def test_resume_gives_exactly_the_uninterrupted_run(tmp_path, module):
   assert ra == rb == [4, 8, 12, 16]
 
 
-@pytest.mark.parametrize("module", [grpo, drgrpo, rloo, dapo, popo])
+@pytest.mark.parametrize("module", [grpo, drgrpo, rloo, dapo, popo, rollout_replay, headroom])
 def test_every_config_validates(module):
   configuration.validate(module.get_config())
   configuration.validate(module.get_config("smoke"))
 
 
-@pytest.mark.parametrize("preset", ["kl", "filter", "ineff", "stale=10", "pi_old", "align_mu",
-                                    "kl,smoke"])
-def test_popo_presets_validate(preset):
-  configuration.validate(popo.get_config(preset))
+@pytest.mark.parametrize("module,preset", [
+    (popo, p) for p in ("kl", "filter", "ineff", "stale=10", "pi_old", "align_mu", "kl,smoke")] +
+    [(headroom, p) for p in ("headroom_only", "drift_only", "decoupled")] +
+    [(rollout_replay, "decoupled")])
+def test_method_presets_validate(module, preset):
+  configuration.validate(module.get_config(preset))
 
 
 @pytest.mark.parametrize("field,value,message", [

@@ -1,0 +1,211 @@
+"""Headroom-Drift replay: headroom and drift by hand, the admission walk against a Python model
+(hypothesis: no group with D > tau is ever used), the ablations, and the train step."""
+
+import functools
+
+import chex
+import hypothesis
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from hypothesis import strategies as st
+
+from grpo_jax import losses, replay as replay_lib, step as step_lib
+from grpo_jax.logprobs import completion_logprobs
+from grpo_jax.replay import headroom as headroom_lib
+from grpo_jax.replay import method as method_lib
+from grpo_jax.types import Rollout
+from tests.test_step import B, G, MIXED_ADV, P, SHIFT_N, T, _copy, _rollout
+
+
+def test_group_headroom_by_hand():
+  # Row 0 (A > 0): 1 - 0.5 = 0.5 and 1 - 0.8 = 0.2; row 1 (A < 0): 0.1, its second token
+  # masked; row 2 (A = 0): two tokens of headroom 0 that still count. Mean (0.5+0.2+0.1) / 5.
+  logp = jnp.log(jnp.asarray([[0.5, 0.8], [0.1, 0.6], [0.3, 0.3]]))
+  mask = jnp.asarray([[1, 1], [1, 0], [1, 1]], bool)
+  h = headroom_lib.group_headroom(logp, jnp.asarray([1.5, -0.2, 0.0]), mask)
+  assert float(h) == pytest.approx(0.8 / 5, rel=1e-6)
+  # Sign only: scaling the advantages changes nothing.
+  h2 = headroom_lib.group_headroom(logp, jnp.asarray([10.0, -3.0, 0.0]), mask)
+  assert float(h2) == float(h)
+
+
+def test_group_drift_by_hand():
+  # Differences +0.1, -0.1 (masked: 5.0), -0.2 -> squares 0.01, 0.01, 0.04 over 3 tokens = 0.02;
+  # the +-0.1 do not cancel.
+  pol = jnp.asarray([[0.0, -1.0], [-2.0, 0.0]])
+  gen = jnp.asarray([[-0.1, -0.9], [-1.8, -5.0]])
+  mask = jnp.asarray([[1, 1], [1, 0]], bool)
+  assert float(headroom_lib.group_drift(pol, gen, mask)) == pytest.approx(0.02, rel=1e-5)
+
+
+BH, GH, PH, TH = 2, 2, 2, 2
+CAP = 6
+
+
+def _group_rows(ids, adv_sign):
+  """A [len(ids), G, ...] Rollout whose prompt_id is the group id; log mu = -1 everywhere."""
+  k = len(ids)
+  shape = lambda *s: (k, GH) + s
+  ids = jnp.asarray(ids, jnp.int32)
+  return Rollout(
+      prompt_ids_NxP=jnp.broadcast_to(ids[:, None, None], shape(PH)),
+      prompt_mask_NxP=jnp.ones(shape(PH), bool),
+      completion_ids_NxT=jnp.broadcast_to(ids[:, None, None], shape(TH)),
+      completion_mask_NxT=jnp.ones(shape(TH), bool),
+      behaviour_logp_NxT=jnp.full(shape(TH), -1.0), scores_N=jnp.zeros(shape()),
+      success_N=jnp.zeros(shape(), bool), prompt_id_N=jnp.broadcast_to(ids[:, None], shape()),
+      version_N=jnp.zeros(shape(), jnp.int32)), jnp.broadcast_to(
+          jnp.asarray(adv_sign, jnp.float32)[:, None] * jnp.asarray([1.0, -1.0]), (k, GH))
+
+
+def _fake_policy(shift_by_id):
+  """log pi = log mu + shift[id] on every token: group id's drift is shift[id]^2."""
+  shift = jnp.asarray(shift_by_id, jnp.float32)
+  def logp_fn(rows):
+    return rows.behaviour_logp_NxT + shift[rows.prompt_id_N][:, None]
+  return logp_fn
+
+
+@functools.lru_cache(maxsize=None)
+def _compose(cfg):
+  def run(replay, shifts, step):
+    fresh, adv = _group_rows([100, 101], [1.0, 1.0])
+    ctx = method_lib.StepContext(fresh=fresh, advantages_BxG=adv, effective_B=jnp.zeros(BH, bool),
+                                 step=step, rng=jax.random.key(0))
+    comp = cfg.compose(ctx, cfg.evict(replay, step), _fake_policy(shifts))
+    replay, _ = cfg.after_update(ctx, replay, comp)
+    return comp, replay
+  return jax.jit(run)
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(
+    heads=st.lists(st.sampled_from([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]), min_size=CAP, max_size=CAP,
+                   unique=True),
+    shifts=st.lists(st.sampled_from([0.0, 0.01, 0.02, 0.05, 0.1]), min_size=CAP, max_size=CAP),
+    valid=st.lists(st.booleans(), min_size=CAP, max_size=CAP),
+    gate=st.booleans(), order=st.sampled_from(headroom_lib.ORDERS))
+def test_admission_walk_against_a_python_model(heads, shifts, valid, gate, order):
+  """tau = 1e-3, K_rep = 2, M = 4: candidates are the M live groups of highest cached headroom
+  (or the M oldest); admitted in that order while D = shift^2 <= tau (0.0, 0.01, 0.02 pass;
+  0.05^2 = 2.5e-3 and 0.1^2 = 1e-2 fail); never a group with D > tau when gated; the cache of
+  every live candidate is refreshed with its measured D."""
+  cfg = headroom_lib.HeadroomConfig(slots=2, candidates=4, tau=1e-3, gate=gate, order=order)
+  rows, adv = _group_rows(list(range(CAP)), [1.0] * CAP)
+  replay = replay_lib.init_replay(CAP, GH, PH, TH)
+  replay = replay_lib.insert(replay, rows, adv, jnp.ones(CAP, bool), 0,
+                             headroom_M=jnp.asarray(heads))
+  replay = replay.replace(valid_C=jnp.asarray(valid))
+  shift_by_id = np.zeros(102)
+  shift_by_id[:CAP] = shifts
+  comp, new = _compose(cfg)(replay, jnp.asarray(shift_by_id), jnp.int32(1))
+
+  live = [i for i in range(CAP) if valid[i]]
+  key = (lambda i: -heads[i]) if order == "headroom" else (lambda i: i)
+  candidates = sorted(live, key=key)[:4]
+  passes = [i for i in candidates if not gate or shifts[i] ** 2 <= 1e-3]
+  admitted = passes[:2]
+  n = BH * GH
+  got = [int(i) for i, r in zip(np.asarray(comp.rollout.prompt_id_N[n:]),
+                                np.asarray(comp.replayed_N[n:])) if r]
+  assert got == [i for i in admitted for _ in range(GH)]
+  if gate:
+    assert all(shifts[i] ** 2 <= 1e-3 for i in set(got))
+  assert float(comp.metrics["headroom_admitted"]) == len(admitted)
+  for i in candidates:
+    assert float(new.drift_C[i]) == pytest.approx(shifts[i] ** 2, abs=1e-7)
+  # Replayed rows' pi_prox is the candidate pass: log mu + shift.
+  for row, r in enumerate(np.asarray(comp.replayed_N[n:])):
+    if r:
+      i = int(comp.rollout.prompt_id_N[n + row])
+      np.testing.assert_allclose(comp.prox_logp_NxT[n + row], -1.0 + shifts[i], rtol=1e-6)
+
+
+def test_headroom_cache_refresh_and_insertion():
+  """The refreshed H of a candidate is its headroom under the pass: rows A = +1 / -1, pi =
+  e^(-1 + s); H = mean(1 - pi, pi) = 0.5. New mixed-outcome groups are stored after the
+  update with their headroom under pi_gen = e^-1: also 0.5; constant groups are not stored."""
+  cfg = headroom_lib.HeadroomConfig(slots=1, candidates=2, tau=1e-3)
+  rows, adv = _group_rows([0, 1], [1.0, 1.0])
+  replay = replay_lib.init_replay(4, GH, PH, TH)
+  replay = replay_lib.insert(replay, rows, adv, jnp.ones(2, bool), 0,
+                             headroom_M=jnp.asarray([0.9, 0.8]))
+  fresh, fadv = _group_rows([100, 101], [1.0, 1.0])
+  ctx = method_lib.StepContext(fresh=fresh, advantages_BxG=fadv,
+                               effective_B=jnp.asarray([True, False]), step=jnp.int32(1),
+                               rng=jax.random.key(0))
+  shifts = np.zeros(102)
+  shifts[:2] = [0.3, 0.0]
+  comp = cfg.compose(ctx, replay, _fake_policy(shifts))
+  new, _ = cfg.after_update(ctx, replay, comp)
+  p = np.exp(-0.7)
+  np.testing.assert_allclose(new.headroom_C[0], ((1 - p) + p) / 2, rtol=1e-6)
+  # Entry 0 (H 0.9) failed the gate (0.09 > 1e-3); entry 1 passed and was used once.
+  np.testing.assert_array_equal(new.use_count_C[:2], [0, 1])
+  assert int(new.num_inserted) == 3 and int(new.rollouts.prompt_id_N[2, 0]) == 100
+  np.testing.assert_allclose(new.headroom_C[2], 0.5, rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def split(tiny_qwen3):
+  return nnx.split(tiny_qwen3)
+
+
+@pytest.mark.parametrize("objective", ["align_mu", "decoupled"])
+def test_train_step_loss_with_admitted_groups(split, tiny_qwen3, objective):
+  """Both stored groups drift 0 under the policy that generated them (D = 0 <= tau): with
+  K_rep = 2 both are admitted as 8 extra rows. align_mu: ratio over pi_gen; decoupled: pi_prox
+  from the candidate pass (equal to pi_gen here up to float error) with weight 1. Either way
+  the loss equals policy_loss on the 16-row batch composed by hand; one trace over steps."""
+  graphdef, params = split
+  old = _rollout(split, [1, 0, 0, 1, 0, 1, 0, 0], seed=9)
+  rollout = _rollout(split, [1, 0, 0, 1, 0, 1, 0, 0], shift=SHIFT_N)
+  replay = replay_lib.init_replay(4, G, P, T)
+  old_bg = jax.tree.map(lambda x: x.reshape((B, G) + x.shape[1:]), old)
+  stored_adv = jnp.asarray([[0.5, -0.5, 0.25, -0.25], [1.0, -1.0, 0.0, 0.0]])
+  replay = replay_lib.insert(replay, old_bg, stored_adv, jnp.ones(B, bool), 0,
+                             headroom_M=jnp.asarray([0.3, 0.6]))
+  cfg = headroom_lib.HeadroomConfig(slots=2, candidates=2, tau=1e-3, objective=objective)
+  tx = optax.sgd(0.0)
+  chex.clear_trace_counter()  # one trace per parametrised config
+  config = step_lib.StepConfig(group_size=G, replay=cfg)
+
+  @chex.assert_max_traces(n=1)
+  def traced(*args):
+    return step_lib.train_step(graphdef, tx, config, *args)
+
+  fn = jax.jit(traced)
+  state = step_lib.init_train_state(_copy(params), tx)
+  _, new_replay, m = fn(state, replay, rollout, None, jax.random.key(0))
+  assert float(m["headroom_admitted"]) == 2.0 and float(m["replay_rows"]) == 8.0
+  # Headroom order: entry 1 (H 0.6) first, then entry 0.
+  order = jnp.asarray([4, 5, 6, 7, 0, 1, 2, 3])
+  cat = lambda a, b: jnp.concatenate([a, b[order]])
+  ids = cat(rollout.completion_ids_NxT, old.completion_ids_NxT)
+  prompts = cat(rollout.prompt_ids_NxP, old.prompt_ids_NxP)
+  pmask = cat(rollout.prompt_mask_NxP, old.prompt_mask_NxP)
+  cmask = cat(rollout.completion_mask_NxT, old.completion_mask_NxT)
+  mu = cat(rollout.behaviour_logp_NxT, old.behaviour_logp_NxT)
+  adv = jnp.concatenate([jnp.asarray(MIXED_ADV), stored_adv.reshape(-1)[order]])
+  logp = completion_logprobs(tiny_qwen3, prompts, pmask, ids)
+  prox = mu if objective == "align_mu" else jnp.concatenate([rollout.behaviour_logp_NxT,
+                                                             logp[B * G:]])
+  expected, _ = losses.policy_loss(logp, prox, mu, adv, cmask, losses.LossConfig())
+  assert float(m["loss"]) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
+  assert float(m["headroom_admitted_drift"]) < 1e-8
+  # Both fresh groups are mixed-outcome: appended after the update (2 + 2 entries).
+  assert int(new_replay.num_inserted) == 4
+  fn(state, new_replay, _rollout(split, [1, 1, 0, 0, 1, 0, 0, 0], seed=1), None,
+     jax.random.key(1))
+
+
+def test_config_validation():
+  with pytest.raises(ValueError, match="slots"):
+    headroom_lib.HeadroomConfig(slots=4, candidates=2)
+  with pytest.raises(ValueError, match="order"):
+    headroom_lib.HeadroomConfig(order="lifo")
+  assert headroom_lib.HeadroomConfig(slots=8).extra_rows(256, 8) == 64
