@@ -45,6 +45,25 @@ def group_metrics(success_NxK: np.ndarray, lengths_NxK: np.ndarray | None = None
   return out
 
 
+def aes(accuracy: float, mean_length: float, base_accuracy: float, base_mean_length: float,
+        alpha: float = 1.0, beta: float = 3.0, gamma: float = 5.0) -> float:
+  """Accuracy-Efficiency Score against a baseline run (O1-Pruner, arXiv 2501.12570, eq. 18).
+
+  dL = (L_base - L) / L_base (relative length reduction), dAcc = (Acc - Acc_base) / Acc_base;
+  AES = alpha dL + beta dAcc when dAcc >= 0, else alpha dL - gamma |dAcc|. Yoo et al.
+  (arXiv 2606.04560) report AES margins over GRPO; the constants are O1-Pruner's.
+
+  Raises:
+    ValueError: a baseline accuracy or length that is not positive.
+  """
+  if base_accuracy <= 0 or base_mean_length <= 0:
+    raise ValueError(f"AES needs a positive baseline accuracy and length, got "
+                     f"{base_accuracy}, {base_mean_length}")
+  d_len = (base_mean_length - mean_length) / base_mean_length
+  d_acc = (accuracy - base_accuracy) / base_accuracy
+  return alpha * d_len + (beta * d_acc if d_acc >= 0 else -gamma * abs(d_acc))
+
+
 @functools.lru_cache(maxsize=16)
 def cached_sampler(graphdef: nnx.GraphDef, config: sampler_lib.SamplingConfig):
   """One jitted sampler per (model structure, sampling config), reused across calls."""

@@ -42,3 +42,16 @@ def test_curve_wall_clock_and_table(tmp_path):
   # Step 2: seeds 0.5 and 0.75 -> mean 0.625, population std 0.125; wall mean (21 + 30) / 2.
   assert lines[3] == "| 2 | 16 | 0.500 0.750 / **0.625** ± 0.125 |"
   assert lines[4] == "| wall s at the end | | 21 30 / **26** |"
+
+
+def test_aes_row_against_the_grpo_seed_mean():
+  # GRPO seeds end at 0.4 and 0.2 (mean 0.3), lengths 10 and 10; the method's one seed ends at
+  # 0.36 with length 9: dL = 0.1, dAcc = 0.06 / 0.3 = 0.2 -> 0.1 + 0.6 = +0.700. GRPO's own
+  # seeds: 0 + 3 * (1/3) = +1.000 and 0 - 5 * (1/3) = -1.667; mean -0.333, std 1.333.
+  results = {"grpo": {0: [(0, 0, 0.25), (2, 16, 0.4)], 1: [(0, 0, 0.25), (2, 16, 0.2)]},
+             "x": {0: [(0, 0, 0.25), (2, 16, 0.36)]}}
+  lengths = {"grpo": [[8.0, 10.0], [8.0, 10.0]], "x": [[8.0, 9.0]]}
+  row = efficiency.aes_row(results, lengths)
+  assert row == ("| AES vs grpo (end) | | +1.000 -1.667 / **-0.333** ± 1.333 | "
+                 "+0.700 / **+0.700** ± 0.000 |")
+  assert efficiency.aes_row({"x": results["x"]}, lengths) is None

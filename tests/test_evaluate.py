@@ -139,3 +139,15 @@ def test_model_path_adds_generation_config_stop_tokens(monkeypatch, tmp_path, em
   evaluate_lib.evaluate(graphdef, params, tokenizer, AnswerTask(), [0], model_path=str(tmp_path),
                         **{**KW, "k": 1})
   assert calls[0][0] == (1, 7)
+
+
+def test_aes_by_hand():
+  from grpo_jax.evaluate import aes  # pylint: disable=g-import-not-at-top
+  # dL = (10 - 8) / 10 = 0.2, dAcc = (0.4 - 0.32) / 0.32 = 0.25 >= 0 -> 0.2 + 3 * 0.25 = 0.95.
+  assert aes(0.4, 8.0, 0.32, 10.0) == pytest.approx(0.95)
+  # dL = 0, dAcc = (0.3 - 0.4) / 0.4 = -0.25 -> 0 - 5 * 0.25 = -1.25 (the penalty is larger).
+  assert aes(0.3, 10.0, 0.4, 10.0) == pytest.approx(-1.25)
+  # Longer answers cost: dL = (10 - 12) / 10 = -0.2, dAcc = 0 -> -0.2.
+  assert aes(0.4, 12.0, 0.4, 10.0) == pytest.approx(-0.2)
+  with pytest.raises(ValueError, match="positive baseline"):
+    aes(0.4, 8.0, 0.0, 10.0)

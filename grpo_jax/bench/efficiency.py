@@ -19,6 +19,7 @@ import os
 import numpy as np
 from absl import app, flags
 
+from grpo_jax import evaluate as evaluate_lib
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import train
 
@@ -54,6 +55,28 @@ def wall_at_evals(workdir: str, k: int = 8) -> list[float]:
       seconds[r["step"]] = float(r.get("wall_s", r["completion_tokens"] /
                                        max(r["tokens_per_s"], 1e-9)))
   return [seconds.get(step, float("nan")) for step, _, _ in curve(workdir, k)]
+
+
+def lengths_at_evals(workdir: str, k: int = 8) -> list[float]:
+  """Held-out mean completion length at each evaluation of ``curve``."""
+  key = f"eval/mean_at_{k}"
+  return [r["eval/mean_length"] for r in metrics_lib.read_metrics(workdir) if key in r]
+
+
+def aes_row(results: dict, lengths: dict, base: str = "grpo") -> str | None:
+  """Markdown row: AES of every seed's final evaluation against the base method's seed mean
+  at the same step (so at the same rollout count), mean +- std over seeds."""
+  if base not in results:
+    return None
+  base_acc = np.mean([c[-1][2] for c in results[base].values()])
+  base_len = np.mean([ls[-1] for ls in lengths[base]])
+  cells = []
+  for m in results:
+    vals = [evaluate_lib.aes(c[-1][2], ls[-1], base_acc, base_len)
+            for c, ls in zip(results[m].values(), lengths[m])]
+    cells.append(" ".join(f"{v:+.3f}" for v in vals) +
+                 f" / **{np.mean(vals):+.3f}** ± {np.std(vals):.3f}")
+  return f"| AES vs {base} (end) | | " + " | ".join(cells) + " |"
 
 
 def table(results: dict, walls: dict | None = None) -> str:
@@ -111,7 +134,7 @@ def plot(results: dict, walls: dict, path: str) -> bool:
 def main(argv):
   del argv
   os.makedirs(_OUT.value, exist_ok=True)
-  results, walls = {}, {}
+  results, walls, lengths = {}, {}, {}
   for method in _METHODS.value:
     name, _, presets = method.partition(":")
     module = importlib.import_module(f"configs.{name}")
@@ -128,7 +151,11 @@ def main(argv):
         train.train_and_evaluate(config, workdir)
       results[method][seed] = curve(workdir)
       walls.setdefault(method, []).append(wall_at_evals(workdir))
+      lengths.setdefault(method, []).append(lengths_at_evals(workdir))
   md = table(results, walls)
+  row = aes_row(results, lengths)
+  if row:
+    md += "\n" + row
   with open(os.path.join(_OUT.value, "efficiency.md"), "w") as f:
     f.write(md + "\n")
   with open(os.path.join(_OUT.value, "efficiency.json"), "w") as f:
