@@ -25,6 +25,8 @@ from grpo_jax import train
 
 _METHODS = flags.DEFINE_list("methods", ["grpo", "popo"],
                              "config files under configs/, with optional presets: popo:filter")
+_PRESETS = flags.DEFINE_string("presets", "", "presets added to every method's config, "
+                               "e.g. countdown_hard")
 _SEEDS = flags.DEFINE_integer("seeds", 3, "seeds 0..n-1 per method")
 _STEPS = flags.DEFINE_integer("steps", 100, "optimiser steps per run")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 25, "steps between evaluations")
@@ -140,7 +142,7 @@ def main(argv):
     module = importlib.import_module(f"configs.{name}")
     results[method] = {}
     for seed in range(_SEEDS.value):
-      config = module.get_config(presets or None)
+      config = module.get_config(",".join(filter(None, [presets, _PRESETS.value])) or None)
       config.seed = seed
       config.total_steps = _STEPS.value
       config.eval.every = _EVAL_EVERY.value
