@@ -209,3 +209,50 @@ def test_config_validation():
   with pytest.raises(ValueError, match="order"):
     headroom_lib.HeadroomConfig(order="lifo")
   assert headroom_lib.HeadroomConfig(slots=8).extra_rows(256, 8) == 64
+
+
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(
+    steps=st.lists(st.tuples(st.lists(st.booleans(), min_size=BH, max_size=BH),
+                             st.lists(st.sampled_from([0.0, 0.02, 0.05]), min_size=BH,
+                                      max_size=BH)), min_size=1, max_size=7),
+    max_age=st.sampled_from([0, 2]))
+def test_no_drifted_or_over_age_group_is_ever_used(steps, max_age):
+  """Over random sequences of steps (which fresh groups are mixed, how far each group's
+  log-probs later drift): every admitted group has D <= tau, is younger than max_age, was
+  stored in an earlier step and was mixed-outcome; the buffer holds exactly the mixed groups."""
+  cfg = headroom_lib.HeadroomConfig(slots=2, candidates=3, tau=1e-3, max_age=max_age)
+  replay = replay_lib.init_replay(4, GH, PH, TH)
+  shift_by_id = np.zeros(100 * (len(steps) + 1))
+  mixed_ids, version = set(), {}
+  run = _sequence_step(cfg)
+  for step, (effective, shifts) in enumerate(steps):
+    ids = [100 * (step + 1) + j for j in range(BH)]
+    shift_by_id[ids] = shifts
+    comp, replay = run(replay, jnp.asarray(ids), jnp.asarray(effective),
+                       jnp.asarray(shift_by_id), jnp.int32(step))
+    n = BH * GH
+    used = {int(i) for i, r in zip(np.asarray(comp.rollout.prompt_id_N[n:]),
+                                   np.asarray(comp.replayed_N[n:])) if r}
+    for i in used:
+      assert shift_by_id[i] ** 2 <= 1e-3 and i in mixed_ids and version[i] < step
+      assert not max_age or step - version[i] <= max_age
+    for i, e in zip(ids, effective):
+      if e:
+        mixed_ids.add(i)
+        version[i] = step
+  stored = {int(i) for i, v in zip(replay.rollouts.prompt_id_N[:, 0], replay.valid_C) if v}
+  assert stored <= mixed_ids
+
+
+@functools.lru_cache(maxsize=None)
+def _sequence_step(cfg):
+  def run(replay, ids, effective, shifts, step):
+    fresh, adv = _group_rows(ids, jnp.ones(BH))
+    ctx = method_lib.StepContext(fresh=fresh, advantages_BxG=adv, effective_B=effective,
+                                 step=step, rng=jax.random.key(0))
+    replay = cfg.evict(replay, step)
+    comp = cfg.compose(ctx, replay, _fake_policy(shifts))
+    replay, _ = cfg.after_update(ctx, replay, comp)
+    return comp, replay
+  return jax.jit(run)
