@@ -13,6 +13,8 @@ Presets of the paper's comparison (combine with the common ones, e.g. ``:kl,smok
             region around pi_prox recomputed at the start of the step)
   align_mu  the coupled objective: replayed groups clipped around their behaviour policy
             (pi_prox := mu), "fully aligning to the behaviour policy"
+  reuse=K   a stored group may be replayed K times (default 1: one-shot; 0 = while young
+            enough), the setting that limits refills when few groups are effective
 """
 
 from configs import common
@@ -63,6 +65,8 @@ def get_config(arg: str | None = None):
       c.replay.objective = "pi_old"
     elif name == "align_mu":
       c.replay.objective = "align_mu"
+    elif name.startswith("reuse="):
+      c.replay.max_uses = int(name.split("=")[1])
     else:
       rest.append(name)
   return common.apply_presets(c, ",".join(rest))

@@ -309,6 +309,7 @@ def test_config_presets():
   assert c.replay.capacity == 16 * 12
   assert popo_config.get_config("pi_old").replay.objective == "pi_old"
   assert popo_config.get_config("align_mu").replay.objective == "align_mu"
+  assert popo_config.get_config("reuse=3").replay.max_uses == 3
   base = popo_config.get_config()
   assert base.replay.max_age == 4 and base.rl.reward_signal == base.rl.effective_signal == \
       "success"
