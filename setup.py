@@ -27,9 +27,12 @@ setuptools.setup(
         "numpy",
         "absl-py",
         "tqdm",
+        # TensorBoard event files without TensorFlow (pure Python: protobuf + numpy).
+        "tensorboardX",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "pyarrow"],
+        # matplotlib: the report's plots are tested.
+        "test": ["pytest", "hypothesis", "pyarrow", "matplotlib"],
         # TFDS needs TensorFlow to build or mock datasets (GSM8K); CI installs it.
         "tfds": ["tensorflow-cpu"],
         # The PNG of bench/efficiency.py (the markdown table needs nothing extra).

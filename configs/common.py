@@ -117,13 +117,16 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def apply_presets(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
-  """Applies comma-separated presets; unknown names fail with the list of known ones."""
+def apply_presets(c: ml_collections.ConfigDict, arg: str | None,
+                  own: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
+  """Applies comma-separated presets; an unknown name fails listing every preset the config
+  file accepts: the common ones and the file's ``own`` (already applied by the file)."""
   known = {"smoke": _smoke, "countdown_hard": _countdown_hard, "qwen3_0p6b": _qwen3("0.6B"), "qwen3_1p7b": _qwen3("1.7B"),
            "qwen3_4b": _qwen3("4B"), "qwen3_8b": _qwen3("8B"), "gsm8k": _gsm8k}
   for name in filter(None, (arg or "").split(",")):
     if name not in known:
-      raise ValueError(f"unknown config preset {name!r}; known: {', '.join(sorted(known))}")
+      raise ValueError(f"unknown config preset {name!r}; known: "
+                       f"{', '.join(sorted(set(known) | set(own)))}")
     known[name](c)
   return c
 

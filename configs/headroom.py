@@ -15,6 +15,8 @@ Presets (combine with the common ones):
 
 from configs import common
 
+PRESETS = ("headroom_only", "drift_only", "decoupled")
+
 
 def get_config(arg: str | None = None):
   c = common.base_config()
@@ -37,4 +39,4 @@ def get_config(arg: str | None = None):
       c.replay.objective = "decoupled"
     else:
       rest.append(name)
-  return common.apply_presets(c, ",".join(rest))
+  return common.apply_presets(c, ",".join(rest), own=PRESETS)

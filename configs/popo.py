@@ -19,6 +19,8 @@ Presets of the paper's comparison (combine with the common ones, e.g. ``:kl,smok
 
 from configs import common
 
+PRESETS = ("kl", "filter", "ineff", "stale=S", "pi_old", "align_mu", "reuse=K")
+
 
 def get_config(arg: str | None = None):
   c = common.base_config()
@@ -69,4 +71,4 @@ def get_config(arg: str | None = None):
       c.replay.max_uses = int(name.split("=")[1])
     else:
       rest.append(name)
-  return common.apply_presets(c, ",".join(rest))
+  return common.apply_presets(c, ",".join(rest), own=PRESETS)

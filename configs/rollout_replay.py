@@ -12,6 +12,8 @@ Presets: ``decoupled`` (POPO's objective for replayed rows), plus the common one
 
 from configs import common
 
+PRESETS = ("decoupled",)
+
 
 def get_config(arg: str | None = None):
   c = common.base_config()
@@ -33,4 +35,4 @@ def get_config(arg: str | None = None):
       c.replay.objective = "decoupled"
     else:
       rest.append(name)
-  return common.apply_presets(c, ",".join(rest))
+  return common.apply_presets(c, ",".join(rest), own=PRESETS)

@@ -1,8 +1,13 @@
-"""Metric writers: JSONL always, TensorBoard when tensorflow is installed."""
+"""Metric writers: JSONL always, TensorBoard event files without TensorFlow.
+
+TensorBoard events are written with ``tensorboardX``: a maintained, pure-Python writer of the
+same event-file format (protobuf + numpy only), so ``tensorboard --logdir runs/`` works after
+the default install plus the ``tensorboard`` viewer, with no TensorFlow in the training
+process. The JSONL file is the record every tool here reads (``read_metrics``, ``report``).
+"""
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import logging
 import os
@@ -11,22 +16,26 @@ _LOG = logging.getLogger(__name__)
 
 
 class MetricWriter:
-  """Appends one JSON object per record to ``workdir/metrics.jsonl`` (and TensorBoard)."""
+  """Appends one JSON object per record to ``workdir/metrics.jsonl`` and to TensorBoard.
 
-  def __init__(self, workdir: str):
+  Attributes:
+    path: the JSONL file.
+    tensorboard_dir: the event-file folder, or None when tensorboardX is not importable.
+  """
+
+  def __init__(self, workdir: str, tensorboard: bool = True):
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, "metrics.jsonl")
     self._file = open(self.path, "a", encoding="utf-8")
     self._tb = None
-    try:
-      # tf.summary needs both tensorflow and the tensorboard distribution (tensorflow-cpu
-      # alone lacks the latter); a failing first write also turns summaries off (write()).
-      importlib.metadata.version("tensorboard")
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      self._tb = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
-      self._tf = tf
-    except Exception:  # pylint: disable=broad-except
-      _LOG.info("tensorflow/tensorboard not importable: TensorBoard summaries off (JSONL only)")
+    self.tensorboard_dir = None
+    if tensorboard:
+      try:
+        from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+        self.tensorboard_dir = os.path.join(workdir, "tensorboard")
+        self._tb = SummaryWriter(self.tensorboard_dir, flush_secs=30)
+      except ImportError:
+        _LOG.warning("tensorboardX not installed: TensorBoard events off (JSONL only)")
 
   def write(self, step: int, record: dict) -> None:
     clean = {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, str)) else v)
@@ -34,19 +43,14 @@ class MetricWriter:
     self._file.write(json.dumps({"step": int(step), **clean}) + "\n")
     self._file.flush()
     if self._tb is not None:
-      try:
-        with self._tb.as_default(step=int(step)):
-          for k, v in clean.items():
-            if isinstance(v, (int, float)):
-              self._tf.summary.scalar(k, v)
-      except Exception as e:  # pylint: disable=broad-except
-        _LOG.warning("TensorBoard summaries disabled: %s", e)
-        self._tb = None
+      for k, v in clean.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+          self._tb.add_scalar(k, v, int(step))
 
   def close(self):
     self._file.close()
     if self._tb is not None:
-      self._tb.flush()
+      self._tb.close()
 
 
 def read_metrics(workdir: str) -> list[dict]:

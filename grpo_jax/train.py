@@ -18,14 +18,16 @@ import jax
 import jax.numpy as jnp
 import optax
 import transformers
-from absl import app, flags, logging
+from absl import app, flags
 from flax import nnx
 from ml_collections import config_flags
 
 from grpo_jax import checkpoint as checkpoint_lib
 from grpo_jax import configuration
+from grpo_jax import console
 from grpo_jax import evaluate as evaluate_lib
 from grpo_jax import metrics as metrics_lib
+from grpo_jax import report
 from grpo_jax import replay as replay_lib
 from grpo_jax import rollouts as rollouts_lib
 from grpo_jax import sampler as sampler_lib
@@ -138,15 +140,35 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   ckpt = checkpoint_lib.Checkpointer(workdir, config.checkpoint.keep)
   start = ckpt.latest_step() or 0
+  k = config.eval.k
+  tb_dir = os.path.join(workdir, "tensorboard")
+  paths = {"metrics": os.path.join(workdir, "metrics.jsonl"),
+           "tensorboard": tb_dir if os.path.isdir(tb_dir) else None,
+           "checkpoints": ckpt.directory}
+  if start >= config.total_steps:
+    # A finished run started again: say so, and print the same summary.
+    ckpt.close()
+    records = metrics_lib.read_metrics(workdir)
+    console.say(f"grpo_jax: {workdir} is complete ({start}/{config.total_steps} steps); "
+                "nothing to do.")
+    console.say(console.summary(records, k, {**paths, **_report_paths(workdir)},
+                                config.total_steps))
+    evals = [r for r in records if f"eval/mean_at_{k}" in r]
+    return {key: v for key, v in evals[-1].items() if key.startswith("eval/")} if evals else {}
+  writer = metrics_lib.MetricWriter(workdir)
+  paths["tensorboard"] = writer.tensorboard_dir
+  timers = dict.fromkeys(("generation", "update", "evaluation", "checkpoint"), 0.0)
   if start:
     state, replay, saved = ckpt.restore(start, state, replay)
-    host.update({k: saved[k] for k in host})
+    host.update({key: saved[key] for key in host})
     stream.position, stream.skipped = saved["data_position"], saved["prompts_skipped"]
-    logging.info("resumed from step %d", start)
-  writer = metrics_lib.MetricWriter(workdir)
-  print(f"grpo_jax: metrics -> {writer.path}\n          checkpoints -> {ckpt.directory}"
-        f"\n          replay buffer: {replay.capacity} entries, {replay.nbytes} bytes",
-        flush=True)
+    last_step = [r for r in metrics_lib.read_metrics(workdir) if "loss" in r]
+    if last_step:  # time spent before the restart keeps counting
+      timers.update({name: last_step[-1].get(f"time_{name}_s", 0.0) for name in timers})
+  console.say(f"grpo_jax: {'resuming at step ' + str(start) if start else 'starting'}; "
+              f"{config.total_steps} steps of {r.batch_prompts} prompts x {r.group_size} "
+              f"rollouts\n  metrics      {writer.path}\n  checkpoints  {ckpt.directory}\n"
+              f"  replay buffer: {replay.capacity} entries, {replay.nbytes:,} bytes")
 
   sample_fn = sampler_lib.make_sampler(graphdef, sampler_lib.sampling_config_for(
       tokenizer, r.completion_len, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
@@ -156,15 +178,19 @@ def train_and_evaluate(config, workdir: str) -> dict:
   render = stream.render
   base_key = jax.random.key(config.seed)
 
-  last_eval = {}
-  if start == 0:
-    last_eval = _evaluate(config, graphdef, state.params, tokenizer, task, eval_problems, render)
-    writer.write(0, {**last_eval, "rollouts": 0})
-    print(f"step 0 eval {last_eval}", flush=True)
+  def evaluate_now(step):
+    t0 = time.time()
+    result = _evaluate(config, graphdef, state.params, tokenizer, task, eval_problems, render)
+    timers["evaluation"] += time.time() - t0
+    writer.write(step, {**result, "rollouts": host["rollouts"]})
+    console.say(console.eval_line(step, result, host["rollouts"], k))
+    return result
 
+  last_eval = evaluate_now(0) if start == 0 else {}
   try:
     from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-    bar = tqdm(total=config.total_steps, initial=start, dynamic_ncols=True)
+    bar = tqdm(total=config.total_steps, initial=start, dynamic_ncols=True, leave=False,
+               file=sys.stdout)
   except ImportError:
     bar = None
   pending = None  # metrics of the previous step, fetched one step late
@@ -172,39 +198,63 @@ def train_and_evaluate(config, workdir: str) -> dict:
   for step in range(start, config.total_steps):
     key = jax.random.fold_in(base_key, step)
     batch = stream.next_batch(r.batch_prompts)
+    t0 = time.time()
     rollout, stats = rollouts_lib.generate(
         sample_fn, state.params, tokenizer, task, batch, group_size=r.group_size,
         prompt_len=r.prompt_len, version=step, rng=jax.random.fold_in(key, 0),
         overlong_buffer=config.rl.overlong_buffer, overlong_factor=config.rl.overlong_penalty)
-    for k in host:
-      host[k] += stats[k]
+    t1 = time.time()
+    timers["generation"] += t1 - t0
+    for name in host:
+      host[name] += stats[name]
     state, replay, step_metrics = train_step(state, replay, rollout, ref_params,
                                              jax.random.fold_in(key, 1))
+    # Generation needs the new parameters anyway, so waiting here costs no overlap and lets the
+    # summary split the time honestly.
+    jax.block_until_ready(state.step)
+    timers["update"] += time.time() - t1
     if pending is not None:
       _log_step(writer, bar, *pending, last_eval, config, t_start, tokens_at_start)
-    pending = (step + 1, step_metrics, stats, dict(host))
+    pending = (step + 1, step_metrics, stats, dict(host), dict(timers))
     done = step + 1
     if done % config.eval.every == 0 or done == config.total_steps:
       _log_step(writer, bar, *pending, last_eval, config, t_start, tokens_at_start)
       pending = None
-      last_eval = _evaluate(config, graphdef, state.params, tokenizer, task, eval_problems,
-                            render)
-      writer.write(done, {**last_eval, "rollouts": host["rollouts"]})
-      logging.info("step %d eval %s", done, last_eval)
+      last_eval = evaluate_now(done)
     if done % config.checkpoint.every == 0 or done == config.total_steps:
+      t0 = time.time()
       ckpt.save(done, state, replay, {**host, "data_position": stream.position,
                                       "prompts_skipped": stream.skipped, "seed": config.seed})
+      timers["checkpoint"] += time.time() - t0
   if pending is not None:
     _log_step(writer, bar, *pending, last_eval, config, t_start, tokens_at_start)
   if bar is not None:
     bar.close()
   writer.close()
   ckpt.close()
+  console.say(console.summary(metrics_lib.read_metrics(workdir), k,
+                              {**paths, **_report_paths(workdir, write=True)},
+                              config.total_steps))
   return last_eval
 
 
-def _log_step(writer, bar, step, step_metrics, stats, host_then, last_eval, config, t_start,
-              tokens_at_start):
+def _report_paths(workdir: str, write: bool = False) -> dict:
+  """The run's report (summary table, plots), written now when asked; where it is."""
+  out = os.path.join(workdir, "report")
+  if write:
+    try:
+      written = report.write_report([workdir], out)
+    except Exception as e:  # pylint: disable=broad-except
+      console.say(f"grpo_jax: report not written ({e})")
+      return {}
+    plots = [p for p in written if p.endswith(".png")]
+    return {"report": os.path.join(out, "summary.md"),
+            "plots": ", ".join(plots) if plots else "(pip install matplotlib for plots)"}
+  return {"report": out} if os.path.isdir(out) else {}
+
+
+def _log_step(writer, bar, step, step_metrics, stats, host_then, timers_then, last_eval, config,
+              t_start, tokens_at_start):
   """Writes one step's metrics (device values fetched now, one step after they were made)."""
   values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
   elapsed = max(time.time() - t_start, 1e-9)
@@ -214,7 +264,9 @@ def _log_step(writer, bar, step, step_metrics, stats, host_then, last_eval, conf
             "truncated_fraction": stats["truncated_fraction"],
             "tokens_per_s": (host_then["completion_tokens"] - tokens_at_start) / elapsed,
             # Seconds since this process's loop started (evaluations included; not resumed).
-            "wall_s": elapsed}
+            "wall_s": elapsed,
+            # Cumulative over the run, restarts included: where the time went.
+            **{f"time_{name}_s": v for name, v in timers_then.items()}}
   if step % config.log_every == 0:
     writer.write(step, record)
   if bar is not None:
@@ -234,6 +286,8 @@ def main(argv):
   name = os.path.splitext(os.path.basename(
       config_flags.get_config_filename(flags.FLAGS["config"])))[0]
   workdir = flags.FLAGS.workdir or os.path.join("runs", name)
+  if not flags.FLAGS["verbosity"].present:
+    console.quiet_third_party()  # --verbosity=0 brings orbax's and JAX's INFO lines back
   try:
     train_and_evaluate(config, workdir)
   except (configuration.ConfigError, CheckpointError, FileNotFoundError,

@@ -2,6 +2,7 @@
 
 import json
 
+from grpo_jax import report
 from grpo_jax.bench import efficiency
 
 
@@ -32,11 +33,11 @@ def test_curve_wall_clock_and_table(tmp_path):
   _write(b, [{"step": 0, "eval/mean_at_8": 0.25, "rollouts": 0},
              {"step": 2, "loss": 0.1, "completion_tokens": 300, "tokens_per_s": 10.0},
              {"step": 2, "eval/mean_at_8": 0.75, "rollouts": 16}])
-  assert efficiency.curve(str(a)) == [(0, 0, 0.25), (2, 16, 0.5)]
-  assert efficiency.wall_at_evals(str(a)) == [0.0, 21.0]
-  assert efficiency.wall_at_evals(str(b)) == [0.0, 30.0]
-  md = efficiency.table({"popo:filter": {0: efficiency.curve(str(a)),
-                                         1: efficiency.curve(str(b))}},
+  assert report.curve(str(a)) == [(0, 0, 0.25), (2, 16, 0.5)]
+  assert report.wall_at_evals(str(a)) == [0.0, 21.0]
+  assert report.wall_at_evals(str(b)) == [0.0, 30.0]
+  md = efficiency.table({"popo:filter": {0: report.curve(str(a)),
+                                         1: report.curve(str(b))}},
                         {"popo:filter": [[0.0, 21.0], [0.0, 30.0]]})
   lines = md.splitlines()
   # Step 2: seeds 0.5 and 0.75 -> mean 0.625, population std 0.125; wall mean (21 + 30) / 2.

@@ -1,6 +1,7 @@
 """The train loop end to end: the real CLI on :smoke, exact resume, config validation."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -10,24 +11,90 @@ import pytest
 
 from configs import dapo, drgrpo, grpo, headroom, popo, rloo, rollout_replay
 from grpo_jax import checkpoint as checkpoint_lib
-from grpo_jax import configuration, metrics, train
+from grpo_jax import configuration, metrics, report, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_cli_smoke_end_to_end(tmp_path):
-  cmd = [sys.executable, "-m", "grpo_jax.train", "--config=configs/grpo.py:smoke",
-         f"--workdir={tmp_path}"]
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+  """The main command (POPO) on its smoke preset, in a subprocess, as a user runs it."""
+  workdir = tmp_path_factory.mktemp("smoke")
+  cmd = [sys.executable, "-m", "grpo_jax.train", "--config=configs/popo.py:smoke",
+         f"--workdir={workdir}"]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "metrics ->" in proc.stdout and "checkpoints ->" in proc.stdout
-  records = metrics.read_metrics(os.fspath(tmp_path))
+  return workdir, proc
+
+
+THIRD_PARTY_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d|^INFO:|Unable to initialize backend|"
+                             r"CheckpointManagerOptions", re.M)
+
+
+def test_cli_smoke_terminal_metrics_and_checkpoints(smoke_run):
+  workdir, proc = smoke_run
+  out = proc.stdout + proc.stderr
+  assert not THIRD_PARTY_LOG.search(out), THIRD_PARTY_LOG.search(out).group(0)
+  # One formatted line per evaluation (steps 0 and 2 on :smoke), then the summary.
+  evals = re.findall(r"^step (\d+)  mean@2 [\d.]+  pass@2 [\d.]+  greedy [\d.]+  len [\d.]+  "
+                     r"constant [\d.]+  rollouts [\d,]+$", proc.stdout, re.M)
+  assert evals == ["0", "2"]
+  assert "grpo_jax: run complete at step 2/2" in proc.stdout
+  assert re.search(r"^  time \d+ s: generation \d+ s, update \d+ s, evaluation \d+ s, "
+                   r"checkpoint \d+ s$", proc.stdout, re.M)
+  assert f"checkpoints  {workdir}" in proc.stdout
+  records = metrics.read_metrics(os.fspath(workdir))
   steps = [r for r in records if "loss" in r]
   assert [r["step"] for r in steps] == [1, 2]
   # smoke: 2 prompts x 2 rollouts per step -> 4 rollouts per step.
   assert [r["rollouts"] for r in steps] == [4, 8]
   assert any("eval/mean_at_2" in r for r in records)
-  assert checkpoint_lib.Checkpointer(os.fspath(tmp_path), 2).latest_step() == 2
+  assert checkpoint_lib.Checkpointer(os.fspath(workdir), 2).latest_step() == 2
+  # Started again, the finished run says so and prints the same summary.
+  again = subprocess.run([sys.executable, "-m", "grpo_jax.train",
+                          "--config=configs/popo.py:smoke", f"--workdir={workdir}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+  assert again.returncode == 0
+  assert f"grpo_jax: {workdir} is complete (2/2 steps); nothing to do." in again.stdout
+  summary = lambda text: text[text.index("grpo_jax: run complete"):].splitlines()[:4]
+  assert summary(again.stdout) == summary(proc.stdout)
+
+
+def test_report_of_the_smoke_run(smoke_run, tmp_path):
+  workdir, _ = smoke_run
+  assert report.main([os.fspath(workdir), f"--out={tmp_path}"]) == 0
+  for name in ("accuracy.png", "training.png"):
+    data = (tmp_path / name).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    import matplotlib.image  # pylint: disable=g-import-not-at-top
+    assert matplotlib.image.imread(tmp_path / name).ndim == 3  # decodes as an image
+  table = (tmp_path / "summary.md").read_text()
+  s = report.run_summary(os.fspath(workdir), k=2)
+  assert f"| {s['steps']} | {s['start']:.3f} → {s['end']:.3f} |" in report.summary_table(
+      [os.fspath(workdir)], k=2)
+  assert "| 8 |" in report.summary_table([os.fspath(workdir)], k=2)  # 8 rollouts
+  assert "rollouts" in table
+  # The run itself wrote its report at the end.
+  assert (workdir / "report" / "summary.md").exists()
+
+
+def test_tensorboard_events_without_tensorflow(smoke_run):
+  """The event file holds the scalars of the JSONL records (read with tensorboardX's protos)."""
+  import struct  # pylint: disable=g-import-not-at-top
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  workdir, _ = smoke_run
+  files = list((workdir / "tensorboard").glob("events.out.tfevents.*"))
+  assert files
+  tags = set()
+  for f in files:
+    data = f.read_bytes()
+    pos = 0
+    while pos < len(data):  # TFRecord: length u64, crc u32, payload, crc u32
+      (length,) = struct.unpack("<Q", data[pos:pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+      tags.update(v.tag for v in event.summary.value)
+      pos += 12 + length + 4
+  assert {"loss", "eval/mean_at_2", "learning_rate"} <= tags
 
 
 def _final_state(workdir):
@@ -113,6 +180,12 @@ def test_real_model_preset_needs_a_path():
     configuration.validate(c)
   with pytest.raises(ValueError, match="unknown config preset 'qwen9'"):
     grpo.get_config("qwen9")
+  # An unknown preset lists every preset the chosen file accepts, its own included.
+  with pytest.raises(ValueError, match=r"known: align_mu, countdown_hard, filter, gsm8k, ineff, "
+                                       r"kl, pi_old, .*reuse=K, smoke, stale=S"):
+    popo.get_config("nope")
+  with pytest.raises(ValueError, match="decoupled, drift_only, gsm8k, headroom_only"):
+    headroom.get_config("nope")
 
 
 def test_cli_bad_value_is_one_readable_line(tmp_path):

@@ -20,7 +20,7 @@ import numpy as np
 from absl import app, flags
 
 from grpo_jax import evaluate as evaluate_lib
-from grpo_jax import metrics as metrics_lib
+from grpo_jax import report
 from grpo_jax import train
 
 _METHODS = flags.DEFINE_list("methods", ["grpo", "popo"],
@@ -36,33 +36,6 @@ _OUT = flags.DEFINE_string("out", "runs/efficiency", "output folder")
 def run_name(method: str) -> str:
   """A folder name for a method with presets: "popo:stale=10" -> "popo-stale10"."""
   return method.replace(":", "-").replace(",", "-").replace("=", "")
-
-
-def curve(workdir: str, k: int = 8) -> list[tuple[int, int, float]]:
-  """(step, rollouts, mean@k) of every evaluation of a run."""
-  key = f"eval/mean_at_{k}"
-  return [(r["step"], r["rollouts"], r[key]) for r in metrics_lib.read_metrics(workdir)
-          if key in r]
-
-
-def wall_at_evals(workdir: str, k: int = 8) -> list[float]:
-  """Seconds of the run's loop (evaluations included) at each evaluation of ``curve``.
-
-  From the step record logged just before each evaluation: ``wall_s`` when recorded, else
-  completion tokens / tokens_per_s (the same clock); 0 at step 0.
-  """
-  seconds = {0: 0.0}
-  for r in metrics_lib.read_metrics(workdir):
-    if "tokens_per_s" in r:
-      seconds[r["step"]] = float(r.get("wall_s", r["completion_tokens"] /
-                                       max(r["tokens_per_s"], 1e-9)))
-  return [seconds.get(step, float("nan")) for step, _, _ in curve(workdir, k)]
-
-
-def lengths_at_evals(workdir: str, k: int = 8) -> list[float]:
-  """Held-out mean completion length at each evaluation of ``curve``."""
-  key = f"eval/mean_at_{k}"
-  return [r["eval/mean_length"] for r in metrics_lib.read_metrics(workdir) if key in r]
 
 
 def aes_row(results: dict, lengths: dict, base: str = "grpo") -> str | None:
@@ -102,41 +75,10 @@ def table(results: dict, walls: dict | None = None) -> str:
   return "\n".join(lines)
 
 
-def plot(results: dict, walls: dict, path: str) -> bool:
-  """Mean@8 against rollouts generated (left) and wall-clock seconds (right), every seed thin,
-  the seed mean thick."""
-  try:
-    import matplotlib  # pylint: disable=g-import-not-at-top
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return False
-  fig, (ax, ax_t) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-  for color, (m, runs) in zip([f"C{i}" for i in range(10)], results.items()):
-    accs = [[a for _, _, a in c] for c in runs.values()]
-    for c, w in zip(runs.values(), walls[m]):
-      ax.plot([r for _, r, _ in c], [a for _, _, a in c], color=color, alpha=0.3, lw=1)
-      ax_t.plot(w, [a for _, _, a in c], color=color, alpha=0.3, lw=1)
-    label = f"{m} (mean of {len(runs)} seeds)"
-    ax.plot([r for _, r, _ in next(iter(runs.values()))], np.mean(accs, axis=0), color=color,
-            lw=2.5, label=label)
-    ax_t.plot(np.mean(walls[m], axis=0), np.mean(accs, axis=0), color=color, lw=2.5, label=label)
-  ax.set_xlabel("rollouts generated")
-  ax_t.set_xlabel("wall-clock seconds (evaluations included)")
-  ax.set_ylabel("held-out mean@8 (T = 1.0)")
-  fig.suptitle("Countdown, embedded 1M-parameter Qwen3")
-  for a in (ax, ax_t):
-    a.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  return True
-
-
 def main(argv):
   del argv
   os.makedirs(_OUT.value, exist_ok=True)
-  results, walls, lengths = {}, {}, {}
+  results, walls, lengths, workdirs = {}, {}, {}, {}
   for method in _METHODS.value:
     name, _, presets = method.partition(":")
     module = importlib.import_module(f"configs.{name}")
@@ -148,12 +90,13 @@ def main(argv):
       config.eval.every = _EVAL_EVERY.value
       config.checkpoint.every = _STEPS.value
       workdir = os.path.join(_OUT.value, f"{run_name(method)}_seed{seed}")
-      if not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or not curve(workdir) or \
-          curve(workdir)[-1][0] < _STEPS.value:
+      if not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or \
+          not report.curve(workdir) or report.curve(workdir)[-1][0] < _STEPS.value:
         train.train_and_evaluate(config, workdir)
-      results[method][seed] = curve(workdir)
-      walls.setdefault(method, []).append(wall_at_evals(workdir))
-      lengths.setdefault(method, []).append(lengths_at_evals(workdir))
+      results[method][seed] = report.curve(workdir)
+      workdirs.setdefault(method, []).append(workdir)
+      walls.setdefault(method, []).append(report.wall_at_evals(workdir))
+      lengths.setdefault(method, []).append(report.lengths_at_evals(workdir))
   md = table(results, walls)
   row = aes_row(results, lengths)
   if row:
@@ -162,7 +105,9 @@ def main(argv):
     f.write(md + "\n")
   with open(os.path.join(_OUT.value, "efficiency.json"), "w") as f:
     json.dump({"mean_at_8": results, "wall_s": walls}, f)
-  drew = plot(results, walls, os.path.join(_OUT.value, "efficiency.png"))
+  title = "Countdown, embedded 1M-parameter Qwen3" + (
+      f" ({_PRESETS.value})" if _PRESETS.value else "")
+  drew = report.plot_accuracy(workdirs, os.path.join(_OUT.value, "efficiency.png"), title=title)
   print(md)
   print(f"wrote {_OUT.value}/efficiency.md" + (" and efficiency.png" if drew else ""))
 

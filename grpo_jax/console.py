@@ -1,0 +1,92 @@
+"""What a run prints: quiet third-party logging, one line per evaluation, the end-of-run summary.
+
+The terminal of ``python -m grpo_jax.train`` is for a person: the project's own lines (where
+things go, one formatted line per held-out evaluation, a summary at the end) and one progress
+bar; orbax's and JAX's INFO chatter is turned down to WARNING unless ``--verbosity`` is given.
+Everything machine-readable goes to ``metrics.jsonl`` instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import numpy as np
+
+_THIRD_PARTY = ("jax", "orbax", "absl", "etils", "tensorflow", "transformers", "h5py")
+
+
+def quiet_third_party() -> None:
+  """Third-party loggers (orbax, absl, JAX's backend probing, ...) at WARNING."""
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  for name in _THIRD_PARTY:
+    logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def say(text: str) -> None:
+  """Prints one of the project's lines without breaking a tqdm progress bar."""
+  try:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    tqdm.write(text, file=sys.stdout)
+  except ImportError:
+    print(text, flush=True)
+  sys.stdout.flush()
+
+
+def eval_line(step: int, evaluation: dict, rollouts: int, k: int) -> str:
+  """``step 25  mean@8 0.329  pass@8 0.71  greedy 0.40  len 8.3  constant 0.34  rollouts 6,400``."""
+  parts = [f"step {step}", f"mean@{k} {evaluation[f'eval/mean_at_{k}']:.3f}",
+           f"pass@{k} {evaluation[f'eval/pass_at_{k}']:.2f}"]
+  if "eval/greedy_accuracy" in evaluation:
+    parts.append(f"greedy {evaluation['eval/greedy_accuracy']:.2f}")
+  parts += [f"len {evaluation['eval/mean_length']:.1f}",
+            f"constant {evaluation['eval/constant_fraction']:.2f}", f"rollouts {rollouts:,}"]
+  return "  ".join(parts)
+
+
+def _minutes(seconds: float) -> str:
+  return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def summary(records: list[dict], k: int, paths: dict, total_steps: int) -> str:
+  """The end-of-run summary from a run's metric records (so a restarted finished run prints
+  the same). ``paths`` maps names (metrics, checkpoints, plots, ...) to where they are."""
+  evals = [r for r in records if f"eval/mean_at_{k}" in r]
+  steps = [r for r in records if "loss" in r]
+  done = steps[-1]["step"] if steps else 0
+  lines = [f"grpo_jax: run {'complete' if done >= total_steps else 'stopped'} at step "
+           f"{done}/{total_steps}"]
+  if evals:
+    a, b = evals[0][f"eval/mean_at_{k}"], evals[-1][f"eval/mean_at_{k}"]
+    line = (f"  held-out mean@{k} {a:.3f} -> {b:.3f} ({100 * (b - a):+.1f} points, step "
+            f"{evals[0]['step']} -> {evals[-1]['step']})")
+    if "eval/greedy_accuracy" in evals[-1]:
+      line += (f"   greedy {evals[0].get('eval/greedy_accuracy', float('nan')):.3f} -> "
+               f"{evals[-1]['eval/greedy_accuracy']:.3f}")
+    lines.append(line)
+  if steps:
+    last = steps[-1]
+    lines.append(f"  rollouts {last.get('rollouts', 0):,}   completion tokens "
+                 f"{last.get('completion_tokens', 0):,}   reward errors "
+                 f"{last.get('reward_errors', 0)}")
+    parts = [(name, last.get(f"time_{name}_s")) for name in
+             ("generation", "update", "evaluation", "checkpoint")]
+    if all(v is not None for _, v in parts):
+      total = sum(v for _, v in parts)
+      lines.append(f"  time {_minutes(total)}: " + ", ".join(
+          f"{name} {_minutes(v)}" for name, v in parts))
+    stats = []
+    mean = lambda key: float(np.mean([r[key] for r in steps if key in r]))
+    if any("ineffective_fraction" in r for r in steps):
+      stats.append(f"ineffective groups {mean('ineffective_fraction'):.0%}")
+    if any("replay_rows" in r for r in steps):
+      stats.append(f"replayed rows/step {mean('replay_rows'):.1f}, age "
+                   f"{mean('replay_age_mean'):.1f} steps")
+    if any("headroom_accept_rate" in r for r in steps):
+      stats.append(f"drift-gate acceptance {mean('headroom_accept_rate'):.0%}")
+    if stats:
+      lines.append("  " + "; ".join(stats))
+  width = max((len(n) for n in paths), default=0)
+  lines += [f"  {name:<{width}}  {where}" for name, where in paths.items() if where]
+  return "\n".join(lines)

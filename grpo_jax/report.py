@@ -1,0 +1,222 @@
+"""Plots and a summary table from the metrics of one or several runs.
+
+    python -m grpo_jax.report runs/popo [runs/grpo ...] [--out=DIR]
+
+Reads each run's ``metrics.jsonl`` and writes, into ``--out`` (default: ``<first run>/report``):
+
+* ``accuracy.png``: held-out mean@k against rollouts generated and against wall-clock time;
+* ``training.png``: training success, ineffective-group fraction, learning rate and the replay
+  statistics the methods log (replayed rows, Headroom-Drift's acceptance rate), by step;
+* ``summary.md``: one row per run (accuracy start -> end, rollouts, tokens, wall time).
+
+Several runs overlay on the same axes; runs given the same label (``label=dir`` arguments, or
+the efficiency benchmark's seeds) are drawn thin with their mean thick.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+import numpy as np
+
+from grpo_jax import metrics as metrics_lib
+
+
+def curve(workdir: str, k: int = 8) -> list[tuple[int, int, float]]:
+  """(step, rollouts, mean@k) of every evaluation of a run."""
+  key = f"eval/mean_at_{k}"
+  return [(r["step"], r["rollouts"], r[key]) for r in metrics_lib.read_metrics(workdir)
+          if key in r]
+
+
+def wall_at_evals(workdir: str, k: int = 8) -> list[float]:
+  """Seconds of the run's loop (evaluations included) at each evaluation of ``curve``.
+
+  From the step record logged just before each evaluation: ``wall_s`` when recorded, else
+  completion tokens / tokens_per_s (the same clock); 0 at step 0.
+  """
+  seconds = {0: 0.0}
+  for r in metrics_lib.read_metrics(workdir):
+    if "tokens_per_s" in r:
+      seconds[r["step"]] = float(r.get("wall_s", r["completion_tokens"] /
+                                       max(r["tokens_per_s"], 1e-9)))
+  return [seconds.get(step, float("nan")) for step, _, _ in curve(workdir, k)]
+
+
+def lengths_at_evals(workdir: str, k: int = 8) -> list[float]:
+  """Held-out mean completion length at each evaluation of ``curve``."""
+  key = f"eval/mean_at_{k}"
+  return [r["eval/mean_length"] for r in metrics_lib.read_metrics(workdir) if key in r]
+
+
+def step_series(workdir: str, key: str) -> tuple[list[int], list[float]]:
+  """(steps, values) of a per-step metric (records that have it)."""
+  rows = [(r["step"], r[key]) for r in metrics_lib.read_metrics(workdir) if key in r]
+  return [s for s, _ in rows], [v for _, v in rows]
+
+
+def run_summary(workdir: str, k: int = 8) -> dict:
+  """Start and end of a run from its metrics: accuracy, rollouts, tokens, wall time."""
+  records = metrics_lib.read_metrics(workdir)
+  evals = [r for r in records if f"eval/mean_at_{k}" in r]
+  steps = [r for r in records if "loss" in r]
+  out = {"workdir": workdir, "steps": steps[-1]["step"] if steps else 0}
+  if evals:
+    out.update(start=evals[0][f"eval/mean_at_{k}"], end=evals[-1][f"eval/mean_at_{k}"],
+               end_pass=evals[-1].get(f"eval/pass_at_{k}", float("nan")),
+               end_greedy=evals[-1].get("eval/greedy_accuracy", float("nan")))
+  if steps:
+    last = steps[-1]
+    wall = last.get("wall_s")
+    if wall is None and last.get("tokens_per_s"):
+      wall = last["completion_tokens"] / last["tokens_per_s"]  # runs logged before wall_s
+    out.update(rollouts=last.get("rollouts", 0), tokens=last.get("completion_tokens", 0),
+               wall_s=float(wall if wall is not None else float("nan")))
+    for key in ("ineffective_fraction", "replay_rows", "replay_age_mean",
+                "headroom_accept_rate", "learning_rate"):
+      vals = [r[key] for r in steps if key in r]
+      if vals:
+        out[f"mean_{key}"] = float(np.mean(vals))
+  return out
+
+
+def summary_table(workdirs: Sequence[str], labels: Sequence[str] | None = None,
+                  k: int = 8) -> str:
+  """Markdown: one row per run."""
+  labels = labels or [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  lines = [f"| run | steps | mean@{k} start → end | pass@{k} | greedy | rollouts | "
+           "completion tokens | wall s | ineffective |", "|---|---|---|---|---|---|---|---|---|"]
+  for label, w in zip(labels, workdirs):
+    s = run_summary(w, k)
+    lines.append(
+        f"| {label} | {s['steps']} | {s.get('start', float('nan')):.3f} → "
+        f"{s.get('end', float('nan')):.3f} | {s.get('end_pass', float('nan')):.3f} | "
+        f"{s.get('end_greedy', float('nan')):.3f} | {s.get('rollouts', 0):,} | "
+        f"{s.get('tokens', 0):,} | {s.get('wall_s', float('nan')):.0f} | "
+        f"{s.get('mean_ineffective_fraction', float('nan')):.2f} |")
+  return "\n".join(lines)
+
+
+def _pyplot():
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+    return plt
+  except ImportError:
+    return None
+
+
+def plot_accuracy(groups: dict[str, list[str]], path: str, k: int = 8,
+                  title: str = "held-out accuracy") -> bool:
+  """mean@k against rollouts (left) and wall seconds (right); each label's runs thin, their
+  mean thick. Returns False when matplotlib is not installed."""
+  plt = _pyplot()
+  if plt is None:
+    return False
+  fig, (ax, ax_t) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+  for i, (label, runs) in enumerate(groups.items()):
+    color = f"C{i % 10}"
+    curves = [curve(w, k) for w in runs]
+    walls = [wall_at_evals(w, k) for w in runs]
+    for c, wt in zip(curves, walls):
+      ax.plot([r for _, r, _ in c], [a for _, _, a in c], color=color, alpha=0.3, lw=1)
+      ax_t.plot(wt, [a for _, _, a in c], color=color, alpha=0.3, lw=1)
+    n = min(len(c) for c in curves)
+    acc = np.mean([[a for _, _, a in c[:n]] for c in curves], axis=0)
+    name = f"{label} (mean of {len(runs)})" if len(runs) > 1 else label
+    ax.plot([r for _, r, _ in curves[0][:n]], acc, color=color, lw=2.5, label=name)
+    ax_t.plot(np.mean([w[:n] for w in walls], axis=0), acc, color=color, lw=2.5, label=name)
+  ax.set_xlabel("rollouts generated")
+  ax_t.set_xlabel("wall-clock seconds (evaluations included)")
+  ax.set_ylabel(f"held-out mean@{k}")
+  fig.suptitle(title)
+  for a in (ax, ax_t):
+    a.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
+
+_TRAINING_PANELS = (("success_mean", "training success"),
+                    ("ineffective_fraction", "ineffective-group fraction"),
+                    ("learning_rate", "learning rate"),
+                    (("replay_rows", "headroom_accept_rate"), "replay: rows / acceptance"))
+
+
+def plot_training(groups: dict[str, list[str]], path: str) -> bool:
+  """Per-step training statistics of every run, one panel each."""
+  plt = _pyplot()
+  if plt is None:
+    return False
+  fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+  for ax, (keys, title) in zip(axes.ravel(), _TRAINING_PANELS):
+    keys = keys if isinstance(keys, tuple) else (keys,)
+    for i, (label, runs) in enumerate(groups.items()):
+      for j, w in enumerate(runs):
+        for key, style in zip(keys, ("-", "--")):
+          steps, vals = step_series(w, key)
+          if steps:
+            ax.plot(steps, vals, style, color=f"C{i % 10}", lw=1,
+                    label=f"{label} {key}" if j == 0 and len(keys) > 1 else
+                    (label if j == 0 else None))
+    ax.set_title(title)
+    ax.set_xlabel("train step")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
+
+
+def write_report(workdirs: Sequence[str], out: str, labels: Sequence[str] | None = None,
+                 k: int = 8) -> list[str]:
+  """Writes summary.md (always) and the PNGs (when matplotlib is installed); returns paths."""
+  os.makedirs(out, exist_ok=True)
+  labels = list(labels or [os.path.basename(os.path.normpath(w)) for w in workdirs])
+  groups: dict[str, list[str]] = {}
+  for label, w in zip(labels, workdirs):
+    groups.setdefault(label, []).append(w)
+  written = [os.path.join(out, "summary.md")]
+  with open(written[0], "w", encoding="utf-8") as f:
+    f.write(summary_table(workdirs, labels, k) + "\n")
+  if plot_accuracy(groups, os.path.join(out, "accuracy.png"), k):
+    written.append(os.path.join(out, "accuracy.png"))
+  if plot_training(groups, os.path.join(out, "training.png")):
+    written.append(os.path.join(out, "training.png"))
+  return written
+
+
+def main(argv: Sequence[str]) -> int:
+  """``RUN_DIR [RUN_DIR ...] [--out=DIR] [--k=8]``; ``label=RUN_DIR`` groups runs by label."""
+  out, k, dirs, labels = None, 8, [], []
+  for arg in argv:
+    if arg.startswith("--out="):
+      out = arg.split("=", 1)[1]
+    elif arg.startswith("--k="):
+      k = int(arg.split("=", 1)[1])
+    else:
+      label, _, path = arg.rpartition("=") if "=" in arg else ("", "", arg)
+      dirs.append(path)
+      labels.append(label or os.path.basename(os.path.normpath(path)))
+  if not dirs:
+    print("usage: python -m grpo_jax.report RUN_DIR [RUN_DIR ...] [--out=DIR]", file=sys.stderr)
+    return 2
+  missing = [d for d in dirs if not os.path.exists(os.path.join(d, "metrics.jsonl"))]
+  if missing:
+    print(f"grpo_jax.report: no metrics.jsonl in {', '.join(missing)}", file=sys.stderr)
+    return 1
+  paths = write_report(dirs, out or os.path.join(dirs[0], "report"), labels, k)
+  print(summary_table(dirs, labels, k))
+  print("wrote " + ", ".join(paths))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
