@@ -3,7 +3,6 @@
 
 import functools
 
-import chex
 import hypothesis
 import jax
 import jax.numpy as jnp
@@ -18,7 +17,8 @@ from grpo_jax.logprobs import completion_logprobs
 from grpo_jax.replay import headroom as headroom_lib
 from grpo_jax.replay import method as method_lib
 from grpo_jax.types import Rollout
-from tests.test_step import B, G, MIXED_ADV, P, SHIFT_N, T, _copy, _rollout
+from tests.test_step import (B, G, MIXED_ADV, P, SHIFT_N, T, _copy, _rollout,
+                             traced_step)
 
 
 def test_group_headroom_by_hand():
@@ -171,14 +171,7 @@ def test_train_step_loss_with_admitted_groups(split, tiny_qwen3, objective):
                              headroom_M=jnp.asarray([0.3, 0.6]))
   cfg = headroom_lib.HeadroomConfig(slots=2, candidates=2, tau=1e-3, objective=objective)
   tx = optax.sgd(0.0)
-  chex.clear_trace_counter()  # one trace per parametrised config
-  config = step_lib.StepConfig(group_size=G, replay=cfg)
-
-  @chex.assert_max_traces(n=1)
-  def traced(*args):
-    return step_lib.train_step(graphdef, tx, config, *args)
-
-  fn = jax.jit(traced)
+  fn = traced_step(graphdef, tx, step_lib.StepConfig(group_size=G, replay=cfg))
   state = step_lib.init_train_state(_copy(params), tx)
   _, new_replay, m = fn(state, replay, rollout, None, jax.random.key(0))
   assert float(m["headroom_admitted"]) == 2.0 and float(m["replay_rows"]) == 8.0

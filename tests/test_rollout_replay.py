@@ -3,7 +3,6 @@ eviction and warm-up against a Python model (hypothesis), and the loss in the tr
 
 import functools
 
-import chex
 import hypothesis
 import jax
 import jax.numpy as jnp
@@ -18,7 +17,8 @@ from grpo_jax.logprobs import completion_logprobs
 from grpo_jax.replay import method as method_lib
 from grpo_jax.replay import rollout as rollout_lib
 from grpo_jax.types import Rollout
-from tests.test_step import B, G, P, SHIFT_N, T, _copy, _rollout
+from tests.test_step import (B, G, MIXED_ADV, P, SHIFT_N, T, _copy, _rollout,
+                             traced_step)
 
 
 def test_priorities_by_hand():
@@ -144,13 +144,7 @@ def test_train_step_loss_on_the_fresh_anchored_batch(split, tiny_qwen3):
   replay = replay_lib.insert(replay, rows, stored_adv[:, None], stored_adv != 0, 0)
   cfg = rollout_lib.RolloutReplayConfig(tau_max=10, rho=0.5, warmup_steps=0)
   tx = optax.sgd(0.0)
-  config = step_lib.StepConfig(group_size=G, replay=cfg)
-
-  @chex.assert_max_traces(n=1)
-  def traced(*args):
-    return step_lib.train_step(graphdef, tx, config, *args)
-
-  fn = jax.jit(traced)
+  fn = traced_step(graphdef, tx, step_lib.StepConfig(group_size=G, replay=cfg))
   state = step_lib.init_train_state(_copy(params), tx)
   _, new_replay, m = fn(state, replay, rollout, None, jax.random.key(0))
   assert float(m["replay_rows"]) == 4.0
@@ -162,8 +156,6 @@ def test_train_step_loss_on_the_fresh_anchored_batch(split, tiny_qwen3):
   pmask = cat(rollout.prompt_mask_NxP, old.prompt_mask_NxP)
   cmask = cat(rollout.completion_mask_NxT, old.completion_mask_NxT)
   mu = cat(rollout.behaviour_logp_NxT, old.behaviour_logp_NxT - 0.2 * old.completion_mask_NxT)
-  # MIXED advantages (unbiased std), see tests/test_step.py.
-  from tests.test_step import MIXED_ADV  # pylint: disable=g-import-not-at-top
   adv = jnp.concatenate([jnp.asarray(MIXED_ADV), stored_adv[:4]])
   logp = completion_logprobs(tiny_qwen3, prompts, pmask, ids)
   expected, _ = losses.policy_loss(logp, mu, mu, adv, cmask, losses.LossConfig())

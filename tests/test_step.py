@@ -61,6 +61,17 @@ def _copy(tree):
   return jax.tree.map(jnp.copy, tree)
 
 
+def traced_step(graphdef, tx, config, donate=False):
+  """The jitted train step, failing if it is ever traced a second time (recompilation)."""
+  chex.clear_trace_counter()
+
+  @chex.assert_max_traces(n=1)
+  def traced(*args):
+    return step_lib.train_step(graphdef, tx, config, *args)
+
+  return jax.jit(traced, donate_argnums=(0, 1) if donate else ())
+
+
 MIXED = [1, 0, 0, 1, 0, 1, 0, 0]  # both groups effective
 # Unbiased (ddof = 1) GRPO advantages of MIXED, by hand:
 # group 0 [1, 0, 0, 1]: mean 0.5, var = 4 * 0.25 / 3 = 1/3, std 0.5773503 ->
@@ -75,12 +86,7 @@ def test_no_recompilation_across_steps(split):
   graphdef, params = split
   tx = optax.adam(1e-3)
   config = step_lib.StepConfig(group_size=G, num_minibatches=2)
-
-  @chex.assert_max_traces(n=1)
-  def traced(*args):
-    return step_lib.train_step(graphdef, tx, config, *args)
-
-  fn = jax.jit(traced, donate_argnums=(0, 1))
+  fn = traced_step(graphdef, tx, config, donate=True)
   state = step_lib.init_train_state(_copy(params), tx)
   replay = init_replay(0, G, P, T)
   for seed in range(3):
