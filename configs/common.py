@@ -69,6 +69,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.num_epochs = 1  # passes over each batch
   c.rl.overlong_buffer = 0  # DAPO soft overlong penalty: buffer length in tokens; 0 disables
   c.rl.overlong_penalty = 1.0  # DAPO soft overlong penalty factor
+  c.rl.max_consecutive_skips = 5  # stop after this many non-finite steps in a row; 0 = never
 
   c.replay = ml_collections.ConfigDict()
   c.replay.method = "none"  # none | popo | rollout (Yoo et al.) | headroom (Headroom-Drift)

@@ -62,6 +62,8 @@ def validate(config) -> None:
          f"{rl.prox_pass!r}; known: auto, {', '.join(step.PROX_PASSES)}")
   _check(rl.logprob_chunk >= 0, "rl.logprob_chunk", f"{rl.logprob_chunk} must be >= 0")
   _check(rl.num_epochs >= 1, "rl.num_epochs", f"{rl.num_epochs} must be >= 1")
+  _check(rl.max_consecutive_skips >= 0, "rl.max_consecutive_skips",
+         f"{rl.max_consecutive_skips} must be >= 0 (0 never stops)")
   _check(0 <= rl.overlong_buffer < r.completion_len, "rl.overlong_buffer",
          f"{rl.overlong_buffer} must be in [0, completion_len={r.completion_len})")
   try:

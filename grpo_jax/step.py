@@ -121,6 +121,7 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   """
   c = config
   rc = c.replay
+  replay_in = replay
   n = rollout.num_rows
   g = c.group_size
   b = n // g
@@ -249,6 +250,15 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
     extra_metrics["buffer_occupancy"] = jnp.mean(replay.valid_C.astype(jnp.float32))
   metrics.update(extra_metrics)
   metrics["ineffective_fraction"] = 1.0 - metrics["effective_fraction"]
+  # NaN/inf guard, on the device: a non-finite loss or gradient anywhere in the step leaves
+  # parameters, optimiser state (so the schedule's count too) and buffer exactly as they came
+  # in; the host counts the skips (metric "skipped") and stops after too many in a row.
+  finite = (jnp.all(jnp.isfinite(per_update["loss"]))
+            & jnp.all(jnp.isfinite(per_update["grad_norm"])))
+  keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+  params, opt_state = keep((params, opt_state), (state.params, state.opt_state))
+  replay = keep(replay, replay_in)
+  metrics["skipped"] = 1.0 - finite.astype(jnp.float32)
   new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, replay, metrics
 

@@ -11,6 +11,7 @@ automatic resume from the latest checkpoint in ``workdir``.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -159,7 +160,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   paths["tensorboard"] = writer.tensorboard_dir
   timers = dict.fromkeys(("generation", "update", "evaluation", "checkpoint"), 0.0)
   if start:
-    state, replay, saved = ckpt.restore(start, state, replay)
+    start, (state, replay, saved) = _restore_newest_readable(ckpt, state, replay)
     host.update({key: saved[key] for key in host})
     stream.position, stream.skipped = saved["data_position"], saved["prompts_skipped"]
     last_step = [r for r in metrics_lib.read_metrics(workdir) if "loss" in r]
@@ -195,6 +196,29 @@ def train_and_evaluate(config, workdir: str) -> dict:
     bar = None
   pending = None  # metrics of the previous step, fetched one step late
   t_start, tokens_at_start = time.time(), host["completion_tokens"]
+  stop = _StopSignals()
+  skips = 0  # consecutive steps the device skipped for a non-finite loss or gradient
+
+  def save(done):
+    t0 = time.time()
+    ckpt.save(done, state, replay, {**host, "data_position": stream.position,
+                                    "prompts_skipped": stream.skipped, "seed": config.seed})
+    timers["checkpoint"] += time.time() - t0
+
+  def flush(pending):
+    nonlocal skips
+    skipped = _log_step(writer, bar, *pending, last_eval, config, t_start, tokens_at_start)
+    skips = skips + 1 if skipped else 0
+    limit = config.rl.max_consecutive_skips
+    if limit and skips >= limit:
+      save(pending[0])
+      stop.restore()
+      raise TrainingStopped(
+          f"{skips} consecutive steps skipped for a non-finite loss or gradient (last: step "
+          f"{pending[0]}); parameters, optimiser state and buffer are those of the last good "
+          f"step, saved in {ckpt.directory} at step {pending[0]}. Check the rewards and the "
+          "learning rate (rl.max_consecutive_skips sets this limit; 0 never stops).")
+
   for step in range(start, config.total_steps):
     key = jax.random.fold_in(base_key, step)
     batch = stream.next_batch(r.batch_prompts)
@@ -214,20 +238,34 @@ def train_and_evaluate(config, workdir: str) -> dict:
     jax.block_until_ready(state.step)
     timers["update"] += time.time() - t1
     if pending is not None:
-      _log_step(writer, bar, *pending, last_eval, config, t_start, tokens_at_start)
+      flush(pending)
     pending = (step + 1, step_metrics, stats, dict(host), dict(timers))
     done = step + 1
     if done % config.eval.every == 0 or done == config.total_steps:
-      _log_step(writer, bar, *pending, last_eval, config, t_start, tokens_at_start)
+      flush(pending)
       pending = None
       last_eval = evaluate_now(done)
-    if done % config.checkpoint.every == 0 or done == config.total_steps:
-      t0 = time.time()
-      ckpt.save(done, state, replay, {**host, "data_position": stream.position,
-                                      "prompts_skipped": stream.skipped, "seed": config.seed})
-      timers["checkpoint"] += time.time() - t0
+    saved_now = done % config.checkpoint.every == 0 or done == config.total_steps
+    if saved_now:
+      save(done)
+    if stop.signal is not None and done < config.total_steps:
+      # Preempted: this step is finished; write it down and leave cleanly.
+      if pending is not None:
+        flush(pending)
+        pending = None
+      if not saved_now:
+        save(done)
+      stop.restore()
+      if bar is not None:
+        bar.close()
+      writer.close()
+      ckpt.close()
+      console.say(f"grpo_jax: stopped by {stop.name} after step {done}; checkpoint saved in "
+                  f"{ckpt.directory}. Run the same command to resume.")
+      return last_eval
+  stop.restore()
   if pending is not None:
-    _log_step(writer, bar, *pending, last_eval, config, t_start, tokens_at_start)
+    flush(pending)
   if bar is not None:
     bar.close()
   writer.close()
@@ -236,6 +274,66 @@ def train_and_evaluate(config, workdir: str) -> dict:
                               {**paths, **_report_paths(workdir, write=True)},
                               config.total_steps))
   return last_eval
+
+
+class TrainingStopped(RuntimeError):
+  """The run stopped itself (e.g. too many non-finite steps); the message says why and where
+  the last good state was saved."""
+
+
+class _StopSignals:
+  """SIGTERM / SIGINT set a flag: the current step finishes, a checkpoint is written, the run
+  exits 0. Later signals (e.g. a second Ctrl-C during the save) change nothing, so the save
+  completes and the last good checkpoint is never torn by us."""
+
+  def __init__(self):
+    self.signal = None
+    self._previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread (e.g. a notebook worker): no handler
+        pass
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.signal is None:
+      self.signal = signum
+      console.say(f"grpo_jax: {signal.Signals(signum).name} received; finishing this step, "
+                  "then saving a checkpoint")
+
+  @property
+  def name(self) -> str:
+    return signal.Signals(self.signal).name if self.signal is not None else ""
+
+  def restore(self):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
+
+
+def _restore_newest_readable(ckpt, state, replay):
+  """(step, restored) from the newest checkpoint that restores; a damaged one (killed during
+  the save, truncated or corrupted files) is reported and the next older one is tried. Orbax
+  never lists a save that did not finish (it writes to a temporary folder and renames)."""
+  errors = []
+  for step in sorted(ckpt.manager.all_steps(), reverse=True):
+    try:
+      restored = ckpt.restore(step, state, replay)
+    except Exception as e:  # pylint: disable=broad-except
+      # Moved aside, not deleted (nothing is lost), so that the run can save that step again.
+      aside = os.path.join(os.path.dirname(ckpt.directory), "checkpoints_unreadable",
+                           f"{step}-{int(time.time())}")
+      os.makedirs(os.path.dirname(aside), exist_ok=True)
+      os.rename(os.path.join(ckpt.directory, str(step)), aside)
+      ckpt.manager.reload()
+      errors.append(f"checkpoint {step} is unreadable ({type(e).__name__}: {str(e)[:200]})")
+      console.say(f"grpo_jax: {errors[-1]}; moved to {aside}; trying an older one")
+      continue
+    if errors:
+      console.say(f"grpo_jax: resuming from checkpoint {step} (the newest readable one)")
+    return step, restored
+  raise CheckpointError("no readable checkpoint in " + ckpt.directory + ": " + "; ".join(errors))
 
 
 def _report_paths(workdir: str, write: bool = False) -> dict:
@@ -267,7 +365,7 @@ def _log_step(writer, bar, step, step_metrics, stats, host_then, timers_then, la
             "wall_s": elapsed,
             # Cumulative over the run, restarts included: where the time went.
             **{f"time_{name}_s": v for name, v in timers_then.items()}}
-  if step % config.log_every == 0:
+  if step % config.log_every == 0 or values.get("skipped"):
     writer.write(step, record)
   if bar is not None:
     acc = last_eval.get(f"eval/mean_at_{config.eval.k}", float("nan"))
@@ -276,6 +374,7 @@ def _log_step(writer, bar, step, step_metrics, stats, host_then, timers_then, la
                     rollouts=host_then["rollouts"], tok_s=f"{record['tokens_per_s']:.0f}",
                     refresh=False)
     bar.refresh()
+  return bool(values.get("skipped"))
 
 
 def main(argv):
@@ -291,7 +390,7 @@ def main(argv):
   try:
     train_and_evaluate(config, workdir)
   except (configuration.ConfigError, CheckpointError, FileNotFoundError,
-          tokenization.PromptTooLongError) as e:
+          tokenization.PromptTooLongError, TrainingStopped) as e:
     # User errors (config, paths, data) end with one readable line, not a traceback.
     sys.exit(f"grpo_jax.train: {e}")
 

@@ -319,3 +319,32 @@ def test_step_config_validation():
     step_lib.StepConfig(group_size=G, reward_signal="accuracy")
   with pytest.raises(ValueError, match="prox_pass"):
     step_lib.StepConfig(group_size=G, prox_pass="some")
+
+
+@pytest.mark.parametrize("field", ["scores_N", "behaviour_logp_NxT"])
+def test_non_finite_input_skips_the_update_on_device(split, field):
+  """A NaN score (-> NaN advantages) or an inf behaviour log-prob (-> non-finite loss) leaves
+  parameters, optimiser state and the replay buffer exactly as they came in; the step counter
+  advances and the skip is reported. The next, finite step updates again."""
+  from grpo_jax.replay import popo  # pylint: disable=g-import-not-at-top
+  graphdef, params = split
+  tx = optax.adam(1e-2)
+  fn = step_lib.make_train_step(graphdef, tx, step_lib.StepConfig(
+      group_size=G, replay=popo.PopoConfig(), reward_signal="score"))
+  state = step_lib.init_train_state(_copy(params), tx)
+  good = _rollout(split, MIXED)
+  state, replay, m = fn(state, init_replay(4, G, P, T), good, None, jax.random.key(0))
+  assert float(m["skipped"]) == 0.0 and int(replay.num_inserted) == 2
+  before = jax.tree.map(np.asarray, (state.params, state.opt_state, replay))
+  bad = good.replace(**{field: getattr(good, field).at[0].set(
+      jnp.nan if field == "scores_N" else jnp.inf)})
+  state, replay, m = fn(state, replay, bad, None, jax.random.key(1))
+  assert float(m["skipped"]) == 1.0 and int(state.step) == 2
+  after = jax.tree.map(np.asarray, (state.params, state.opt_state, replay))
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+    np.testing.assert_array_equal(a, b)
+  state, _, m = fn(state, replay, good, None, jax.random.key(2))
+  assert float(m["skipped"]) == 0.0
+  moved = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before[0]),
+                                                   jax.tree.leaves(state.params))]
+  assert any(moved)
