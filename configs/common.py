@@ -112,6 +112,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 25  # steps between orbax checkpoints (and at the end)
   c.checkpoint.keep = 2  # checkpoints kept
+  c.checkpoint.allow_config_change = False  # resume a workdir whose run had another config
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # data-parallel axis size; -1 = all devices (single-device for now)

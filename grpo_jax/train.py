@@ -10,6 +10,7 @@ automatic resume from the latest checkpoint in ``workdir``.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -126,6 +127,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
   tokenizer = transformers.AutoTokenizer.from_pretrained(config.model.path)
   model = from_pretrained(config.model.path, param_dtype=config.model.param_dtype,
                           dtype=config.model.dtype)
+  if len(tokenizer) > model.config.vocab_size:
+    raise CheckpointError(
+        f"the tokenizer in {config.model.path} has {len(tokenizer):,} tokens but the model's "
+        f"embedding has {model.config.vocab_size:,} rows: they do not belong together")
   graphdef, params = nnx.split(model)
   del model
   # The reference must own its buffers: the state's parameters are donated every step.
@@ -139,6 +144,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   stream = rollouts_lib.PromptStream(task, tokenizer, r.prompt_len, config.task.chat_template)
   host = {"rollouts": 0, "completion_tokens": 0, "reward_errors": 0}
 
+  _check_same_run(config, workdir)
   ckpt = checkpoint_lib.Checkpointer(workdir, config.checkpoint.keep)
   start = ckpt.latest_step() or 0
   k = config.eval.k
@@ -274,6 +280,36 @@ def train_and_evaluate(config, workdir: str) -> dict:
                               {**paths, **_report_paths(workdir, write=True)},
                               config.total_steps))
   return last_eval
+
+
+# Fields that may change between the runs of one workdir: how long, how often to evaluate,
+# log and checkpoint. Anything else changes the trajectory.
+_RESUMABLE_CHANGES = ("total_steps", "log_every", "eval.", "checkpoint.")
+
+
+def _check_same_run(config, workdir: str) -> None:
+  """Refuses to resume a workdir whose run had another config (unless
+  ``checkpoint.allow_config_change``); writes ``config.json`` for the next start."""
+  path = os.path.join(workdir, "config.json")
+  current = json.loads(config.to_json_best_effort())
+  if os.path.exists(path) and not config.checkpoint.allow_config_change:
+    with open(path, encoding="utf-8") as f:
+      saved = json.load(f)
+    flat = lambda d, pre="": ({f"{pre}{k}": v for k, v in d.items() if not isinstance(v, dict)}
+                              | {kk: vv for k, v in d.items() if isinstance(v, dict)
+                                 for kk, vv in flat(v, f"{pre}{k}.").items()})
+    a, b = flat(saved), flat(current)
+    differ = sorted(key for key in set(a) | set(b) if a.get(key) != b.get(key)
+                    and not key.startswith(_RESUMABLE_CHANGES))
+    if differ:
+      shown = ", ".join(f"{key} ({a.get(key)!r} -> {b.get(key)!r})" for key in differ[:6])
+      raise configuration.ConfigError(
+          f"{workdir} holds a run with another config: {shown}"
+          + (f" (+{len(differ) - 6} more)" if len(differ) > 6 else "")
+          + "; use another --workdir, or --config.checkpoint.allow_config_change=true to "
+          "resume it anyway")
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(current, f, indent=1, sort_keys=True)
 
 
 class TrainingStopped(RuntimeError):

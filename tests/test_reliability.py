@@ -123,3 +123,58 @@ def test_too_many_non_finite_steps_stop_with_the_last_good_state(tmp_path, monke
   initial = nnx.split(from_pretrained(c.model.path))[1]
   for x, y in zip(jax.tree.leaves(saved), jax.tree.leaves(initial)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_truncated_safetensors_is_named(tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  from grpo_jax import assets  # pylint: disable=g-import-not-at-top
+  from grpo_jax.models import CheckpointError, from_pretrained  # pylint: disable=g-import-not-at-top
+  folder = tmp_path / "model"
+  shutil.copytree(assets.EMBEDDED_MODEL, folder)
+  weights = folder / "model.safetensors"
+  data = weights.read_bytes()
+  weights.write_bytes(data[:len(data) // 2])  # an interrupted download
+  with pytest.raises(CheckpointError, match="model.safetensors.*truncated or corrupt"):
+    from_pretrained(os.fspath(folder))
+  weights.write_bytes(b"not safetensors at all")
+  with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+    from_pretrained(os.fspath(folder))
+
+
+def test_tokenizer_that_does_not_match_the_model_is_refused(tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  from grpo_jax import assets  # pylint: disable=g-import-not-at-top
+  from grpo_jax.models import CheckpointError  # pylint: disable=g-import-not-at-top
+  from grpo_jax.models import from_pretrained, save_pretrained  # pylint: disable=g-import-not-at-top
+  from grpo_jax.models.qwen3 import Qwen3  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  # A model with 64 embedding rows next to the embedded tokenizer's 1,072 tokens (its model has
+  # 1,088 rows: the vocabulary is padded, which is fine the other way round).
+  small = from_pretrained(assets.EMBEDDED_MODEL).config.replace(vocab_size=64)
+  folder = tmp_path / "model"
+  save_pretrained(Qwen3(small, rngs=nnx.Rngs(0)), os.fspath(folder))
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(os.path.join(assets.EMBEDDED_MODEL, name), folder / name)
+  c = _config()
+  c.model.path = os.fspath(folder)
+  with pytest.raises(CheckpointError, match="1,072 tokens but the model's embedding has 64 rows"):
+    train.train_and_evaluate(c, os.fspath(tmp_path / "run"))
+  assert not (tmp_path / "run" / "checkpoints").exists()  # nothing written
+
+
+def test_workdir_of_another_config_is_not_resumed(tmp_path):
+  from grpo_jax import configuration  # pylint: disable=g-import-not-at-top
+  c = _config()
+  c.total_steps = 1
+  workdir = os.fspath(tmp_path)
+  train.train_and_evaluate(c, workdir)
+  other = _config()
+  other.total_steps = 2
+  other.rl.clip_high = 0.28  # changes the trajectory
+  with pytest.raises(configuration.ConfigError,
+                     match=r"holds a run with another config: rl.clip_high \(0.2 -> 0.28\)"):
+    train.train_and_evaluate(other, workdir)
+  assert checkpoint_lib.Checkpointer(workdir, 2).latest_step() == 1  # nothing lost or written
+  other.checkpoint.allow_config_change = True
+  train.train_and_evaluate(other, workdir)
+  assert checkpoint_lib.Checkpointer(workdir, 2).latest_step() == 2

@@ -11,6 +11,7 @@ mapping below is the only place that knows both names.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Optional
@@ -124,12 +125,25 @@ def _weight_files(path: str) -> dict[str, str]:
     return {name: os.path.join(path, file) for name, file in weight_map.items()}
   single = os.path.join(path, _SINGLE)
   if os.path.exists(single):
-    from safetensors import safe_open  # pylint: disable=g-import-not-at-top
-    with safe_open(single, framework="numpy") as f:
+    with _safetensors(single) as f:
       return {name: single for name in f.keys()}
   present = sorted(os.listdir(path))
   raise CheckpointError(f"{path} has neither {_SINGLE} nor {_INDEX} (found: {present}); "
                         "only safetensors weights are supported")
+
+
+@contextlib.contextmanager
+def _safetensors(file: str):
+  """safe_open, with an unreadable file (truncated download, not safetensors) named in a
+  CheckpointError instead of a library traceback."""
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  try:
+    handle = safe_open(file, framework="numpy")
+  except Exception as e:  # pylint: disable=broad-except
+    raise CheckpointError(f"{file} is not a readable safetensors file ({e}): it is truncated "
+                          "or corrupt; download or save it again") from None
+  with handle as f:
+    yield f
 
 
 def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "float32",
@@ -151,7 +165,6 @@ def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "fl
   """
   del rngs
   import transformers  # pylint: disable=g-import-not-at-top
-  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
 
   if not os.path.isdir(path):
     raise FileNotFoundError(f"model folder not found: {path}")
@@ -178,10 +191,14 @@ def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "fl
     by_file.setdefault(files[name], []).append(name)
   flat = []
   for file, names in by_file.items():
-    with safe_open(file, framework="numpy") as f:
+    with _safetensors(file) as f:
       for name in names:
         p, transpose, var = wanted[name]
-        array = f.get_tensor(name)
+        try:
+          array = f.get_tensor(name)
+        except Exception as e:  # pylint: disable=broad-except
+          raise CheckpointError(f"tensor {name} in {file} cannot be read ({e}): the file is "
+                                "truncated or corrupt; download or save it again") from None
         if transpose:
           array = array.T
         if array.shape != var.shape:
