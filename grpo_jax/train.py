@@ -431,6 +431,19 @@ def main(argv):
     sys.exit(f"grpo_jax.train: {e}")
 
 
+def parse_flags(argv):
+  """absl's flag parsing, with an unknown ``--config.x`` field named in one line, not a
+  traceback from inside ml_collections."""
+  try:
+    return flags.FLAGS(argv)
+  except (AttributeError, KeyError) as e:
+    name = str(e).strip("\"'")
+    given = [a.split("=")[0][2:] for a in argv
+             if a.startswith("--config.") and name in a.split("=")[0].split(".")]
+    sys.exit(f"grpo_jax.train: unknown config field {given[0] if given else name!r}; the "
+             "fields and their meaning are in configs/common.py")
+
+
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

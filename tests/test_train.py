@@ -215,3 +215,15 @@ def test_prox_pass_auto_follows_the_matmul_dtype():
   assert configuration.prox_pass(c) == "all"
   c.rl.prox_pass = "replayed"
   assert configuration.prox_pass(c) == "replayed"
+
+
+def test_cli_unknown_config_field_is_one_readable_line(tmp_path):
+  cmd = [sys.executable, "-m", "grpo_jax.train", "--config=configs/grpo.py",
+         "--config.rl.fooo=1", f"--workdir={tmp_path}"]
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1
+  assert "Traceback" not in proc.stderr
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "grpo_jax.train: unknown config field 'config.rl.fooo'; the fields and their meaning are "
+      "in configs/common.py")
+  assert not os.listdir(tmp_path)  # nothing written
