@@ -15,7 +15,7 @@ refills them, and they leave its denominator too: see losses.aggregate), POPO-in
 (``insert="all"``: the buffer takes every group), POPO-stale(s)
 (``priority="staleness"``), POPO-KL (``priority="lowest_drift"`` with the drift of every stored
 group measured against the current policy each step), and two objectives for replayed rows
-besides the decoupled one (``objective``, see OBJECTIVES): POPO-pi_old ("pi_old": replayed rows
+besides the decoupled one (``objective``, see method.OBJECTIVES): POPO-pi_old ("pi_old": replayed rows
 are treated as if the current policy had sampled them: no behaviour weight, trust region around
 pi_prox) and "align_mu" (the coupled objective: trust region around the behaviour policy,
 pi_prox := mu, the "fully aligning to the behaviour policy" the authors compare against).
