@@ -160,25 +160,23 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
       "prox_logp_NxT": mixed.behaviour_logp_NxT,
       "advantages_N": comp.advantages_N,
   })
-  replay_prox_N = replayed_N
-  if rc.objective == "align_mu":
-    replay_prox_N = jnp.zeros_like(replayed_N)  # replayed rows keep pi_prox := mu
-  needs_prox = replaying and rc.objective != "align_mu"
-  if c.prox_pass == "all" or (needs_prox and comp.prox_logp_NxT is None):
-    # pi_prox is the policy at the start of the step (one no-grad pass over the batch).
-    prox = start_logp(mixed)
-    if comp.prox_logp_NxT is not None:  # the method's own pass already gave replayed rows
-      prox = jnp.where(replayed_N[:, None], comp.prox_logp_NxT, prox)
-    from_pass_N = (~replayed_N | replay_prox_N) if c.prox_pass == "all" else replay_prox_N
-    batch["prox_logp_NxT"] = jnp.where(from_pass_N[:, None], prox, mixed.behaviour_logp_NxT)
+  # Which rows take pi_prox from the start-of-step policy (the others keep pi_prox = mu):
+  # replayed rows unless the objective clips around mu; every row with prox_pass="all".
+  replay_prox = replaying and rc.objective != "align_mu"  # static
+  from_start_N = replayed_N if replay_prox else jnp.zeros_like(replayed_N)
+  if c.prox_pass == "all":
+    from_start_N = from_start_N | ~replayed_N
+  if replay_prox or c.prox_pass == "all":
+    prox = comp.prox_logp_NxT  # the method's own pass, when it made one (replayed rows)
+    if prox is None or c.prox_pass == "all":
+      full = start_logp(mixed)  # one no-grad pass over the batch
+      prox = full if prox is None else jnp.where(replayed_N[:, None], prox, full)
+    batch["prox_logp_NxT"] = jnp.where(from_start_N[:, None], prox, mixed.behaviour_logp_NxT)
     if c.prox_pass == "all":
       fresh_tok = (batch["mask_NxT"] & ~replayed_N[:, None]).astype(jnp.float32)
       extra_metrics["fresh_logp_mismatch"] = (
           jnp.sum(jnp.abs(prox - mixed.behaviour_logp_NxT) * fresh_tok)
           / jnp.maximum(jnp.sum(fresh_tok), 1.0))
-  elif needs_prox:
-    batch["prox_logp_NxT"] = jnp.where(replay_prox_N[:, None], comp.prox_logp_NxT,
-                                       mixed.behaviour_logp_NxT)
   if replaying:
     if rc.objective == "pi_old":
       # Replayed rows as if the current policy had sampled them: mu := pi_prox, so w = 1.

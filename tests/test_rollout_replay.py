@@ -17,7 +17,7 @@ from grpo_jax.logprobs import completion_logprobs
 from grpo_jax.replay import method as method_lib
 from grpo_jax.replay import rollout as rollout_lib
 from grpo_jax.types import Rollout
-from tests.test_step import (B, G, MIXED_ADV, P, SHIFT_N, T, _copy, _rollout,
+from tests.test_step import (G, MIXED_ADV, P, SHIFT_N, T, _copy, _rollout,
                              traced_step)
 
 

@@ -188,13 +188,18 @@ def test_real_model_preset_needs_a_path():
     headroom.get_config("nope")
 
 
-def test_cli_bad_value_is_one_readable_line(tmp_path):
-  cmd = [sys.executable, "-m", "grpo_jax.train", "--config=configs/grpo.py",
-         "--config.rollout.group_size=1", f"--workdir={tmp_path}"]
+def _cli_error_line(override, workdir):
+  """The CLI with one bad --config override: exit 1, no traceback; returns stderr's last line."""
+  cmd = [sys.executable, "-m", "grpo_jax.train", "--config=configs/grpo.py", override,
+         f"--workdir={workdir}"]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 1
   assert "Traceback" not in proc.stderr
-  assert proc.stderr.strip().splitlines()[-1] == (
+  return proc.stderr.strip().splitlines()[-1]
+
+
+def test_cli_bad_value_is_one_readable_line(tmp_path):
+  assert _cli_error_line("--config.rollout.group_size=1", tmp_path) == (
       "grpo_jax.train: config.rollout.group_size: 1: group-relative advantages need >= 2 "
       "rollouts per prompt")
 
@@ -218,12 +223,7 @@ def test_prox_pass_auto_follows_the_matmul_dtype():
 
 
 def test_cli_unknown_config_field_is_one_readable_line(tmp_path):
-  cmd = [sys.executable, "-m", "grpo_jax.train", "--config=configs/grpo.py",
-         "--config.rl.fooo=1", f"--workdir={tmp_path}"]
-  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 1
-  assert "Traceback" not in proc.stderr
-  assert proc.stderr.strip().splitlines()[-1] == (
+  assert _cli_error_line("--config.rl.fooo=1", tmp_path) == (
       "grpo_jax.train: unknown config field 'config.rl.fooo'; the fields and their meaning are "
       "in configs/common.py")
   assert not os.listdir(tmp_path)  # nothing written

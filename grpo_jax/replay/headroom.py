@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from grpo_jax.replay import buffer
 from grpo_jax.replay.buffer import ReplayState
 from grpo_jax.replay.method import (Composition, LogpFn, StepContext, flat_rows,
-                                    validate_objective)
+                                    fresh_anchored, no_rows, validate_objective)
 
 ORDERS = ("headroom", "fifo")
 
@@ -112,12 +112,10 @@ class HeadroomConfig:
 
   def compose(self, ctx: StepContext, replay: ReplayState, logp_fn: LogpFn) -> Composition:
     """Fresh rows, then up to K_rep admitted groups (K_rep * G rows, masked when fewer)."""
-    fresh_rows = jax.tree.map(flat_rows, ctx.fresh)
-    n = fresh_rows.num_rows
     k, m = self.slots, self.candidates
     g = ctx.fresh.completion_ids_NxT.shape[1]
     if not self.replays(replay):
-      return _empty(ctx, fresh_rows, k * g)
+      return fresh_anchored(ctx, *no_rows(ctx, k * g))
     if replay.capacity < m:
       raise ValueError(f"Headroom-Drift needs a buffer of at least candidates={m} groups, "
                        f"got capacity {replay.capacity}")
@@ -141,23 +139,13 @@ class HeadroomConfig:
     take_K = order_M[:k]
     slot_ok_K = jnp.arange(k) < jnp.sum(admitted_M.astype(jnp.int32))
     pick = lambda x: x[take_K].reshape((k * g,) + x.shape[2:])
-    stored = jax.tree.map(pick, cand)
-    slot_ok_R = jnp.repeat(slot_ok_K, g)
-    rows = jax.tree.map(lambda f, s: jnp.concatenate([f, s.astype(f.dtype)]), fresh_rows, stored)
-    prox = jnp.concatenate([fresh_rows.behaviour_logp_NxT, pick(logp_MxGxT)])
     num_ok = jnp.maximum(jnp.sum(ok_M.astype(jnp.float32)), 1.0)
     num_adm = jnp.sum(admitted_M.astype(jnp.float32))
     mean_over = lambda x, w: jnp.sum(jnp.where(w, x, 0.0)) / jnp.maximum(
         jnp.sum(w.astype(jnp.float32)), 1.0)
-    return Composition(
-        rollout=rows,
-        advantages_N=jnp.concatenate([flat_rows(ctx.advantages_BxG),
-                                      jnp.where(slot_ok_R, pick(adv_MxG), 0.0)]),
-        loss_mask_NxT=jnp.concatenate([fresh_rows.completion_mask_NxT,
-                                       stored.completion_mask_NxT & slot_ok_R[:, None]]),
-        replayed_N=jnp.concatenate([jnp.zeros((n,), bool), slot_ok_R]),
-        prox_logp_NxT=prox,
-        selection=(cand_M, ok_M, admitted_M, drift_M, head_M),
+    return fresh_anchored(
+        ctx, jax.tree.map(pick, cand), pick(adv_MxG), jnp.repeat(slot_ok_K, g),
+        prox_logp_RxT=pick(logp_MxGxT), selection=(cand_M, ok_M, admitted_M, drift_M, head_M),
         metrics={
             "headroom_admitted": num_adm,
             "headroom_accept_rate": jnp.sum(passes_M.astype(jnp.float32)) / num_ok,
@@ -169,7 +157,7 @@ class HeadroomConfig:
         })
 
   def after_update(self, ctx: StepContext, replay: ReplayState,
-             comp: Composition) -> tuple[ReplayState, dict]:
+                   comp: Composition) -> tuple[ReplayState, dict]:
     """After the update: refresh the candidates' cached H and D, count uses, append this
     step's mixed-outcome groups with their headroom under pi_gen."""
     if not self.replays(replay):
@@ -188,15 +176,3 @@ class HeadroomConfig:
                            headroom_M=head_B)
     return replay, {}
 
-
-def _empty(ctx: StepContext, fresh_rows, r: int) -> Composition:
-  """The fresh rows plus r masked rows (no buffer: capacity 0)."""
-  n = fresh_rows.num_rows
-  pad = jax.tree.map(lambda x: jnp.concatenate([x, jnp.zeros((r,) + x.shape[1:], x.dtype)]),
-                     fresh_rows)
-  return Composition(rollout=pad,
-                     advantages_N=jnp.concatenate([flat_rows(ctx.advantages_BxG),
-                                                   jnp.zeros((r,), jnp.float32)]),
-                     loss_mask_NxT=pad.completion_mask_NxT,
-                     replayed_N=jnp.zeros((n + r,), bool), prox_logp_NxT=None, selection=None,
-                     metrics={})

@@ -102,6 +102,34 @@ def fresh_composition(ctx: StepContext, mask_BxGxT: jax.Array | None = None,
                      metrics=metrics or {})
 
 
+def fresh_anchored(ctx: StepContext, stored_R: Rollout, advantages_R: jax.Array,
+                   ok_R: jax.Array, prox_logp_RxT: jax.Array | None = None, selection=None,
+                   metrics: dict | None = None) -> Composition:
+  """All N fresh rows, then R stored rows (a static R): row i of the tail counts only where
+  ``ok_R[i]`` (fewer entries than R leave masked rows with advantage 0).
+
+  The layout of rollout-level replay (arXiv 2606.04560) and of Headroom-Drift's extra groups
+  (arXiv 2609.03941). ``prox_logp_RxT``: the stored rows' log pi_prox when the method has it.
+  """
+  fresh = jax.tree.map(flat_rows, ctx.fresh)
+  n = fresh.num_rows
+  cat = lambda f, s: jnp.concatenate([f, s.astype(f.dtype)])
+  prox = None if prox_logp_RxT is None else cat(fresh.behaviour_logp_NxT, prox_logp_RxT)
+  return Composition(
+      rollout=jax.tree.map(cat, fresh, stored_R),
+      advantages_N=cat(flat_rows(ctx.advantages_BxG), jnp.where(ok_R, advantages_R, 0.0)),
+      loss_mask_NxT=cat(fresh.completion_mask_NxT, stored_R.completion_mask_NxT & ok_R[:, None]),
+      replayed_N=cat(jnp.zeros((n,), bool), ok_R), prox_logp_NxT=prox, selection=selection,
+      metrics=metrics or {})
+
+
+def no_rows(ctx: StepContext, r: int) -> tuple[Rollout, jax.Array, jax.Array]:
+  """(r zero rows shaped like the fresh ones, zero advantages, all False): the tail of a
+  fresh-anchored batch when there is no buffer (capacity 0)."""
+  zeros = jax.tree.map(lambda x: jnp.zeros((r,) + x.shape[2:], x.dtype), ctx.fresh)
+  return zeros, jnp.zeros((r,), jnp.float32), jnp.zeros((r,), bool)
+
+
 def validate_objective(objective: str):
   if objective not in OBJECTIVES:
     raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
@@ -133,6 +161,6 @@ class NoReplay:
     return fresh_composition(ctx)
 
   def after_update(self, ctx: StepContext, replay: ReplayState,
-             comp: Composition) -> tuple[ReplayState, dict]:
+                   comp: Composition) -> tuple[ReplayState, dict]:
     del ctx, comp
     return replay, {}

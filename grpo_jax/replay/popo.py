@@ -137,7 +137,7 @@ class PopoConfig:
         metrics={"replay_slots_filled": jnp.sum(replayed_B.astype(jnp.float32))})
 
   def after_update(self, ctx: StepContext, replay: ReplayState,
-             comp: Composition) -> tuple[ReplayState, dict]:
+                   comp: Composition) -> tuple[ReplayState, dict]:
     """After the update: count the uses, then store this step's effective groups (or all)."""
     if not self.replays(replay):
       return replay, {}

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from grpo_jax.replay import buffer
 from grpo_jax.replay.buffer import ReplayState
 from grpo_jax.replay.method import (Composition, LogpFn, StepContext, flat_rows,
-                                    validate_objective)
+                                    fresh_anchored, no_rows, validate_objective)
 
 INSERT_MODES = ("nonzero", "all")
 
@@ -114,34 +114,25 @@ class RolloutReplayConfig:
   def compose(self, ctx: StepContext, replay: ReplayState, logp_fn: LogpFn) -> Composition:
     """All N fresh rows, then R rows drawn by priority without replacement (masked if absent)."""
     del logp_fn
-    fresh_rows = jax.tree.map(flat_rows, ctx.fresh)
-    n = fresh_rows.num_rows
+    n = ctx.advantages_BxG.size
     r = self.extra_rows(n, ctx.fresh.completion_ids_NxT.shape[1])
     live_C = replay.valid_C & (ctx.step >= self.warmup_steps)
     p_C = priorities(replay.advantages_CxE[:, 0], live_C, self.alpha, self.eps)
     if replay.capacity:
       indices_R, ok_R = buffer.select(replay.replace(valid_C=live_C), r, "proportional",
                                       score_C=p_C, rng=ctx.rng)
+      stored = jax.tree.map(lambda x: x[indices_R, 0], replay.rollouts)
+      stored_adv = replay.advantages_CxE[indices_R, 0]
     else:
-      indices_R, ok_R = jnp.zeros((r,), jnp.int32), jnp.zeros((r,), bool)
-    stored = jax.tree.map(lambda x: x[indices_R, 0] if x.shape[0] else
-                          jnp.zeros((r,) + x.shape[2:], x.dtype), replay.rollouts)
-    stored_adv = (replay.advantages_CxE[indices_R, 0] if replay.capacity
-                  else jnp.zeros((r,), jnp.float32))
-    rows = jax.tree.map(lambda f, s: jnp.concatenate([f, s.astype(f.dtype)]), fresh_rows, stored)
-    mask = jnp.concatenate([fresh_rows.completion_mask_NxT,
-                            stored.completion_mask_NxT & ok_R[:, None]])
-    return Composition(
-        rollout=rows,
-        advantages_N=jnp.concatenate([flat_rows(ctx.advantages_BxG),
-                                      jnp.where(ok_R, stored_adv, 0.0)]),
-        loss_mask_NxT=mask, replayed_N=jnp.concatenate([jnp.zeros((n,), bool), ok_R]),
-        prox_logp_NxT=None, selection=(indices_R, ok_R),
+      stored, stored_adv, ok_R = no_rows(ctx, r)
+      indices_R = jnp.zeros((r,), jnp.int32)
+    return fresh_anchored(
+        ctx, stored, stored_adv, ok_R, selection=(indices_R, ok_R),
         metrics={"replay_priority_entropy": priority_entropy(p_C),
                  "replay_live_entries": jnp.sum(live_C.astype(jnp.float32))})
 
   def after_update(self, ctx: StepContext, replay: ReplayState,
-             comp: Composition) -> tuple[ReplayState, dict]:
+                   comp: Composition) -> tuple[ReplayState, dict]:
     """After the update: count uses, then store this step's rollouts one entry each."""
     if not self.replays(replay):
       return replay, {}
