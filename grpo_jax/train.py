@@ -218,58 +218,58 @@ def train_and_evaluate(config, workdir: str) -> dict:
     limit = config.rl.max_consecutive_skips
     if limit and skips >= limit:
       save(pending[0])
-      stop.restore()
       raise TrainingStopped(
           f"{skips} consecutive steps skipped for a non-finite loss or gradient (last: step "
           f"{pending[0]}); parameters, optimiser state and buffer are those of the last good "
           f"step, saved in {ckpt.directory} at step {pending[0]}. Check the rewards and the "
           "learning rate (rl.max_consecutive_skips sets this limit; 0 never stops).")
 
-  for step in range(start, config.total_steps):
-    key = jax.random.fold_in(base_key, step)
-    batch = stream.next_batch(r.batch_prompts)
-    t0 = time.time()
-    rollout, stats = rollouts_lib.generate(
-        sample_fn, state.params, tokenizer, task, batch, group_size=r.group_size,
-        prompt_len=r.prompt_len, version=step, rng=jax.random.fold_in(key, 0),
-        overlong_buffer=config.rl.overlong_buffer, overlong_factor=config.rl.overlong_penalty)
-    t1 = time.time()
-    timers["generation"] += t1 - t0
-    for name in host:
-      host[name] += stats[name]
-    state, replay, step_metrics = train_step(state, replay, rollout, ref_params,
-                                             jax.random.fold_in(key, 1))
-    # Generation needs the new parameters anyway, so waiting here costs no overlap and lets the
-    # summary split the time honestly.
-    jax.block_until_ready(state.step)
-    timers["update"] += time.time() - t1
-    if pending is not None:
-      flush(pending)
-    pending = (step + 1, step_metrics, stats, dict(host), dict(timers))
-    done = step + 1
-    if done % config.eval.every == 0 or done == config.total_steps:
-      flush(pending)
-      pending = None
-      last_eval = evaluate_now(done)
-    saved_now = done % config.checkpoint.every == 0 or done == config.total_steps
-    if saved_now:
-      save(done)
-    if stop.signal is not None and done < config.total_steps:
-      # Preempted: this step is finished; write it down and leave cleanly.
+  try:
+    for step in range(start, config.total_steps):
+      key = jax.random.fold_in(base_key, step)
+      batch = stream.next_batch(r.batch_prompts)
+      t0 = time.time()
+      rollout, stats = rollouts_lib.generate(
+          sample_fn, state.params, tokenizer, task, batch, group_size=r.group_size,
+          prompt_len=r.prompt_len, version=step, rng=jax.random.fold_in(key, 0),
+          overlong_buffer=config.rl.overlong_buffer, overlong_factor=config.rl.overlong_penalty)
+      t1 = time.time()
+      timers["generation"] += t1 - t0
+      for name in host:
+        host[name] += stats[name]
+      state, replay, step_metrics = train_step(state, replay, rollout, ref_params,
+                                               jax.random.fold_in(key, 1))
+      # Generation needs the new parameters anyway, so waiting here costs no overlap and lets the
+      # summary split the time honestly.
+      jax.block_until_ready(state.step)
+      timers["update"] += time.time() - t1
       if pending is not None:
         flush(pending)
+      pending = (step + 1, step_metrics, stats, dict(host), dict(timers))
+      done = step + 1
+      if done % config.eval.every == 0 or done == config.total_steps:
+        flush(pending)
         pending = None
-      if not saved_now:
+        last_eval = evaluate_now(done)
+      saved_now = done % config.checkpoint.every == 0 or done == config.total_steps
+      if saved_now:
         save(done)
-      stop.restore()
-      if bar is not None:
-        bar.close()
-      writer.close()
-      ckpt.close()
-      console.say(f"grpo_jax: stopped by {stop.name} after step {done}; checkpoint saved in "
-                  f"{ckpt.directory}. Run the same command to resume.")
-      return last_eval
-  stop.restore()
+      if stop.signal is not None and done < config.total_steps:
+        # Preempted: this step is finished; write it down and leave cleanly.
+        if pending is not None:
+          flush(pending)
+          pending = None
+        if not saved_now:
+          save(done)
+        if bar is not None:
+          bar.close()
+        writer.close()
+        ckpt.close()
+        console.say(f"grpo_jax: stopped by {stop.name} after step {done}; checkpoint saved in "
+                    f"{ckpt.directory}. Run the same command to resume.")
+        return last_eval
+  finally:
+    stop.restore()  # whatever ends the loop, the previous handlers come back
   if pending is not None:
     flush(pending)
   if bar is not None:
