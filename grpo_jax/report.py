@@ -74,12 +74,33 @@ def run_summary(workdir: str, k: int = 8) -> dict:
       wall = last["completion_tokens"] / last["tokens_per_s"]  # runs logged before wall_s
     out.update(rollouts=last.get("rollouts", 0), tokens=last.get("completion_tokens", 0),
                wall_s=float(wall if wall is not None else float("nan")))
-    for key in ("ineffective_fraction", "replay_rows", "replay_age_mean",
-                "headroom_accept_rate", "learning_rate"):
+    for key in ("ineffective_fraction", "learning_rate") + REPLAY_STATS:
       vals = [r[key] for r in steps if key in r]
       if vals:
         out[f"mean_{key}"] = float(np.mean(vals))
   return out
+
+
+# Per-step replay statistics averaged over a run by ``replay_table`` (whichever the method logs).
+REPLAY_STATS = ("replay_slots_filled", "replay_rows", "replay_age_mean", "replay_age_max",
+                "replay_drift", "replay_is_weight_mean", "replay_is_capped_frac",
+                "replay_priority_entropy", "headroom_accept_rate", "headroom_admitted",
+                "headroom_candidate_drift")
+
+
+def replay_table(workdirs: Sequence[str], labels: Sequence[str] | None = None) -> str | None:
+  """Markdown: the mean over all steps of every replay statistic a run logged (None when no
+  run replays)."""
+  labels = labels or [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  summaries = [run_summary(w) for w in workdirs]
+  keys = [key for key in REPLAY_STATS if any(f"mean_{key}" in s for s in summaries)]
+  if not keys:
+    return None
+  lines = ["| run | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+  for label, s in zip(labels, summaries):
+    lines.append(f"| {label} | " + " | ".join(
+        f"{s[f'mean_{key}']:.4g}" if f"mean_{key}" in s else "" for key in keys) + " |")
+  return "\n".join(lines)
 
 
 def summary_table(workdirs: Sequence[str], labels: Sequence[str] | None = None,
@@ -186,6 +207,9 @@ def write_report(workdirs: Sequence[str], out: str, labels: Sequence[str] | None
   written = [os.path.join(out, "summary.md")]
   with open(written[0], "w", encoding="utf-8") as f:
     f.write(summary_table(workdirs, labels, k) + "\n")
+    replay = replay_table(workdirs, labels)
+    if replay:
+      f.write("\nReplay statistics (means over steps):\n\n" + replay + "\n")
   if plot_accuracy(groups, os.path.join(out, "accuracy.png"), k):
     written.append(os.path.join(out, "accuracy.png"))
   if plot_training(groups, os.path.join(out, "training.png")):

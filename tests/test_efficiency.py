@@ -56,3 +56,16 @@ def test_aes_row_against_the_grpo_seed_mean():
   assert row == ("| AES vs grpo (end) | | +1.000 -1.667 / **-0.333** ± 1.333 | "
                  "+0.700 / **+0.700** ± 0.000 |")
   assert efficiency.aes_row({"x": results["x"]}, lengths) is None
+
+
+def test_replay_table_means_over_steps(tmp_path):
+  # replay_rows 8 and 16 over two steps -> 12; replay_age_mean 1 and 2 -> 1.5; a GRPO run
+  # logs none of them: its cells stay empty, and runs without replay give no table at all.
+  a, g = tmp_path / "popo", tmp_path / "grpo"
+  _write(a, [{"step": 1, "loss": 0.0, "replay_rows": 8.0, "replay_age_mean": 1.0},
+             {"step": 2, "loss": 0.0, "replay_rows": 16.0, "replay_age_mean": 2.0}])
+  _write(g, [{"step": 1, "loss": 0.0}])
+  assert report.replay_table([str(a), str(g)]).splitlines() == [
+      "| run | replay_rows | replay_age_mean |", "|---|---|---|", "| popo | 12 | 1.5 |",
+      "| grpo |  |  |"]
+  assert report.replay_table([str(g)]) is None
