@@ -89,7 +89,9 @@ def main(argv):
       config.total_steps = _STEPS.value
       config.eval.every = _EVAL_EVERY.value
       config.checkpoint.every = _STEPS.value
-      workdir = os.path.join(_OUT.value, f"{run_name(method)}_seed{seed}")
+      # --presets are part of the name: a run of another task is never taken for this one.
+      suffix = f"-{run_name(_PRESETS.value)}" if _PRESETS.value else ""
+      workdir = os.path.join(_OUT.value, f"{run_name(method)}{suffix}_seed{seed}")
       if not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or \
           not report.curve(workdir) or report.curve(workdir)[-1][0] < _STEPS.value:
         train.train_and_evaluate(config, workdir)
