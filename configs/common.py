@@ -18,6 +18,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0  # init, sampling and shuffling seed; same config + seed = same run
   c.total_steps = 200  # train steps (each consumes one batch of fresh rollouts)
   c.log_every = 1  # steps between metric lines (JSONL, TensorBoard)
+  # Stop once this many rollouts have been generated (0 = no limit; total_steps still caps):
+  # the budget that compares allocation methods, which spend different rollouts per step.
+  c.total_rollouts = 0
 
   c.model = ml_collections.ConfigDict()
   c.model.path = assets.EMBEDDED_MODEL  # Hugging Face folder (config.json, safetensors, tokenizer)
@@ -33,6 +36,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.min_target = 1  # countdown generator: smallest target
   c.task.max_target = 100  # countdown generator: largest target
   c.task.data_seed = 0  # countdown generator seed
+  c.task.train_size = 0  # > 0: train on the first N problems only (epochs); MoPPS/DPS need a pool
   c.task.data_path = ""  # optional local file of training problems (countdown rows / jsonl)
   c.task.tfds_data_dir = ""  # TFDS data_dir for gsm8k ("" = TFDS default)
   c.task.chat_template = False  # wrap prompts with the tokenizer's chat template (instruct models)
@@ -91,7 +95,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.replay.order = "headroom"  # headroom: candidate order, headroom | fifo (drift-only ablation)
 
   c.allocation = ml_collections.ConfigDict()
-  c.allocation.method = "uniform"  # prompt selection / rollout allocation (uniform for now)
+  c.allocation.method = "uniform"  # rollouts per prompt: uniform | dynamic_sampling (DAPO) | sara
+  c.allocation.selector = "stream"  # which prompts: stream (data order) | mopps | dps
+  c.allocation.max_rounds = 10  # dynamic_sampling / sara: generation rounds (B*G slots) per step
+  c.allocation.probes = 4  # sara: K rollouts before the first commit / abandon decision
+  c.allocation.tau_lo = 0.45  # sara: abandon when P(effective group) <= tau_lo
+  c.allocation.tau_hi = 0.9  # sara: commit (complete the group) when P(effective) >= tau_hi
+  c.allocation.alpha0 = 1.0  # sara: Beta prior on a prompt's success rate, each draw
+  c.allocation.beta0 = 1.0  # sara: (see alpha0)
+  c.allocation.candidates_ratio = 8  # mopps / dps: candidates scored per prompt chosen
+  c.allocation.decay = 0.5  # mopps: posterior discount lambda; dps: transition-count decay
 
   c.opt = ml_collections.ConfigDict()
   c.opt.learning_rate = 3e-5  # peak; above ~1e-4 the tiny policy collapses on Countdown
@@ -104,6 +117,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 25  # steps between held-out evaluations (and at the start and end)
+  c.eval.every_rollouts = 0  # > 0: evaluate each time this many more rollouts were generated
   c.eval.num_prompts = 256  # held-out prompts
   c.eval.k = 8  # samples per prompt for mean@k / pass@k
   c.eval.temperature = 1.0  # eval sampling temperature
@@ -123,12 +137,16 @@ def apply_presets(c: ml_collections.ConfigDict, arg: str | None,
                   own: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
   """Applies comma-separated presets; an unknown name fails listing every preset the config
   file accepts: the common ones and the file's ``own`` (already applied by the file)."""
-  known = {"smoke": _smoke, "countdown_hard": _countdown_hard, "qwen3_0p6b": _qwen3("0.6B"), "qwen3_1p7b": _qwen3("1.7B"),
+  known = {"smoke": _smoke, "countdown_hard": _countdown_hard,
+           "mopps": _selector("mopps"), "dps": _selector("dps"), "qwen3_0p6b": _qwen3("0.6B"), "qwen3_1p7b": _qwen3("1.7B"),
            "qwen3_4b": _qwen3("4B"), "qwen3_8b": _qwen3("8B"), "gsm8k": _gsm8k}
   for name in filter(None, (arg or "").split(",")):
+    if name.startswith("pool=") and name[5:].isdigit():
+      c.task.train_size = int(name[5:])  # a finite training set of that many problems
+      continue
     if name not in known:
       raise ValueError(f"unknown config preset {name!r}; known: "
-                       f"{', '.join(sorted(set(known) | set(own)))}")
+                       f"{', '.join(sorted(set(known) | set(own)) + ['pool=N'])}")
     known[name](c)
   return c
 
@@ -138,6 +156,7 @@ def _smoke(c):
   c.total_steps = 2
   c.rollout.update(batch_prompts=2, group_size=2, completion_len=8)
   c.rl.num_minibatches = 2
+  c.allocation.probes = min(c.allocation.probes, 2)  # sara: probes fit the group of 2
   c.eval.update(every=2, num_prompts=2, k=2)
   c.checkpoint.every = 1
 
@@ -153,6 +172,16 @@ def _qwen3(size):
     c.eval.update(every=20, num_prompts=512, k=8, temperature=0.6)
     c.checkpoint.every = 20
   apply.__doc__ = f"Qwen3-{size} on an accelerator."
+  return apply
+
+
+def _selector(name):
+  def apply(c):
+    """Prompt selection by {name}; it needs a finite pool, 1,024 problems unless set."""
+    c.allocation.selector = name
+    if not c.task.train_size and c.task.name == "countdown" and not c.task.data_path:
+      c.task.train_size = 1024
+  apply.__doc__ = apply.__doc__.format(name=name)
   return apply
 
 

@@ -1,7 +1,9 @@
-"""DAPO (arXiv 2503.14476) without dynamic sampling (that arrives with allocation).
+"""DAPO (arXiv 2503.14476): clip-higher, token-mean loss, overlong penalty, dynamic sampling.
 
-Clip-higher (0.2 / 0.28), token-mean loss, no KL, and the soft overlong penalty measured in
-tokens: R_len = 0 up to T - buffer, then falls linearly to -1 at T (and -1 when truncated).
+Clip-higher (0.2 / 0.28), token-mean loss, no KL, the soft overlong penalty measured in
+tokens (R_len = 0 up to T - buffer, then falls linearly to -1 at T, and -1 when truncated),
+and dynamic sampling: full groups of fresh prompts, round after round, keeping only the
+effective ones until B are kept or 10 rounds have run (every generated rollout is counted).
 
     python -m grpo_jax.train --config=configs/dapo.py --workdir=runs/dapo
 """
@@ -21,4 +23,6 @@ def get_config(arg: str | None = None):
   c.rl.kl_coef = 0.0  # no KL
   c.rl.overlong_buffer = 4  # L_cache in tokens: the last 4 of the 16-token budget are penalised
   c.rl.overlong_penalty = 1.0  # penalty factor
+  c.allocation.method = "dynamic_sampling"  # DS: keep effective groups only
+  c.allocation.max_rounds = 10  # DAPO's cap on generation batches per step
   return common.apply_presets(c, arg)

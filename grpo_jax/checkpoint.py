@@ -2,8 +2,8 @@
 
 One ``CheckpointManager`` per workdir (``workdir/checkpoints``), keeping the last K. A step's
 checkpoint holds the device pytrees (parameters, optimiser state, step, replay buffer) and a
-JSON record of the host side (data position, skipped prompts, rollouts and tokens so far, rng
-seed). Saves are synchronous: the train step donates its buffers, so nothing may still be
+JSON record of the host side (rollouts and tokens so far, skipped prompts, rng seed, and the
+allocator's state: data position, per-prompt posteriors, its random generators). Saves are synchronous: the train step donates its buffers, so nothing may still be
 reading them when the next step runs. Orbax writes to a temporary folder and renames, so a
 crash mid-save never leaves a corrupt latest checkpoint.
 """
@@ -48,6 +48,11 @@ class Checkpointer:
         state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
     return (restored.state["train"], restored.state.get("replay", replay),
             dict(restored.host))
+
+  def host(self, step: int) -> dict:
+    """The host record of one checkpoint alone (no device arrays are read)."""
+    restored = self.manager.restore(step, args=ocp.args.Composite(host=ocp.args.JsonRestore()))
+    return dict(restored.host)
 
   def close(self):
     self.manager.close()

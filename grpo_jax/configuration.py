@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from grpo_jax import advantages, losses, step
+from grpo_jax import advantages, allocation, losses, step
 from grpo_jax.replay import headroom, popo, rollout
 from grpo_jax.replay import method as method_lib
 
@@ -95,12 +95,13 @@ def validate(config) -> None:
   _check(rl.num_minibatches >= 1 and rows % rl.num_minibatches == 0, "rl.num_minibatches",
          f"{rl.num_minibatches} must divide the update batch: {fresh} fresh rows"
          + (f" + {rows - fresh} replay rows" if rows > fresh else "") + f" = {rows}")
-  _check(config.allocation.method == "uniform", "allocation.method",
-         f"{config.allocation.method!r}; known: uniform")
+  _validate_allocation(config)
   _check(o.learning_rate > 0, "opt.learning_rate", f"{o.learning_rate} must be > 0")
   _check(o.schedule in ("constant", "cosine"), "opt.schedule",
          f"{o.schedule!r}; known: constant, cosine")
   _check(config.total_steps >= 1, "total_steps", "must be >= 1")
+  _check(config.total_rollouts >= 0, "total_rollouts", "must be >= 0 (0 = no limit)")
+  _check(config.eval.every_rollouts >= 0, "eval.every_rollouts", "must be >= 0 (0 = off)")
   _check(config.eval.every >= 1 and config.checkpoint.every >= 1, "eval.every",
          "eval.every and checkpoint.every must be >= 1")
   _check(config.eval.k >= 1 and config.eval.num_prompts >= 1, "eval.k",
@@ -108,6 +109,30 @@ def validate(config) -> None:
 
 
 REPLAY_METHODS = ("none", "popo", "rollout", "headroom")
+
+
+def _validate_allocation(config) -> None:
+  """The allocation group: a known rule and selector, thresholds in range, a finite pool for
+  the selectors that learn per prompt."""
+  a, t = config.allocation, config.task
+  _check(a.method in allocation.METHODS, "allocation.method",
+         f"{a.method!r}; known: {', '.join(allocation.METHODS)}")
+  _check(a.selector in allocation.SELECTORS, "allocation.selector",
+         f"{a.selector!r}; known: {', '.join(allocation.SELECTORS)}")
+  _check(a.max_rounds >= 2, "allocation.max_rounds", f"{a.max_rounds} must be >= 2")
+  _check(a.method != "sara" or 1 <= a.probes <= config.rollout.group_size, "allocation.probes",
+         f"{a.probes} must be in [1, group_size={config.rollout.group_size}]")
+  _check(0.0 <= a.tau_lo < a.tau_hi <= 1.0, "allocation.tau_lo",
+         f"need 0 <= tau_lo ({a.tau_lo}) < tau_hi ({a.tau_hi}) <= 1")
+  _check(a.alpha0 > 0 and a.beta0 > 0, "allocation.alpha0", "alpha0 and beta0 must be > 0")
+  _check(a.candidates_ratio >= 1, "allocation.candidates_ratio",
+         f"{a.candidates_ratio} must be >= 1")
+  _check(0.0 <= a.decay <= 1.0, "allocation.decay", f"{a.decay} must be in [0, 1]")
+  _check(t.train_size >= 0, "task.train_size", f"{t.train_size} must be >= 0 (0 = all)")
+  if a.selector != "stream":
+    _check(t.train_size > 0 or t.name != "countdown" or bool(t.data_path), "task.train_size",
+           f"allocation.selector={a.selector} learns per prompt and needs prompts that come "
+           "back: set a finite training set (e.g. --config.task.train_size=1024)")
 
 
 def replay_config(config):

@@ -1,8 +1,9 @@
-"""Host side of one iteration: prompts -> sampler -> verifier -> a device ``Rollout``.
+"""Host side of one iteration: the prompt stream, the verifier, DAPO's overlong penalty.
 
-The sampler runs on the device; decoding and reward verification run on the host (rewards are
-arbitrary Python: a verifier that raises is counted and scores 0, it never stops training).
-The DAPO soft overlong penalty (arXiv 2503.14476) is measured in tokens and added to the score.
+Decoding and reward verification run on the host (rewards are arbitrary Python: a verifier that
+raises is counted and scores 0, it never stops training). The DAPO soft overlong penalty
+(arXiv 2503.14476) is measured in tokens and added to the score. Generation itself, in
+fixed-shape rounds, is ``grpo_jax.allocation.rounds``.
 """
 
 from __future__ import annotations
@@ -10,12 +11,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import tokenization
-from grpo_jax.types import Rollout
 
 _LOG = logging.getLogger(__name__)
 
@@ -44,6 +42,8 @@ class PromptStream:
     tokenizer: transformers tokenizer.
     prompt_len: P.
     chat_template: wrap each prompt in the tokenizer's chat template.
+    train_size: when > 0, the training set is the task's first ``train_size`` problems and
+      data position i reads problem ``i % train_size`` (epochs over a finite set).
     position: next data position (checkpointed).
     skipped: prompts skipped for length so far (checkpointed).
   """
@@ -52,6 +52,7 @@ class PromptStream:
   tokenizer: object
   prompt_len: int
   chat_template: bool = False
+  train_size: int = 0
   position: int = 0
   skipped: int = 0
 
@@ -61,6 +62,13 @@ class PromptStream:
       text = self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                                 tokenize=False, add_generation_prompt=True)
     return text
+
+  def problem(self, index: int):
+    """The training problem at data position ``index`` (wrapped by ``train_size``)."""
+    return self.task.train_problem(index % self.train_size if self.train_size else index)
+
+  def fits(self, text: str) -> bool:
+    return tokenization.prompt_lengths(self.tokenizer, [text])[0] <= self.prompt_len
 
   def next_batch(self, n: int, max_skips: int = 10_000):
     """n (position, problem, text) triples, in data order.
@@ -72,9 +80,9 @@ class PromptStream:
     skipped_now = 0
     in_a_row = 0  # consecutive skips: max_skips bounds these, not the call's total
     while len(out) < n:
-      problem = self.task.train_problem(self.position)
+      problem = self.problem(self.position)
       text = self.render(problem)
-      if tokenization.prompt_lengths(self.tokenizer, [text])[0] <= self.prompt_len:
+      if self.fits(text):
         out.append((self.position, problem, text))
         in_a_row = 0
       else:
@@ -91,58 +99,20 @@ class PromptStream:
     return out
 
 
-def score_completions(task, texts, problems) -> tuple[np.ndarray, int]:
-  """Task scores of each completion; a verifier exception scores 0 and is counted."""
-  scores, errors = [], 0
+def score_completions(task, texts, problems) -> tuple[np.ndarray, np.ndarray]:
+  """Task scores of each completion, and which rows' verifier raised (those score 0).
+
+  Returns:
+    (float32 scores [R], bool errors [R]); a verifier exception never stops training.
+  """
+  scores, errors = [], []
   for text, problem in zip(texts, problems):
     try:
       scores.append(float(task.score(text, problem)))
+      errors.append(False)
     except Exception:  # pylint: disable=broad-except
-      errors += 1
+      errors.append(True)
       scores.append(0.0)
-  if errors:
-    _LOG.warning("%d reward computation(s) raised; scored 0", errors)
-  return np.asarray(scores, np.float32), errors
-
-
-def generate(sample_fn, params, tokenizer, task, batch, *, group_size: int, prompt_len: int,
-             version: int, rng, overlong_buffer: int = 0, overlong_factor: float = 1.0):
-  """Samples G completions for each prompt of ``batch`` and scores them.
-
-  Args:
-    sample_fn: jitted sampler ``fn(params, ids, mask, rng) -> Completions``.
-    params: policy parameters.
-    tokenizer: transformers tokenizer.
-    task: the task (``score``, ``is_success``).
-    batch: B (position, problem, prompt text) triples from ``PromptStream.next_batch``.
-    group_size: G.
-    prompt_len: P.
-    version: policy step stamped on every row.
-    rng: sampling key.
-    overlong_buffer, overlong_factor: DAPO soft overlong penalty (0 disables).
-
-  Returns:
-    (Rollout on the device with N = B * G rows, dict of host statistics).
-  """
-  texts = [text for _, _, text in batch for _ in range(group_size)]
-  problems = [p for _, p, _ in batch for _ in range(group_size)]
-  positions = np.repeat(np.asarray([pos for pos, _, _ in batch], np.int32), group_size)
-  ids, mask = tokenization.encode_prompts(tokenizer, texts, prompt_len)
-  out = sample_fn(params, ids, mask, rng)
-  tokens, comp_mask, lengths, truncated = jax.device_get(
-      (out.tokens_NxT, out.mask_NxT, out.lengths_N, out.truncated_N))
-  completions = tokenization.decode_completions(tokenizer, tokens, comp_mask)
-  scores, errors = score_completions(task, completions, problems)
-  success = np.array([task.is_success(s) for s in scores], bool)
-  t_max = tokens.shape[1]
-  scores = scores + overlong_penalty(lengths, truncated, t_max, overlong_buffer,
-                                     overlong_factor).astype(np.float32)
-  n = len(texts)
-  rollout = Rollout(prompt_ids_NxP=jnp.asarray(ids), prompt_mask_NxP=jnp.asarray(mask),
-                    completion_ids_NxT=out.tokens_NxT, completion_mask_NxT=out.mask_NxT,
-                    behaviour_logp_NxT=out.logp_NxT, scores_N=jnp.asarray(scores),
-                    success_N=jnp.asarray(success), prompt_id_N=jnp.asarray(positions),
-                    version_N=jnp.full((n,), version, jnp.int32))
-  stats = {"rollouts": n, "completion_tokens": int(lengths.sum()), "reward_errors": errors,
-           "truncated_fraction": float(truncated.mean()), "sample_text": completions[0]}
-  return rollout, stats
+  if any(errors):
+    _LOG.warning("%d reward computation(s) raised; scored 0", sum(errors))
+  return np.asarray(scores, np.float32), np.asarray(errors, bool)

@@ -24,6 +24,7 @@ from absl import app, flags
 from flax import nnx
 from ml_collections import config_flags
 
+from grpo_jax import allocation
 from grpo_jax import checkpoint as checkpoint_lib
 from grpo_jax import configuration
 from grpo_jax import console
@@ -141,23 +142,30 @@ def train_and_evaluate(config, workdir: str) -> dict:
   replay = replay_lib.init_replay(config.replay.capacity, method.entry_size(r.group_size),
                                   r.prompt_len, r.completion_len)
   task = make_task(config)
-  stream = rollouts_lib.PromptStream(task, tokenizer, r.prompt_len, config.task.chat_template)
+  stream = rollouts_lib.PromptStream(task, tokenizer, r.prompt_len, config.task.chat_template,
+                                     train_size=config.task.train_size)
+  sample_fn = sampler_lib.make_sampler(graphdef, sampler_lib.sampling_config_for(
+      tokenizer, r.completion_len, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+      model_path=config.model.path))
+  allocator = allocation.make_allocator(config, sample_fn, tokenizer, task, stream)
   host = {"rollouts": 0, "completion_tokens": 0, "reward_errors": 0}
 
   _check_same_run(config, workdir)
   ckpt = checkpoint_lib.Checkpointer(workdir, config.checkpoint.keep)
   start = ckpt.latest_step() or 0
+  budget = config.total_rollouts
   k = config.eval.k
   tb_dir = os.path.join(workdir, "tensorboard")
   paths = {"metrics": os.path.join(workdir, "metrics.jsonl"),
            "tensorboard": tb_dir if os.path.isdir(tb_dir) else None,
            "checkpoints": ckpt.directory}
-  if start >= config.total_steps:
+  if start >= config.total_steps or (start and budget and
+                                     ckpt.host(start).get("rollouts", 0) >= budget):
     # A finished run started again: say so, and print the same summary.
     ckpt.close()
     records = metrics_lib.read_metrics(workdir)
-    console.say(f"grpo_jax: {workdir} is complete ({start}/{config.total_steps} steps); "
-                "nothing to do.")
+    console.say(f"grpo_jax: {workdir} is complete ({start}/{config.total_steps} steps"
+                + (f", rollout budget {budget:,}" if budget else "") + "); nothing to do.")
     console.say(console.summary(records, k, {**paths, **_report_paths(workdir)},
                                 config.total_steps))
     evals = [r for r in records if f"eval/mean_at_{k}" in r]
@@ -168,7 +176,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   if start:
     start, (state, replay, saved) = _restore_newest_readable(ckpt, state, replay)
     host.update({key: saved[key] for key in host})
-    stream.position, stream.skipped = saved["data_position"], saved["prompts_skipped"]
+    allocator.load_state_dict(saved["allocator"])
     last_step = [r for r in metrics_lib.read_metrics(workdir) if "loss" in r]
     if last_step:  # time spent before the restart keeps counting
       timers.update({name: last_step[-1].get(f"time_{name}_s", 0.0) for name in timers})
@@ -177,9 +185,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
               f"rollouts\n  metrics      {writer.path}\n  checkpoints  {ckpt.directory}\n"
               f"  replay buffer: {replay.capacity} entries, {replay.nbytes:,} bytes")
 
-  sample_fn = sampler_lib.make_sampler(graphdef, sampler_lib.sampling_config_for(
-      tokenizer, r.completion_len, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-      model_path=config.model.path))
   train_step = step_lib.make_train_step(graphdef, tx, step_config(config))
   eval_problems = task.eval_problems(config.eval.num_prompts)
   render = stream.render
@@ -207,7 +212,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   def save(done):
     t0 = time.time()
-    ckpt.save(done, state, replay, {**host, "data_position": stream.position,
+    ckpt.save(done, state, replay, {**host, "allocator": allocator.state_dict(),
                                     "prompts_skipped": stream.skipped, "seed": config.seed})
     timers["checkpoint"] += time.time() - t0
 
@@ -227,12 +232,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
   try:
     for step in range(start, config.total_steps):
       key = jax.random.fold_in(base_key, step)
-      batch = stream.next_batch(r.batch_prompts)
       t0 = time.time()
-      rollout, stats = rollouts_lib.generate(
-          sample_fn, state.params, tokenizer, task, batch, group_size=r.group_size,
-          prompt_len=r.prompt_len, version=step, rng=jax.random.fold_in(key, 0),
-          overlong_buffer=config.rl.overlong_buffer, overlong_factor=config.rl.overlong_penalty)
+      rollouts_before = host["rollouts"]
+      # B complete groups, however the allocator spent its rollouts (allocation/allocator.py).
+      rollout, stats = allocator.collect(state.params, step, jax.random.fold_in(key, 0))
       t1 = time.time()
       timers["generation"] += t1 - t0
       for name in host:
@@ -247,14 +250,20 @@ def train_and_evaluate(config, workdir: str) -> dict:
         flush(pending)
       pending = (step + 1, step_metrics, stats, dict(host), dict(timers))
       done = step + 1
-      if done % config.eval.every == 0 or done == config.total_steps:
+      spent = bool(budget) and host["rollouts"] >= budget
+      last = done == config.total_steps or spent
+      every = config.eval.every_rollouts
+      if (every and host["rollouts"] // every > rollouts_before // every) or last or (
+          not every and done % config.eval.every == 0):
         flush(pending)
         pending = None
         last_eval = evaluate_now(done)
-      saved_now = done % config.checkpoint.every == 0 or done == config.total_steps
+      saved_now = done % config.checkpoint.every == 0 or last
       if saved_now:
         save(done)
-      if stop.signal is not None and done < config.total_steps:
+      if last:
+        break
+      if stop.signal is not None:
         # Preempted: this step is finished; write it down and leave cleanly.
         if pending is not None:
           flush(pending)
@@ -396,6 +405,7 @@ def _log_step(writer, bar, step, step_metrics, stats, host_then, timers_then, la
             "completion_tokens": host_then["completion_tokens"],
             "reward_errors": host_then["reward_errors"],
             "truncated_fraction": stats["truncated_fraction"],
+            **{k: v for k, v in stats.items() if k.startswith("alloc/")},
             "tokens_per_s": (host_then["completion_tokens"] - tokens_at_start) / elapsed,
             # Seconds since this process's loop started (evaluations included; not resumed).
             "wall_s": elapsed,

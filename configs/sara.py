@@ -1,0 +1,22 @@
+"""SARA (arXiv 2607.26253): probe K = 4 rollouts per prompt, commit or abandon, spend the freed
+budget on new prompts; GRPO's loss on the committed groups.
+
+    python -m grpo_jax.train --config=configs/sara.py --workdir=runs/sara
+    python -m grpo_jax.train --config=configs/sara.py:dps --workdir=runs/sara_dps   # SARA + DPS
+
+Presets: every common one (``:dps`` and ``:mopps`` choose the prompts, SARA decides when to
+stop each group).
+"""
+
+from configs import common
+
+
+def get_config(arg: str | None = None):
+  c = common.base_config()
+  c.rl.estimator = "grpo"
+  c.allocation.method = "sara"
+  c.allocation.probes = 4  # K
+  c.allocation.tau_lo = 0.45  # abandon after 4 agreeing probes (P_eff = 0.44 with Beta(1,1))
+  c.allocation.tau_hi = 0.9  # commit: with a fresh Beta(1,1) prior, as soon as probes disagree
+  c.allocation.max_rounds = 10
+  return common.apply_presets(c, arg)

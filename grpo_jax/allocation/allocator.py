@@ -1,0 +1,99 @@
+"""The allocator interface, and uniform allocation (B prompts x G rollouts) on it.
+
+The train loop asks one object per step for the step's rollouts and knows nothing else about
+how they were chosen::
+
+    rollout, stats = allocator.collect(params, step, rng)   # B complete groups, host stats
+    allocator.state_dict() / allocator.load_state_dict(d)    # in every checkpoint
+
+An allocator combines a *selector* (which prompts: data order, MoPPS, DPS; ``selectors.py``)
+with a *rule* for how many rollouts each prompt gets: ``FullGroups`` (G each, one round),
+``DynamicSampling`` (DAPO: full groups until B are effective) or ``Sara`` (probe, then commit
+or abandon). All of them spend rollouts in fixed-shape rounds (``rounds.py``) and hand the
+train step B complete groups, so every allocator composes with every estimator and every
+replay method.
+
+``stats`` carries the run's counters (``rollouts``: every rollout generated this step, used or
+not; ``completion_tokens``; ``reward_errors``) and per-step metrics under ``alloc/``:
+rollouts generated and in the update, effective groups per 1,000 rollouts, rounds, prompts
+touched, empty groups, and for SARA the abandonment and wrong-abandonment counts.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from grpo_jax.allocation import rounds as rounds_lib
+
+
+class Allocator:
+  """Base: a selector, a round sampler and the batch shape; ``collect`` is the rule."""
+
+  name = "allocator"
+
+  def __init__(self, selector, sampler: rounds_lib.RoundSampler, *, num_groups: int,
+               group_size: int, effective_signal: str = "success"):
+    self.selector, self.sampler = selector, sampler
+    self.num_groups, self.group_size = num_groups, group_size
+    self.effective_signal = effective_signal
+
+  def collect(self, params, step: int, rng):
+    """(Rollout of B complete groups on the device, stats dict) for train step ``step``."""
+    raise NotImplementedError
+
+  @staticmethod
+  def round_key(rng, r: int):
+    """Round r's key: the step's generation key itself for round 0 (so uniform allocation draws
+    exactly what one sampler call on the step key draws), then folded with r."""
+    return rng if r == 0 else jax.random.fold_in(rng, r)
+
+  def state_dict(self) -> dict:
+    return {"selector": self.selector.state_dict()}
+
+  def load_state_dict(self, state: dict) -> None:
+    self.selector.load_state_dict(state["selector"])
+
+  def _finish(self, groups, generated, touched, step, rounds, extra=None):
+    """Assembles the batch, tells the selector what it saw, and the step's stats.
+
+    Args:
+      groups: (Prompt, Rows) of the complete groups for the update (at most B).
+      generated: every Rows the step generated (counted rollouts).
+      touched: (Prompt, Rows) of every prompt the step spent rollouts on (for the selector).
+      step: the train step (the rows' version).
+      rounds: rounds run.
+      extra: more ``alloc/`` metrics.
+    """
+    self.selector.observe([(p.index, int(np.sum(r.success_R)), len(r)) for p, r in touched])
+    rows = rounds_lib.Rows.concat(generated)
+    if groups:
+      rollout, empty = rounds_lib.assemble(groups, self.num_groups, self.group_size, step)
+    else:  # nothing usable: an all-empty batch, shaped by a prompt the step touched
+      first = [(touched[0][0], rounds_lib.empty_rows(touched[0][1], self.group_size))]
+      rollout, empty = rounds_lib.assemble(first, self.num_groups, self.group_size, step)
+      empty += 1
+    effective = sum(rounds_lib.is_effective(r, self.effective_signal) for _, r in groups)
+    stats = rounds_lib.row_stats(rows)
+    in_update = len(groups) * self.group_size
+    stats.update({
+        "alloc/rollouts_generated": float(len(rows)),
+        "alloc/rollouts_in_update": float(in_update),
+        "alloc/effective_groups": float(effective),
+        "alloc/effective_per_1k_rollouts": 1000.0 * effective / max(len(rows), 1),
+        "alloc/rounds": float(rounds), "alloc/prompts_touched": float(len(touched)),
+        "alloc/empty_groups": float(empty), **(extra or {})})
+    return rollout, stats
+
+
+class FullGroups(Allocator):
+  """Uniform allocation: B prompts from the selector, G rollouts each, one round (GRPO)."""
+
+  name = "uniform"
+
+  def collect(self, params, step: int, rng):
+    prompts = self.selector.draw(self.num_groups)
+    per_prompt, _ = self.sampler.run(params, [(p, self.group_size) for p in prompts],
+                                     self.round_key(rng, 0))
+    groups = list(zip(prompts, per_prompt))
+    return self._finish(groups, per_prompt, groups, step, rounds=1)
