@@ -6,7 +6,8 @@ import pytest
 import transformers
 from flax import nnx
 
-from grpo_jax import assets, rollouts, tokenization
+from grpo_jax import assets, tokenization
+from grpo_jax.allocation import rounds
 from grpo_jax import sampler as sampler_lib
 from grpo_jax.rollouts import PromptStream, overlong_penalty, score_completions
 
@@ -98,26 +99,30 @@ def test_prompt_stream_gives_up_after_max_skips(tokenizer):
 def test_score_completions_counts_verifier_errors():
   task = FakeTask([1], values={0: 1.0, 1: 0.5, 2: 2.0})
   scores, errors = score_completions(task, ["ok", "bad answer", "fine", "bad"], [0, 1, 2, 0])
-  # Rows 1 and 3 raise -> 0 and counted; rows 0 and 2 score values[0] = 1, values[2] = 2.
+  # Rows 1 and 3 raise -> 0 and flagged; rows 0 and 2 score values[0] = 1, values[2] = 2.
   np.testing.assert_array_equal(scores, [1.0, 0.0, 2.0, 0.0])
-  assert scores.dtype == np.float32 and errors == 2
+  np.testing.assert_array_equal(errors, [False, True, False, True])
+  assert scores.dtype == np.float32
   scores, errors = score_completions(task, ["ok"], [1])
   np.testing.assert_array_equal(scores, [0.5])
-  assert errors == 0
+  assert not errors.any()
 
 
-def test_generate_is_group_major_with_overlong_penalty(tokenizer):
+def test_a_round_is_group_major_with_overlong_penalty(tokenizer):
   from grpo_jax.models import from_pretrained
   graphdef, params = nnx.split(from_pretrained(assets.EMBEDDED_MODEL))
   b, g, p, t = 2, 3, 6, 4
   # Problem 7 has a 2-token prompt, problem 11 a 5-token one (so tiling would be visible).
   task = FakeTask({7: 2, 11: 5}, values={7: 0.5, 11: 1.0})
-  batch = [(7, 7, task.prompt(7)), (11, 11, task.prompt(11))]
+  prompts = [rounds.Prompt(7, 7, task.prompt(7)), rounds.Prompt(11, 11, task.prompt(11))]
   config = sampler_lib.sampling_config_for(tokenizer, t, temperature=1.0)
   sample_fn = sampler_lib.make_sampler(graphdef, config)
-  rollout, stats = rollouts.generate(sample_fn, params, tokenizer, task, batch, group_size=g,
-                                     prompt_len=p, version=5, rng=jax.random.key(0),
-                                     overlong_buffer=2, overlong_factor=0.5)
+  sampler = rounds.RoundSampler(sample_fn, tokenizer, task, slots=b * g, prompt_len=p,
+                                overlong_buffer=2, overlong_factor=0.5)
+  per_prompt, _ = sampler.run(params, [(q, g) for q in prompts], jax.random.key(0))
+  rollout, empty = rounds.assemble(list(zip(prompts, per_prompt)), b, g, version=5)
+  stats = rounds.row_stats(rounds.Rows.concat(per_prompt))
+  assert empty == 0
   r = jax.device_get(rollout)
   assert r.num_rows == b * g == 6
   # Rows 0-2 are prompt 7, rows 3-5 prompt 11 (repeat, not tile: tiling gives 7, 11, 7, ...).
