@@ -49,14 +49,39 @@ def _minutes(seconds: float) -> str:
   return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
-def summary(records: list[dict], k: int, paths: dict, total_steps: int) -> str:
+def _allocation_line(steps: list[dict]) -> str:
+  """What an allocator did over the run (empty for uniform allocation)."""
+  total = lambda key: sum(r.get(key, 0.0) for r in steps)
+  if not any(r.get("alloc/rounds", 1) > 1 or "alloc/abandoned" in r for r in steps):
+    return ""
+  generated = max(total("alloc/rollouts_generated"), 1.0)
+  parts = [f"rollouts in updates {total('alloc/rollouts_in_update') / generated:.0%} of those "
+           f"generated", f"{total('alloc/rounds') / len(steps):.1f} rounds/step",
+           f"{1000 * total('alloc/effective_groups') / generated:.0f} effective groups per "
+           "1,000 rollouts"]
+  if any("alloc/abandoned" in r for r in steps):
+    decided = total("alloc/committed") + total("alloc/abandoned") + total("alloc/surplus")
+    audited = total("alloc/audited")
+    parts.append(f"abandoned {total('alloc/abandoned') / max(decided, 1):.0%} of prompts, "
+                 f"{total('alloc/wrong_abandoned') / max(audited, 1):.1%} of {audited:,.0f} "
+                 "audited wrongly")
+  if total("alloc/empty_groups"):
+    parts.append(f"{total('alloc/empty_groups'):,.0f} empty group slots")
+  return "allocation: " + "; ".join(parts)
+
+
+def summary(records: list[dict], k: int, paths: dict, total_steps: int,
+            total_rollouts: int = 0) -> str:
   """The end-of-run summary from a run's metric records (so a restarted finished run prints
-  the same). ``paths`` maps names (metrics, checkpoints, plots, ...) to where they are."""
+  the same). ``paths`` maps names (metrics, checkpoints, plots, ...) to where they are;
+  ``total_rollouts`` is the run's rollout budget (0: none)."""
   evals = [r for r in records if f"eval/mean_at_{k}" in r]
   steps = [r for r in records if "loss" in r]
   done = steps[-1]["step"] if steps else 0
-  lines = [f"grpo_jax: run {'complete' if done >= total_steps else 'stopped'} at step "
-           f"{done}/{total_steps}"]
+  spent = bool(total_rollouts) and bool(steps) and steps[-1].get("rollouts", 0) >= total_rollouts
+  lines = [f"grpo_jax: run {'complete' if done >= total_steps or spent else 'stopped'} at step "
+           f"{done}/{total_steps}" + (f" (rollout budget {total_rollouts:,} spent)" if spent
+                                      else "")]
   if evals:
     a, b = evals[0][f"eval/mean_at_{k}"], evals[-1][f"eval/mean_at_{k}"]
     line = (f"  held-out mean@{k} {a:.3f} -> {b:.3f} ({100 * (b - a):+.1f} points, step "
@@ -87,6 +112,9 @@ def summary(records: list[dict], k: int, paths: dict, total_steps: int) -> str:
       stats.append(f"drift-gate acceptance {mean('headroom_accept_rate'):.0%}")
     if stats:
       lines.append("  " + "; ".join(stats))
+    allocation = _allocation_line(steps)
+    if allocation:
+      lines.append("  " + allocation)
   width = max((len(n) for n in paths), default=0)
   lines += [f"  {name:<{width}}  {where}" for name, where in paths.items() if where]
   return "\n".join(lines)

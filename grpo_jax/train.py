@@ -167,7 +167,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     console.say(f"grpo_jax: {workdir} is complete ({start}/{config.total_steps} steps"
                 + (f", rollout budget {budget:,}" if budget else "") + "); nothing to do.")
     console.say(console.summary(records, k, {**paths, **_report_paths(workdir)},
-                                config.total_steps))
+                                config.total_steps, budget))
     evals = [r for r in records if f"eval/mean_at_{k}" in r]
     return {key: v for key, v in evals[-1].items() if key.startswith("eval/")} if evals else {}
   writer = metrics_lib.MetricWriter(workdir)
@@ -287,7 +287,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   ckpt.close()
   console.say(console.summary(metrics_lib.read_metrics(workdir), k,
                               {**paths, **_report_paths(workdir, write=True)},
-                              config.total_steps))
+                              config.total_steps, budget))
   return last_eval
 
 

@@ -377,3 +377,23 @@ def test_an_empty_group_changes_nothing_in_the_update(split, aggregation):
   assert abs(out["alone"][0]) > 1e-4  # the shifted log mu make the loss non-zero
   for a, b in zip(jax.tree.leaves(out["with_empty"][1]), jax.tree.leaves(out["alone"][1])):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_the_run_summary_line_of_an_allocator():
+  from grpo_jax import console  # pylint: disable=g-import-not-at-top
+  steps = [{"loss": 0.0, "alloc/rollouts_generated": 100.0, "alloc/rollouts_in_update": 50.0,
+            "alloc/rounds": 2.0, "alloc/effective_groups": 5.0, "alloc/committed": 5.0,
+            "alloc/abandoned": 10.0, "alloc/surplus": 0.0, "alloc/audited": 10.0,
+            "alloc/wrong_abandoned": 1.0, "alloc/empty_groups": 0.0},
+           {"loss": 0.0, "alloc/rollouts_generated": 200.0, "alloc/rollouts_in_update": 50.0,
+            "alloc/rounds": 4.0, "alloc/effective_groups": 5.0, "alloc/committed": 5.0,
+            "alloc/abandoned": 20.0, "alloc/surplus": 0.0, "alloc/audited": 20.0,
+            "alloc/wrong_abandoned": 2.0, "alloc/empty_groups": 2.0}]
+  # In updates 100 / 300 = 33%; rounds (2 + 4) / 2 = 3.0; effective 10 / 300 * 1000 = 33;
+  # abandoned 30 of 40 decided = 75%; wrong 3 of 30 audited = 10.0%; 2 empty slots.
+  assert console._allocation_line(steps) == (  # pylint: disable=protected-access
+      "allocation: rollouts in updates 33% of those generated; 3.0 rounds/step; 33 effective "
+      "groups per 1,000 rollouts; abandoned 75% of prompts, 10.0% of 30 audited wrongly; "
+      "2 empty group slots")
+  uniform = [{"loss": 0.0, "alloc/rounds": 1.0, "alloc/rollouts_generated": 8.0}]
+  assert console._allocation_line(uniform) == ""  # pylint: disable=protected-access

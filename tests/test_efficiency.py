@@ -69,3 +69,23 @@ def test_replay_table_means_over_steps(tmp_path):
       "| run | replay_rows | replay_age_mean |", "|---|---|---|", "| popo | 12 | 1.5 |",
       "| grpo |  |  |"]
   assert report.replay_table([str(g)]) is None
+
+
+def test_budget_table_and_rollouts_to_target():
+  # Two seeds evaluated when their rollouts crossed 300 and 600 (overshooting the marks).
+  s0 = [(0, 0, 0.2), (3, 300, 0.3), (6, 620, 0.5)]
+  s1 = [(0, 0, 0.2), (2, 310, 0.4), (4, 640, 0.45)]
+  assert efficiency.at_marks(s0, [0, 300, 600, 900]) == [(0, 0.2), (300, 0.3), (620, 0.5), None]
+  lines = efficiency.budget_table({"sara": {0: s0, 1: s1}}, [0, 300, 600]).splitlines()
+  # Mark 300: 0.3 and 0.4 -> mean 0.35, population std 0.05; mark 600: 0.5, 0.45 -> 0.475, 0.025.
+  assert lines[3] == "| 300 | 0.300 0.400 / **0.350** ± 0.050 |"
+  assert lines[4] == "| 600 | 0.500 0.450 / **0.475** ± 0.025 |"
+  # Target 0.4: seed 0 crosses between (300, 0.3) and (620, 0.5): 300 + 0.1 / 0.2 * 320 = 460;
+  # seed 1 between (0, 0.2) and (310, 0.4): 0 + 0.2 / 0.2 * 310 = 310. Mean 385, std 75.
+  assert efficiency.rollouts_to_target(s0, 0.4) == 460.0
+  assert efficiency.rollouts_to_target(s1, 0.4) == 310.0
+  assert efficiency.rollouts_to_target(s0, 0.2) == 0.0 and efficiency.rollouts_to_target(
+      s0, 0.9) is None
+  assert efficiency.target_row({"sara": {0: s0, 1: s1}}, 0.4) == (
+      "| rollouts to reach 0.400 | **385** ± 75 (2/2 seeds) |")
+  assert efficiency.target_row({"x": {0: s0}}, 0.9) == "| rollouts to reach 0.900 | never (0/1 seeds) |"

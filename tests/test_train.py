@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import dapo, drgrpo, grpo, headroom, popo, rloo, rollout_replay
+from configs import dapo, drgrpo, grpo, headroom, popo, rloo, rollout_replay, sara
 from grpo_jax import checkpoint as checkpoint_lib
 from grpo_jax import configuration, metrics, report, train
 
@@ -138,7 +138,57 @@ def test_resume_gives_exactly_the_uninterrupted_run(tmp_path, module):
   assert ra == rb == [4, 8, 12, 16]
 
 
-@pytest.mark.parametrize("module", [grpo, drgrpo, rloo, dapo, popo, rollout_replay, headroom])
+@pytest.mark.parametrize("module,presets", [(sara, "smoke,dps"), (grpo, "smoke,mopps"),
+                                            (dapo, "smoke")])
+def test_resume_of_an_allocator_makes_the_same_decisions(tmp_path, module, presets):
+  """SARA + DPS, MoPPS and DAPO's dynamic sampling: their state (posteriors, counts, the
+  stream position, their random generators) is in the checkpoint, so a resumed run draws the
+  same prompts, spends the same rollouts and ends with the same parameters."""
+
+  def config(total):
+    c = module.get_config(presets)
+    c.rl.reward_signal = c.rl.effective_signal = "score"  # mixed groups in tiny batches
+    c.task.train_size = 16  # prompts come back within 4 steps, so the posteriors matter
+    c.total_steps = total
+    c.eval.every = 100
+    c.checkpoint.every = 2
+    return c
+
+  straight, resumed = os.fspath(tmp_path / "straight"), os.fspath(tmp_path / "resumed")
+  train.train_and_evaluate(config(4), straight)
+  train.train_and_evaluate(config(2), resumed)
+  train.train_and_evaluate(config(4), resumed)
+  for x, y in zip(jax.tree.leaves(_final_state(straight)), jax.tree.leaves(_final_state(resumed))):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  keys = ("rollouts", "alloc/rollouts_generated", "alloc/prompts_touched", "alloc/rounds")
+  ra = [[r[k] for k in keys] for r in metrics.read_metrics(straight) if "loss" in r]
+  rb = [[r[k] for k in keys] for r in metrics.read_metrics(resumed) if "loss" in r]
+  assert ra == rb and len(ra) == 4
+  host = [checkpoint_lib.Checkpointer(w, 2).host(4)["allocator"] for w in (straight, resumed)]
+  assert host[0] == host[1]
+
+
+def test_rollout_budget_ends_the_run_and_a_rerun_says_it_is_complete(tmp_path, capsys):
+  c = sara.get_config("smoke")
+  c.total_steps, c.total_rollouts = 50, 6
+  c.eval.every_rollouts = 4
+  workdir = os.fspath(tmp_path / "budget")
+  train.train_and_evaluate(c, workdir)
+  steps = [r for r in metrics.read_metrics(workdir) if "loss" in r]
+  evals = [r for r in metrics.read_metrics(workdir) if "eval/mean_at_2" in r]
+  # Stops at the first step whose cumulative rollouts reach 6, well before 50 steps; evaluates
+  # at 0, whenever a multiple of 4 rollouts is crossed, and at the end.
+  assert steps[-1]["rollouts"] >= 6 and all(r["rollouts"] < 6 for r in steps[:-1])
+  assert len(steps) < 50
+  crossings = {r["rollouts"] // 4 for r in steps}
+  assert len(evals) >= len(crossings)
+  capsys.readouterr()
+  train.train_and_evaluate(c, workdir)
+  assert "is complete" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module", [grpo, drgrpo, rloo, dapo, popo, rollout_replay, headroom,
+                                    sara])
 def test_every_config_validates(module):
   configuration.validate(module.get_config())
   configuration.validate(module.get_config("smoke"))
@@ -147,7 +197,8 @@ def test_every_config_validates(module):
 @pytest.mark.parametrize("module,preset", [
     (popo, p) for p in ("kl", "filter", "ineff", "stale=10", "pi_old", "align_mu", "kl,smoke")] +
     [(headroom, p) for p in ("headroom_only", "drift_only", "decoupled")] +
-    [(rollout_replay, "decoupled")])
+    [(rollout_replay, "decoupled")] +
+    [(m, p) for m in (grpo, popo, sara, dapo) for p in ("mopps", "dps", "dps,pool=64")])
 def test_method_presets_validate(module, preset):
   configuration.validate(module.get_config(preset))
 
@@ -165,6 +216,10 @@ def test_method_presets_validate(module, preset):
     ("rl.prox_pass", "fresh", "rl.prox_pass"),
     ("rl.logprob_chunk", -1, "rl.logprob_chunk"),
     ("replay.objective", "on_policy", "objective"),
+    ("allocation.method", "oversample", "allocation.method"),
+    ("allocation.selector", "random", "allocation.selector"),
+    ("allocation.tau_lo", 0.95, "tau_lo"),
+    ("allocation.selector", "mopps", "task.train_size.*needs prompts that come back"),
 ])
 def test_invalid_values_name_the_field(field, value, message):
   c = grpo.get_config()
@@ -181,8 +236,9 @@ def test_real_model_preset_needs_a_path():
   with pytest.raises(ValueError, match="unknown config preset 'qwen9'"):
     grpo.get_config("qwen9")
   # An unknown preset lists every preset the chosen file accepts, its own included.
-  with pytest.raises(ValueError, match=r"known: align_mu, countdown_hard, filter, gsm8k, ineff, "
-                                       r"kl, pi_old, .*reuse=K, smoke, stale=S"):
+  with pytest.raises(ValueError, match=r"known: align_mu, countdown_hard, dps, filter, gsm8k, "
+                                       r"ineff, kl, mopps, pi_old, .*reuse=K, smoke, stale=S, "
+                                       r"pool=N"):
     popo.get_config("nope")
   with pytest.raises(ValueError, match="decoupled, drift_only, gsm8k, headroom_only"):
     headroom.get_config("nope")

@@ -2,10 +2,17 @@
 
     python -m grpo_jax.bench.efficiency --methods=grpo,popo --seeds=3 --steps=100
     python -m grpo_jax.bench.efficiency --methods=grpo,popo,popo:filter,popo:pi_old --seeds=3
+    python -m grpo_jax.bench.efficiency --methods=grpo,dapo,sara,sara:dps,grpo:mopps,grpo:dps,popo \
+        --seeds=3 --rollouts=25600 --presets=pool=1024
 
 Every method trains from the embedded checkpoint with its config file (configs/<method>.py,
 optionally with presets after a colon: ``popo:filter``, ``popo:stale=10``) and the same batch
-(B prompts x G rollouts per step), so equal steps mean equal rollouts.
+(B prompts x G rollouts per step), so equal steps mean equal rollouts — unless the method
+allocates rollouts (DAPO's dynamic sampling, SARA), which spends a different number per step:
+``--rollouts=R`` then gives every run the same budget of *generated* rollouts, evaluates each
+time another ``--eval_every_rollouts`` were generated, tabulates accuracy at those marks and
+the rollouts each method needed to reach a target accuracy (``--target``; by default the
+accuracy GRPO ends with, mean over seeds).
 Writes ``<out>/efficiency.md`` (a markdown table of mean@8 by rollouts, per seed, with the
 mean and spread) and ``<out>/efficiency.png`` (needs matplotlib), and prints the table.
 """
@@ -31,11 +38,69 @@ _SEEDS = flags.DEFINE_integer("seeds", 3, "seeds 0..n-1 per method")
 _STEPS = flags.DEFINE_integer("steps", 100, "optimiser steps per run")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 25, "steps between evaluations")
 _OUT = flags.DEFINE_string("out", "runs/efficiency", "output folder")
+_ROLLOUTS = flags.DEFINE_integer("rollouts", 0, "rollout budget per run (0: --steps steps)")
+_EVAL_ROLLOUTS = flags.DEFINE_integer("eval_every_rollouts", 0, "with --rollouts: rollouts "
+                                      "between evaluations (0: eval_every steps of B x G)")
+_TARGET = flags.DEFINE_float("target", 0.0, "accuracy to reach (0: GRPO's final mean)")
 
 
 def run_name(method: str) -> str:
   """A folder name for a method with presets: "popo:stale=10" -> "popo-stale10"."""
   return method.replace(":", "-").replace(",", "-").replace("=", "")
+
+
+def at_marks(curve, marks) -> list[tuple[int, float]]:
+  """(rollouts, mean@k) of the first evaluation at or past each rollout mark (None when the run
+  never got there)."""
+  out = []
+  for m in marks:
+    hit = next(((r, a) for _, r, a in curve if r >= m), None)
+    out.append(hit)
+  return out
+
+
+def budget_table(results: dict, marks: list[int]) -> str:
+  """Markdown: one row per rollout mark, one column per method (seeds, mean +- std); each
+  seed's value is its first evaluation at or past the mark (its rollouts overshoot the mark by
+  less than one step's)."""
+  methods = list(results)
+  lines = ["| rollouts (mark) | " + " | ".join(f"{m}: seeds / mean ± std" for m in methods)
+           + " |", "|---|" + "---|" * len(methods)]
+  for i, mark in enumerate(marks):
+    cells = []
+    for m in methods:
+      vals = [at_marks(c, marks)[i] for c in results[m].values()]
+      vals = [v[1] for v in vals if v is not None]
+      cells.append((" ".join(f"{v:.3f}" for v in vals) +
+                    f" / **{np.mean(vals):.3f}** ± {np.std(vals):.3f}") if vals else "—")
+    lines.append(f"| {mark:,} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def rollouts_to_target(curve, target: float) -> float | None:
+  """Rollouts at which the run first reaches ``target``, interpolated linearly between the
+  evaluations on either side; None if it never does."""
+  prev = None
+  for _, r, a in curve:
+    if a >= target:
+      if prev is None or prev[1] >= target:
+        return float(r)
+      (r0, a0) = prev
+      return r0 + (target - a0) / (a - a0) * (r - r0)
+    prev = (r, a)
+  return None
+
+
+def target_row(results: dict, target: float) -> str:
+  """Markdown row: rollouts to reach ``target`` per method (mean +- std over the seeds that
+  reached it, and how many did)."""
+  cells = []
+  for m in results:
+    hits = [rollouts_to_target(c, target) for c in results[m].values()]
+    got = [h for h in hits if h is not None]
+    cells.append((f"**{np.mean(got):,.0f}** ± {np.std(got):,.0f} " if got else "never ") +
+                 f"({len(got)}/{len(hits)} seeds)")
+  return f"| rollouts to reach {target:.3f} | " + " | ".join(cells) + " |"
 
 
 def aes_row(results: dict, lengths: dict, base: str = "grpo") -> str | None:
@@ -89,20 +154,37 @@ def main(argv):
       config.total_steps = _STEPS.value
       config.eval.every = _EVAL_EVERY.value
       config.checkpoint.every = _STEPS.value
+      if _ROLLOUTS.value:
+        per_step = config.rollout.batch_prompts * config.rollout.group_size
+        config.total_rollouts = _ROLLOUTS.value
+        config.eval.every_rollouts = _EVAL_ROLLOUTS.value or _EVAL_EVERY.value * per_step
+        # Every allocator spends at least B x G rollouts per step; the budget stops the run.
+        config.total_steps = -(-_ROLLOUTS.value // per_step)
+        config.checkpoint.every = config.total_steps
       # --presets are part of the name: a run of another task is never taken for this one.
       suffix = f"-{run_name(_PRESETS.value)}" if _PRESETS.value else ""
       workdir = os.path.join(_OUT.value, f"{run_name(method)}{suffix}_seed{seed}")
-      if not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or \
-          not report.curve(workdir) or report.curve(workdir)[-1][0] < _STEPS.value:
+      if not _finished(workdir, _STEPS.value, _ROLLOUTS.value):
         train.train_and_evaluate(config, workdir)
       results[method][seed] = report.curve(workdir)
       workdirs.setdefault(method, []).append(workdir)
       walls.setdefault(method, []).append(report.wall_at_evals(workdir))
       lengths.setdefault(method, []).append(report.lengths_at_evals(workdir))
-  md = table(results, walls)
-  row = aes_row(results, lengths)
-  if row:
-    md += "\n" + row
+  if _ROLLOUTS.value:
+    every = _EVAL_ROLLOUTS.value or _EVAL_EVERY.value * _per_step()
+    marks = list(range(0, _ROLLOUTS.value + 1, every))
+    md = budget_table(results, marks)
+    base = results.get("grpo") or next(iter(results.values()))
+    target = _TARGET.value or float(np.mean([c[-1][2] for c in base.values()]))
+    md += "\n" + target_row(results, target)
+    cells = [" ".join(f"{w[-1]:.0f}" for w in walls[m]) +
+             f" / **{np.mean([w[-1] for w in walls[m]]):.0f}**" for m in results]
+    md += "\n| wall s at the end | " + " | ".join(cells) + " |"
+  else:
+    md = table(results, walls)
+    row = aes_row(results, lengths)
+    if row:
+      md += "\n" + row
   with open(os.path.join(_OUT.value, "efficiency.md"), "w") as f:
     f.write(md + "\n")
   with open(os.path.join(_OUT.value, "efficiency.json"), "w") as f:
@@ -112,6 +194,20 @@ def main(argv):
   drew = report.plot_accuracy(workdirs, os.path.join(_OUT.value, "efficiency.png"), title=title)
   print(md)
   print(f"wrote {_OUT.value}/efficiency.md" + (" and efficiency.png" if drew else ""))
+
+
+def _per_step() -> int:
+  module = importlib.import_module("configs.grpo")
+  c = module.get_config(_PRESETS.value or None)
+  return c.rollout.batch_prompts * c.rollout.group_size
+
+
+def _finished(workdir: str, steps: int, rollouts: int) -> bool:
+  """Whether a run folder already holds a finished run of this benchmark."""
+  if not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or not report.curve(workdir):
+    return False
+  last = report.curve(workdir)[-1]
+  return last[1] >= rollouts if rollouts else last[0] >= steps
 
 
 if __name__ == "__main__":
