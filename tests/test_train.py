@@ -240,7 +240,7 @@ def test_real_model_preset_needs_a_path():
                                        r"ineff, kl, mopps, pi_old, .*reuse=K, smoke, stale=S, "
                                        r"pool=N"):
     popo.get_config("nope")
-  with pytest.raises(ValueError, match="decoupled, drift_only, gsm8k, headroom_only"):
+  with pytest.raises(ValueError, match="decoupled, dps, drift_only, gsm8k, headroom_only"):
     headroom.get_config("nope")
 
 
