@@ -192,6 +192,7 @@ def test_sara_commits_abandons_and_counts_every_rollout():
   assert stats["alloc/committed"] == 2 and stats["alloc/abandoned"] == 2
   assert stats["alloc/abandon_rate"] == 0.5 and stats["alloc/surplus"] == 0
   assert stats["alloc/audited"] == 2 and stats["alloc/wrong_abandoned"] == 1  # prompt 1
+  assert stats["alloc/wrong_abandon_rate"] == 0.5
   assert stats["alloc/rounds"] == 2 and stats["alloc/empty_groups"] == 0
   # The selector sees every prompt's counted rollouts only: 1 and 2 after their 4 probes.
   assert alloc.selector.seen == [[(0, 4, 8), (1, 0, 4), (2, 4, 4), (3, 1, 8)]]

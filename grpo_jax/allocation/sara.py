@@ -201,4 +201,5 @@ class Sara(allocator_lib.Allocator):
                          "alloc/surplus": float(surplus),
                          "alloc/abandon_rate": len(abandoned) / max(decided, 1),
                          "alloc/audited": float(len(audits)),
-                         "alloc/wrong_abandoned": float(wrong)})
+                         "alloc/wrong_abandoned": float(wrong),
+                         **({"alloc/wrong_abandon_rate": wrong / len(audits)} if audits else {})})
