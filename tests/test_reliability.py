@@ -178,3 +178,25 @@ def test_workdir_of_another_config_is_not_resumed(tmp_path):
   other.checkpoint.allow_config_change = True
   train.train_and_evaluate(other, workdir)
   assert checkpoint_lib.Checkpointer(workdir, 2).latest_step() == 2
+
+
+@pytest.mark.parametrize("task,name,content,message", [
+    ("countdown", "rows.jsonl", "", "no usable row (the file has no rows)"),
+    ("countdown", "rows.jsonl", '{"target": 5, "nums": ["five", 2]}\n',
+     "no usable row (1 malformed; first: row 1: 'nums' holds a non-integer: ['five', 2])"),
+    ("countdown", "rows.jsonl", '{"nums": [1, 2]}\n',
+     "no usable row (1 malformed; first: row 1: missing field 'target')"),
+    ("jsonl", "qa.jsonl", '{"question": "2+2?"}\n[1]\n',
+     "no usable row (2 rows: 1 not a JSON object, 1 without a question and a numeric answer)"),
+])
+def test_unusable_data_file_is_named_and_nothing_is_written(tmp_path, task, name, content,
+                                                            message):
+  from grpo_jax import configuration  # pylint: disable=g-import-not-at-top
+  data = tmp_path / name
+  data.write_text(content)
+  c = _config()
+  c.task.name, c.task.data_path = task, os.fspath(data)
+  with pytest.raises(configuration.ConfigError) as e:
+    train.train_and_evaluate(c, os.fspath(tmp_path / "run"))
+  assert str(e.value) == f"config.task.data_path: {data}: {message}"
+  assert not (tmp_path / "run").exists()

@@ -185,7 +185,7 @@ class JsonlTask(_QATask):
     problems = _rows_to_problems(rows, path)
     self.skipped = bad + len(rows) - len(problems)
     if not problems:
-      raise ValueError(f"{path}: no usable row ({len(rows) + bad} rows: {bad} not JSON objects, "
+      raise ValueError(f"{path}: no usable row ({len(rows) + bad} rows: {bad} not a JSON object, "
                        f"{len(rows) - len(problems)} without a question and a numeric answer)")
     held = max(1, len(problems) // 10) if len(problems) > 1 else 0
     super().__init__(problems[:len(problems) - held], problems[len(problems) - held:])
