@@ -1,6 +1,12 @@
-"""Reliability: preemption by a real signal, damaged checkpoints, the non-finite stop."""
+"""Reliability: preemption by a real signal, damaged checkpoints, a full disk, the non-finite
+stop, unusable inputs."""
 
+import errno
+import hashlib
 import os
+import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -8,6 +14,7 @@ import time
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from configs import popo
@@ -95,6 +102,120 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
   assert checkpoint_lib.Checkpointer(workdir, 2).latest_step() == 4
   # The damaged checkpoint was kept for inspection, out of the way.
   assert os.listdir(os.path.join(workdir, "checkpoints_unreadable"))[0].startswith("3-")
+
+
+def _file_digests(folder):
+  """{relative path: sha256} of every file under ``folder``."""
+  out = {}
+  for root, _, files in os.walk(folder):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        out[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+def test_full_disk_during_a_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
+  """ENOSPC raised inside orbax's write of checkpoint 2 (its host record, while the arrays are
+  being written; step 2 is the last, so this is the final save): one error naming the problem,
+  the step and the folder; checkpoint 1 is left byte for byte as it was and is the only one
+  listed; the half-written folder is removed; the same run started again resumes from step 1
+  and finishes. (A real full file system is the next test.)"""
+  workdir = os.fspath(tmp_path)
+  ckdir = os.path.join(workdir, "checkpoints")
+  before = {}
+  real = ocp.handlers.JsonCheckpointHandler.async_save
+
+  async def full_disk(self, directory, *args, **kwargs):
+    if os.path.basename(os.path.dirname(str(directory))).startswith("2.orbax-checkpoint-tmp"):
+      before.update(_file_digests(os.path.join(ckdir, "1")))
+      assert os.path.isdir(os.path.dirname(str(directory)))  # the save is under way
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory))
+    return await real(self, directory, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.handlers.JsonCheckpointHandler, "async_save", full_disk)
+  c = _config()
+  c.total_steps, c.checkpoint.every = 2, 1
+  from grpo_jax.models import CheckpointError  # pylint: disable=g-import-not-at-top
+  with pytest.raises(CheckpointError) as e:
+    train.train_and_evaluate(c, workdir)
+  message = str(e.value)
+  assert message.startswith(f"checkpoint of step 2 not written: no space left on device in "
+                            f"{ckdir} (")
+  assert message.endswith(" free); the last good checkpoint (step 1) is intact. Free some space "
+                          "(each save needs room for one more checkpoint while checkpoint.keep "
+                          "are kept) and run the same command to resume")
+  assert os.listdir(ckdir) == ["1"]  # no half-written folder left to hold space
+  assert before and _file_digests(os.path.join(ckdir, "1")) == before
+  assert checkpoint_lib.Checkpointer(workdir, 2).latest_step() == 1
+  monkeypatch.undo()  # space freed
+  capsys.readouterr()
+  train.train_and_evaluate(c, workdir)
+  assert "resuming at step 1;" in capsys.readouterr().out
+  assert checkpoint_lib.Checkpointer(workdir, 2).latest_step() == 2
+
+
+def _small_tmpfs_possible(folder) -> bool:
+  """Whether this machine lets an unprivileged user mount a tmpfs in a new user + mount
+  namespace (``unshare -rm``), as most Linux machines do."""
+  if shutil.which("unshare") is None:
+    return False
+  os.makedirs(folder, exist_ok=True)
+  probe = subprocess.run(["unshare", "-rm", "sh", "-c",
+                          f"mount -t tmpfs -o size=1m none {shlex.quote(os.fspath(folder))}"],
+                         capture_output=True, timeout=60)
+  return probe.returncode == 0
+
+
+def test_real_full_disk_is_one_line_and_the_last_checkpoint_survives(tmp_path):
+  """The CLI on a real file system that fills up: a tmpfs in a user + mount namespace, filled
+  (by dd) as soon as checkpoint 2 exists, leaving half a checkpoint free, so checkpoint 4 cannot
+  be written. stderr is exactly one line naming the problem (none of orbax's or tensorstore's
+  tracebacks); exit status 1; checkpoint 2 is byte for byte as it was and restores; no
+  half-written folder is left."""
+  small, out = tmp_path / "small", tmp_path / "out"
+  if not _small_tmpfs_possible(small):
+    pytest.skip("unprivileged user namespaces (unshare -rm) are not available here")
+  out.mkdir()
+  run = small / "run"
+  overrides = {"total_steps": 4, "checkpoint.every": 2, "eval.every": 1000}
+  train_cmd = shlex.join([sys.executable, "-m", "grpo_jax.train",
+                          "--config=configs/popo.py:smoke", f"--workdir={run}"] +
+                         [f"--config.{k}={v}" for k, v in overrides.items()])
+  q = lambda p: shlex.quote(os.fspath(p))
+  ckpt2 = run / "checkpoints" / "2"
+  script = f"""
+mount -t tmpfs -o size=64m none {q(small)} || exit 99
+(
+  while [ ! -d {q(ckpt2)} ]; do sleep 0.02; done
+  (cd {q(ckpt2)} && find . -type f -exec sha256sum {{}} +) > {q(out / "before.sha256")}
+  used=$(du -sk {q(ckpt2)} | cut -f1)
+  avail=$(df -k {q(small)} | awk 'NR == 2 {{print $4}}')
+  dd if=/dev/zero of={q(small / "filler")} bs=1k count=$((avail - used / 2)) 2>/dev/null
+) &
+{train_cmd} > {q(out / "stdout")} 2> {q(out / "stderr")}
+echo $? > {q(out / "rc")}
+wait
+cp -a {q(run)} {q(out / "run")}
+"""
+  proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  stderr = (out / "stderr").read_text()
+  ckdir = run / "checkpoints"
+  assert (out / "rc").read_text().strip() == "1", stderr[-3000:]
+  assert re.fullmatch(
+      rf"grpo_jax.train: checkpoint of step 4 not written: no space left on device in "
+      rf"{re.escape(os.fspath(ckdir))} \([\d.]+ (KB|MB|bytes) free\); the last good checkpoint "
+      rf"\(step 2\) is intact. Free some space \(each save needs room for one more checkpoint "
+      rf"while checkpoint.keep are kept\) and run the same command to resume\n", stderr), stderr
+  copied = out / "run" / "checkpoints"
+  assert sorted(os.listdir(copied)) == ["2"]
+  before = dict(reversed(line.split("  ./", 1)) for line in
+                (out / "before.sha256").read_text().splitlines())
+  assert before and _file_digests(copied / "2") == before
+  assert checkpoint_lib.Checkpointer(os.fspath(out / "run"), 2).latest_step() == 2
+  _final_state(os.fspath(out / "run"))  # restores
 
 
 def test_too_many_non_finite_steps_stop_with_the_last_good_state(tmp_path, monkeypatch):
