@@ -74,6 +74,73 @@ def test_sigterm_saves_exits_zero_and_the_resumed_run_is_exact(tmp_path):
   assert rollouts(workdir) == rollouts(straight) == [4 * s for s in range(1, 41)]
 
 
+# The CLI, with orbax's write of a checkpoint's host record wrapped: while the checkpoint is
+# being written (its temporary folder exists), the process sends itself a second SIGTERM and a
+# SIGINT, as a second `kill` or an impatient Ctrl-C would.
+SIGNALS_DURING_THE_SAVE = """
+import os, signal
+import orbax.checkpoint as ocp
+from absl import app
+from grpo_jax import train
+
+real = ocp.handlers.JsonCheckpointHandler.async_save
+
+async def save_under_fire(self, directory, *args, **kwargs):
+  folder = os.path.dirname(str(directory))
+  print(f"signals while writing {os.path.basename(folder)}: folder present "
+        f"{os.path.isdir(folder)}", flush=True)
+  os.kill(os.getpid(), signal.SIGTERM)
+  os.kill(os.getpid(), signal.SIGINT)
+  return await real(self, directory, *args, **kwargs)
+
+ocp.handlers.JsonCheckpointHandler.async_save = save_under_fire
+train.define_flags()
+app.run(train.main, flags_parser=train.parse_flags)
+"""
+
+
+def test_second_signals_during_the_save_change_nothing(tmp_path):
+  """A real SIGTERM mid-run, then a second SIGTERM and a SIGINT while the checkpoint is being
+  written: the save completes, the run exits 0 having reported only the first signal, and the
+  checkpoint equals, leaf for leaf, an uninterrupted run of the same number of steps
+  (parameters, optimiser state, replay buffer, host record)."""
+  workdir = tmp_path / "preempted"
+  cmd = [sys.executable, "-c", SIGNALS_DURING_THE_SAVE, "--config=configs/popo.py:smoke",
+         f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+  proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  deadline = time.time() + 300
+  while time.time() < deadline:  # wait until training is under way (a step record exists)
+    path = workdir / "metrics.jsonl"
+    if path.exists() and '"loss"' in path.read_text():
+      break
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err[-2000:]
+  stopped_at = checkpoint_lib.Checkpointer(os.fspath(workdir), 2).latest_step()
+  assert 1 <= stopped_at < 40, out[-2000:]
+  # Only the checkpoint of the stop was written (checkpoint.every = 1000), under the signals.
+  assert re.findall(r"signals while writing (\S+): folder present (\w+)", out) == [
+      (f"{stopped_at}.orbax-checkpoint-tmp", "True")]
+  assert out.count("received; finishing this step") == 1 and "SIGTERM received" in out
+  assert f"stopped by SIGTERM after step {stopped_at}; checkpoint saved" in out
+  assert "Traceback" not in err
+
+  straight = tmp_path / "straight"
+  c = _config()
+  c.total_steps = stopped_at
+  train.train_and_evaluate(c, os.fspath(straight))
+  ck_a = checkpoint_lib.Checkpointer(os.fspath(straight), 2)
+  ck_b = checkpoint_lib.Checkpointer(os.fspath(workdir), 2)
+  a, b = ck_a.manager.restore(stopped_at), ck_b.manager.restore(stopped_at)
+  leaves_a, leaves_b = jax.tree.leaves(a.state), jax.tree.leaves(b.state)
+  assert len(leaves_a) == len(leaves_b) > 0
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert dict(a.host) == dict(b.host)
+
+
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
   """The newest checkpoint's files corrupted, and a half-written save folder left behind: the
   run says which checkpoint it could not read, resumes from the one before, and finishes."""
