@@ -102,12 +102,14 @@ def _without_closed_loop(hook):
 
 
 def _size(nbytes: float) -> str:
-  """``1,536`` -> ``1.5 KB`` (decimal units, as ``df -H``)."""
-  for unit in ("bytes", "KB", "MB", "GB", "TB"):
-    if nbytes < 1000 or unit == "TB":
-      return f"{nbytes:,.0f} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
+  """``1536`` -> ``1.5 KB`` (decimal units, as ``df -H``)."""
+  if nbytes < 1000:
+    return f"{nbytes:.0f} bytes"
+  for unit in ("KB", "MB", "GB"):
     nbytes /= 1000
-  return ""  # unreachable
+    if nbytes < 1000:
+      return f"{nbytes:.1f} {unit}"
+  return f"{nbytes / 1000:,.1f} TB"
 
 
 def _join_new_threads(before: set, timeout_s: float) -> None:

@@ -222,6 +222,61 @@ def test_full_disk_during_a_save_keeps_the_last_good_checkpoint(tmp_path, monkey
   assert checkpoint_lib.Checkpointer(workdir, 2).latest_step() == 2
 
 
+def test_what_counts_as_a_full_disk_and_how_it_is_told():
+  enospc = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/ckpt/x")
+  try:  # orbax re-raising Python's error from a worker: the cause is in the chain
+    try:
+      raise enospc
+    except OSError as e:
+      raise RuntimeError("save failed") from e
+  except RuntimeError as e:
+    chained = e
+  # Tensorstore's own error: a ValueError whose text alone carries the cause.
+  tensorstore = ValueError('RESOURCE_EXHAUSTED: Error writing "train.w/0" in OCDBT database: '
+                           "Failed to write 127793 bytes to file 7: No space left on device "
+                           "[os_error_code='28']")
+  assert [checkpoint_lib.is_disk_full(e) for e in (enospc, chained, tensorstore)] == [True] * 3
+  others = (OSError(errno.EACCES, "Permission denied"), ValueError("NOT_FOUND: no such file"))
+  assert [checkpoint_lib.is_disk_full(e) for e in others] == [False, False]
+  # 999 bytes; 1536 / 1000 = 1.536 -> 1.5 KB; 2.6e6 -> 2.6 MB; 3.2e12 -> 3.2 TB.
+  assert [checkpoint_lib._size(n) for n in (999, 1536, 2.6e6, 3.2e12)] == [  # pylint: disable=protected-access
+      "999 bytes", "1.5 KB", "2.6 MB", "3.2 TB"]
+
+
+def test_orbax_reports_held_during_a_save_are_dropped_or_passed_on():
+  """absl ERROR records and unraisable exceptions raised while a save runs: passed on
+  unchanged when the save is fine, dropped when the one-line error replaces them; afterwards
+  only asyncio's "Event loop is closed" stays silenced."""
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  import logging  # pylint: disable=g-import-not-at-top
+  seen = []
+
+  class Keep(logging.Handler):
+    def emit(self, record):
+      seen.append(record.getMessage())
+
+  handler = Keep(logging.ERROR)
+  logging.getLogger("absl").addHandler(handler)
+  previous = sys.unraisablehook
+  unraisable = []
+  sys.unraisablehook = lambda report: unraisable.append(str(report.exc_value))
+  try:
+    for drop in (False, True):
+      with checkpoint_lib._HeldReports() as held:  # pylint: disable=protected-access
+        absl_logging.error("writer failed (%s)", drop)
+        sys.unraisablehook(type("R", (), {"exc_value": RuntimeError(f"late ({drop})")})())
+        assert seen == (["writer failed (False)"] if drop else [])  # held, not shown yet
+        held.release(drop=drop)
+    assert seen == ["writer failed (False)"]
+    assert unraisable == ["late (False)"]
+    for text in ("Event loop is closed", "another"):
+      sys.unraisablehook(type("R", (), {"exc_value": RuntimeError(text)})())
+    assert unraisable == ["late (False)", "another"]
+  finally:
+    sys.unraisablehook = previous
+    logging.getLogger("absl").removeHandler(handler)
+
+
 def _small_tmpfs_possible(folder) -> bool:
   """Whether this machine lets an unprivileged user mount a tmpfs in a new user + mount
   namespace (``unshare -rm``), as most Linux machines do."""
