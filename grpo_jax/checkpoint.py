@@ -6,14 +6,118 @@ JSON record of the host side (rollouts and tokens so far, skipped prompts, rng s
 allocator's state: data position, per-prompt posteriors, its random generators). Saves are synchronous: the train step donates its buffers, so nothing may still be
 reading them when the next step runs. Orbax writes to a temporary folder and renames, so a
 crash mid-save never leaves a corrupt latest checkpoint.
+
+A save that fails for a full disk (or another operating-system error) raises ``CheckpointError``
+with one line naming the step, the folder and the free space; its half-written temporary
+folder is removed (it is never listed, and it holds space the user needs back), and the
+previous checkpoints are untouched: orbax deletes old ones only after a save succeeds. The
+reports orbax's writer threads print about that failure (tracebacks logged at ERROR,
+"Event loop is closed" from writes that end after the failed save) are held during the save
+and dropped, since the one line says it; a save that succeeds or fails otherwise passes them
+on unchanged. Temporary folders of saves killed mid-way are removed when the next run starts.
 """
 
 from __future__ import annotations
 
+import errno
+import glob
+import logging
 import os
+import shutil
+import sys
+import threading
+import time
 
 import jax
 import orbax.checkpoint as ocp
+
+from grpo_jax.models import CheckpointError
+
+# ENOSPC from Python's own writes; tensorstore (orbax's array writer) reports the same failure
+# as a ValueError ("RESOURCE_EXHAUSTED: ... No space left on device [os_error_code='28']") whose
+# only trace of the cause is the operating system's text.
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded")
+
+
+def is_disk_full(error: BaseException) -> bool:
+  """Whether ``error``, or an exception in its cause / context chain, is a full disk or quota."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno in _DISK_FULL_ERRNOS:
+      return True
+    if any(text in str(error) for text in _DISK_FULL_TEXTS):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+class _HeldReports(logging.Filter):
+  """While a save runs, holds absl's ERROR records (orbax's threads log failed writes there,
+  with a traceback) and unraisable exceptions (tensorstore writes that finish after a failed
+  save closed its event loop); ``release`` drops them or passes them on as they would have been.
+  """
+
+  def __enter__(self):
+    self.records, self.unraisable = [], []
+    self._logger = logging.getLogger("absl")
+    self._logger.addFilter(self)
+    self._hook, sys.unraisablehook = sys.unraisablehook, self.unraisable.append
+    return self
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno < logging.ERROR:
+      return True
+    self.records.append(record)
+    return False
+
+  def release(self, drop: bool) -> None:
+    """Ends the hold: the held reports are dropped or passed on. After a dropped (failed) save,
+    tensorstore writes still in flight keep ending on the closed event loop; those "Event loop
+    is closed" reports alone stay silenced from then on."""
+    if self._logger is None:
+      return
+    self._logger.removeFilter(self)
+    sys.unraisablehook = _without_closed_loop(self._hook) if drop else self._hook
+    if not drop:
+      for record in self.records:
+        self._logger.handle(record)
+      for report in self.unraisable:
+        self._hook(report)
+    self._logger = None
+
+  def __exit__(self, *exc):
+    self.release(drop=False)  # a no-op when released already
+
+
+def _without_closed_loop(hook):
+  """``hook`` for unraisable exceptions, minus asyncio's "Event loop is closed" RuntimeError."""
+  def filtered(report):
+    if not (isinstance(report.exc_value, RuntimeError)
+            and str(report.exc_value) == "Event loop is closed"):
+      hook(report)
+  filtered.without_closed_loop = True
+  return hook if getattr(hook, "without_closed_loop", False) else filtered
+
+
+def _size(nbytes: float) -> str:
+  """``1536`` -> ``1.5 KB`` (decimal units, as ``df -H``)."""
+  if nbytes < 1000:
+    return f"{nbytes:.0f} bytes"
+  for unit in ("KB", "MB", "GB"):
+    nbytes /= 1000
+    if nbytes < 1000:
+      return f"{nbytes:.1f} {unit}"
+  return f"{nbytes / 1000:,.1f} TB"
+
+
+def _join_new_threads(before: set, timeout_s: float) -> None:
+  """Waits (``timeout_s`` at most in all) for the threads started since ``before`` to end."""
+  deadline = time.monotonic() + timeout_s
+  for thread in set(threading.enumerate()) - before:
+    if thread is not threading.current_thread():
+      thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class Checkpointer:
@@ -24,7 +128,8 @@ class Checkpointer:
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                             enable_async_checkpointing=False))
+                                             enable_async_checkpointing=False,
+                                             cleanup_tmp_directories=True))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -36,10 +141,61 @@ class Checkpointer:
     return {"train": state, "replay": replay} if replay.capacity else {"train": state}
 
   def save(self, step: int, state, replay, host: dict) -> None:
-    self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(self._tree(state, replay)),
-        host=ocp.args.JsonSave(host)), force=True)
-    self.manager.wait_until_finished()
+    """Writes checkpoint ``step``.
+
+    Raises:
+      CheckpointError: the disk (or quota) is full, or the operating system refused a write;
+        the message names the step, the folder, the free space and the last good checkpoint,
+        which is left as it was.
+    """
+    threads = set(threading.enumerate())
+    with _HeldReports() as held:
+      try:
+        self.manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(self._tree(state, replay)),
+            host=ocp.args.JsonSave(host)), force=True)
+        self.manager.wait_until_finished()
+      except Exception as e:  # pylint: disable=broad-except
+        if not (is_disk_full(e) or isinstance(e, OSError)):
+          raise
+        # Writes of the failed save still under way would recreate what is removed.
+        _join_new_threads(threads, timeout_s=60.0)
+        self._discard_unfinished(step)
+        held.release(drop=True)
+        raise CheckpointError(self._failure_message(step, e)) from e
+
+  def _discard_unfinished(self, step: int) -> None:
+    """Removes the temporary folder of a failed save of ``step`` (never a finished one).
+
+    Tensorstore's own (C++) threads may still be ending writes into it, which makes a removal
+    fail half-way, so it is retried for a few seconds; whatever is left is removed when the
+    next run starts (``cleanup_tmp_directories``).
+    """
+    pattern = os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")
+    for _ in range(50):
+      for path in glob.glob(pattern):
+        shutil.rmtree(path, ignore_errors=True)
+      if not glob.glob(pattern):
+        break
+      time.sleep(0.1)
+    self.manager.reload()
+
+  def _failure_message(self, step: int, error: BaseException) -> str:
+    last = self.manager.latest_step()
+    kept = (f"the last good checkpoint (step {last}) is intact" if last is not None else
+            "there is no earlier checkpoint: the run will start again from step 0")
+    try:
+      free = f" ({_size(shutil.disk_usage(self.directory).free)} free)"
+    except OSError:
+      free = ""
+    if is_disk_full(error):
+      return (f"checkpoint of step {step} not written: no space left on device in "
+              f"{self.directory}{free}; {kept}. Free some space (each save needs room for one "
+              "more checkpoint while checkpoint.keep are kept) and run the same command to "
+              "resume")
+    return (f"checkpoint of step {step} not written in {self.directory}: "
+            f"{type(error).__name__}: {error}; {kept}. Fix the folder and run the same command "
+            "to resume")
 
   def restore(self, step: int, state, replay):
     """Restores into the structure, shapes and dtypes of the given (template) pytrees."""

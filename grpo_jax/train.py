@@ -49,20 +49,33 @@ def define_flags():
 
 
 def make_task(config):
-  """The task object named by ``config.task``."""
+  """The task object named by ``config.task``.
+
+  Raises:
+    ConfigError: a generator setting out of range, or a data file that cannot be used (empty,
+      not JSON, no usable row: the message names the first malformed row and why).
+  """
   t = config.task
   if t.name == "countdown":
-    gen = countdown.GeneratorConfig(num_numbers=t.num_numbers, min_number=t.min_number,
-                                    max_number=t.max_number, min_target=t.min_target,
-                                    max_target=t.max_target, seed=t.data_seed)
-    if t.data_path:
+    try:
+      gen = countdown.GeneratorConfig(num_numbers=t.num_numbers, min_number=t.min_number,
+                                      max_number=t.max_number, min_target=t.min_target,
+                                      max_target=t.max_target, seed=t.data_seed)
+    except ValueError as e:
+      raise configuration.ConfigError(f"config.task: {e}") from None
+  try:
+    if t.name == "countdown" and t.data_path:
       return countdown.CountdownTask.from_file(t.data_path, gen, template=t.template)
-    return countdown.CountdownTask(gen, template=t.template)
-  if t.name == "gsm8k":
+    if t.name == "countdown":
+      return countdown.CountdownTask(gen, template=t.template)
     from grpo_jax.tasks import gsm8k  # pylint: disable=g-import-not-at-top
-    return gsm8k.GSM8KTask(data_dir=t.tfds_data_dir or None)
-  from grpo_jax.tasks import gsm8k  # pylint: disable=g-import-not-at-top
-  return gsm8k.JsonlTask(t.data_path)
+    if t.name == "gsm8k":
+      return gsm8k.GSM8KTask(data_dir=t.tfds_data_dir or None)
+    return gsm8k.JsonlTask(t.data_path)
+  except ValueError as e:
+    if not t.data_path or t.name == "gsm8k":  # the TFDS loader does not read data_path
+      raise
+    raise configuration.ConfigError(f"config.task.data_path: {e}") from None
 
 
 def make_schedule(config) -> optax.Schedule:
@@ -123,7 +136,6 @@ def _evaluate(config, graphdef, params, tokenizer, task, problems, render) -> di
 def train_and_evaluate(config, workdir: str) -> dict:
   """Runs (or resumes) training; returns the last evaluation's metrics."""
   configuration.validate(config)
-  os.makedirs(workdir, exist_ok=True)
   r = config.rollout
   tokenizer = transformers.AutoTokenizer.from_pretrained(config.model.path)
   model = from_pretrained(config.model.path, param_dtype=config.model.param_dtype,
@@ -150,6 +162,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   allocator = allocation.make_allocator(config, sample_fn, tokenizer, task, stream)
   host = {"rollouts": 0, "completion_tokens": 0, "reward_errors": 0}
 
+  # Only now, after every input has been checked, is anything written.
+  os.makedirs(workdir, exist_ok=True)
   _check_same_run(config, workdir)
   ckpt = checkpoint_lib.Checkpointer(workdir, config.checkpoint.keep)
   start = ckpt.latest_step() or 0
@@ -435,17 +449,20 @@ def main(argv):
     console.quiet_third_party()  # --verbosity=0 brings orbax's and JAX's INFO lines back
   try:
     train_and_evaluate(config, workdir)
-  except (configuration.ConfigError, CheckpointError, FileNotFoundError,
+  except (configuration.ConfigError, CheckpointError, OSError,
           tokenization.PromptTooLongError, TrainingStopped) as e:
-    # User errors (config, paths, data) end with one readable line, not a traceback.
+    # User errors (config, paths, data) and the machine's (a full disk, a folder that cannot be
+    # written) end with one readable line, not a traceback.
     sys.exit(f"grpo_jax.train: {e}")
 
 
 def parse_flags(argv):
-  """absl's flag parsing, with an unknown ``--config.x`` field named in one line, not a
-  traceback from inside ml_collections."""
+  """absl's flag parsing, with an unknown ``--config.x`` field or a value of the wrong type
+  named in one line, not a traceback from inside ml_collections or absl."""
   try:
     return flags.FLAGS(argv)
+  except flags.Error as e:  # a value of the wrong type, e.g. --config.rollout.group_size=abc
+    sys.exit(f"grpo_jax.train: {e}")
   except (AttributeError, KeyError) as e:
     name = str(e).strip("\"'")
     given = [a.split("=")[0][2:] for a in argv

@@ -4,6 +4,7 @@ import ast
 import builtins
 import fractions
 import json
+import logging
 import re
 
 import hypothesis
@@ -515,6 +516,37 @@ def test_load_parquet(tmp_path):
     countdown.Problem(nums=(3, 5, 7), target=56),
   ]
   assert skipped == 1  # the empty nums row
+
+
+def test_load_names_the_first_malformed_row(tmp_path, caplog):
+  path = tmp_path / "rows.jsonl"
+  path.write_text('{"target": 56, "nums": [3, 5, 7]}\n'
+                  '{"target": 5, "nums": ["a", 2]}\n'  # row 2: the first malformed one
+                  '{"nums": [1, 2]}\n')
+  with caplog.at_level(logging.WARNING):
+    problems, skipped = countdown_files.load_problems(path)
+  assert [p.target for p in problems] == [56] and skipped == 2
+  assert (f"Skipped 2 malformed row(s) in {path} (first: row 2: 'nums' holds a non-integer: "
+          "['a', 2])") in caplog.text
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("empty.jsonl", "\n\n", "no usable row (the file has no rows)"),
+    ("empty.json", "", "is empty"),
+    ("broken.json", "[{", "is not valid JSON (Expecting property name"),
+    ("text.jsonl", "{oops\n" + '{"target": 1.5, "nums": [1]}\n',
+     "no usable row (2 malformed; first: row 1: not valid JSON (Expecting property name"),
+    ("bool.jsonl", '{"target": true, "nums": [1]}\n',
+     "no usable row (1 malformed; first: row 1: 'target' is not an integer: True)"),
+    ("nums.json", '[{"target": 3, "nums": "12"}, {"target": 3}]',
+     "no usable row (2 malformed; first: row 1: 'nums' is not a non-empty list: '12')"),
+])
+def test_load_unusable_file_is_an_error_naming_why(tmp_path, name, content, message):
+  path = tmp_path / name
+  path.write_text(content)
+  with pytest.raises(ValueError) as e:
+    countdown_files.load_problems(path)
+  assert str(e.value).startswith(f"{path}") and message in str(e.value)
 
 
 def test_load_errors(tmp_path):

@@ -1,6 +1,12 @@
-"""Reliability: preemption by a real signal, damaged checkpoints, the non-finite stop."""
+"""Reliability: preemption by a real signal, damaged checkpoints, a full disk, the non-finite
+stop, unusable inputs."""
 
+import errno
+import hashlib
 import os
+import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -8,6 +14,7 @@ import time
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from configs import popo
@@ -67,6 +74,73 @@ def test_sigterm_saves_exits_zero_and_the_resumed_run_is_exact(tmp_path):
   assert rollouts(workdir) == rollouts(straight) == [4 * s for s in range(1, 41)]
 
 
+# The CLI, with orbax's write of a checkpoint's host record wrapped: while the checkpoint is
+# being written (its temporary folder exists), the process sends itself a second SIGTERM and a
+# SIGINT, as a second `kill` or an impatient Ctrl-C would.
+SIGNALS_DURING_THE_SAVE = """
+import os, signal
+import orbax.checkpoint as ocp
+from absl import app
+from grpo_jax import train
+
+real = ocp.handlers.JsonCheckpointHandler.async_save
+
+async def save_under_fire(self, directory, *args, **kwargs):
+  folder = os.path.dirname(str(directory))
+  print(f"signals while writing {os.path.basename(folder)}: folder present "
+        f"{os.path.isdir(folder)}", flush=True)
+  os.kill(os.getpid(), signal.SIGTERM)
+  os.kill(os.getpid(), signal.SIGINT)
+  return await real(self, directory, *args, **kwargs)
+
+ocp.handlers.JsonCheckpointHandler.async_save = save_under_fire
+train.define_flags()
+app.run(train.main, flags_parser=train.parse_flags)
+"""
+
+
+def test_second_signals_during_the_save_change_nothing(tmp_path):
+  """A real SIGTERM mid-run, then a second SIGTERM and a SIGINT while the checkpoint is being
+  written: the save completes, the run exits 0 having reported only the first signal, and the
+  checkpoint equals, leaf for leaf, an uninterrupted run of the same number of steps
+  (parameters, optimiser state, replay buffer, host record)."""
+  workdir = tmp_path / "preempted"
+  cmd = [sys.executable, "-c", SIGNALS_DURING_THE_SAVE, "--config=configs/popo.py:smoke",
+         f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+  proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  deadline = time.time() + 300
+  while time.time() < deadline:  # wait until training is under way (a step record exists)
+    path = workdir / "metrics.jsonl"
+    if path.exists() and '"loss"' in path.read_text():
+      break
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err[-2000:]
+  stopped_at = checkpoint_lib.Checkpointer(os.fspath(workdir), 2).latest_step()
+  assert 1 <= stopped_at < 40, out[-2000:]
+  # Only the checkpoint of the stop was written (checkpoint.every = 1000), under the signals.
+  assert re.findall(r"signals while writing (\S+): folder present (\w+)", out) == [
+      (f"{stopped_at}.orbax-checkpoint-tmp", "True")]
+  assert out.count("received; finishing this step") == 1 and "SIGTERM received" in out
+  assert f"stopped by SIGTERM after step {stopped_at}; checkpoint saved" in out
+  assert "Traceback" not in err
+
+  straight = tmp_path / "straight"
+  c = _config()
+  c.total_steps = stopped_at
+  train.train_and_evaluate(c, os.fspath(straight))
+  ck_a = checkpoint_lib.Checkpointer(os.fspath(straight), 2)
+  ck_b = checkpoint_lib.Checkpointer(os.fspath(workdir), 2)
+  a, b = ck_a.manager.restore(stopped_at), ck_b.manager.restore(stopped_at)
+  leaves_a, leaves_b = jax.tree.leaves(a.state), jax.tree.leaves(b.state)
+  assert len(leaves_a) == len(leaves_b) > 0
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert dict(a.host) == dict(b.host)
+
+
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
   """The newest checkpoint's files corrupted, and a half-written save folder left behind: the
   run says which checkpoint it could not read, resumes from the one before, and finishes."""
@@ -95,6 +169,175 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
   assert checkpoint_lib.Checkpointer(workdir, 2).latest_step() == 4
   # The damaged checkpoint was kept for inspection, out of the way.
   assert os.listdir(os.path.join(workdir, "checkpoints_unreadable"))[0].startswith("3-")
+
+
+def _file_digests(folder):
+  """{relative path: sha256} of every file under ``folder``."""
+  out = {}
+  for root, _, files in os.walk(folder):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        out[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+def test_full_disk_during_a_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
+  """ENOSPC raised inside orbax's write of checkpoint 2 (its host record, while the arrays are
+  being written; step 2 is the last, so this is the final save): one error naming the problem,
+  the step and the folder; checkpoint 1 is left byte for byte as it was and is the only one
+  listed; the half-written folder is removed; the same run started again resumes from step 1
+  and finishes. (A real full file system is the next test.)"""
+  workdir = os.fspath(tmp_path)
+  ckdir = os.path.join(workdir, "checkpoints")
+  before = {}
+  real = ocp.handlers.JsonCheckpointHandler.async_save
+
+  async def full_disk(self, directory, *args, **kwargs):
+    if os.path.basename(os.path.dirname(str(directory))).startswith("2.orbax-checkpoint-tmp"):
+      before.update(_file_digests(os.path.join(ckdir, "1")))
+      assert os.path.isdir(os.path.dirname(str(directory)))  # the save is under way
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory))
+    return await real(self, directory, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.handlers.JsonCheckpointHandler, "async_save", full_disk)
+  c = _config()
+  c.total_steps, c.checkpoint.every = 2, 1
+  from grpo_jax.models import CheckpointError  # pylint: disable=g-import-not-at-top
+  with pytest.raises(CheckpointError) as e:
+    train.train_and_evaluate(c, workdir)
+  message = str(e.value)
+  assert message.startswith(f"checkpoint of step 2 not written: no space left on device in "
+                            f"{ckdir} (")
+  assert message.endswith(" free); the last good checkpoint (step 1) is intact. Free some space "
+                          "(each save needs room for one more checkpoint while checkpoint.keep "
+                          "are kept) and run the same command to resume")
+  assert os.listdir(ckdir) == ["1"]  # no half-written folder left to hold space
+  assert before and _file_digests(os.path.join(ckdir, "1")) == before
+  assert checkpoint_lib.Checkpointer(workdir, 2).latest_step() == 1
+  monkeypatch.undo()  # space freed
+  capsys.readouterr()
+  train.train_and_evaluate(c, workdir)
+  assert "resuming at step 1;" in capsys.readouterr().out
+  assert checkpoint_lib.Checkpointer(workdir, 2).latest_step() == 2
+
+
+def test_what_counts_as_a_full_disk_and_how_it_is_told():
+  enospc = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/ckpt/x")
+  try:  # orbax re-raising Python's error from a worker: the cause is in the chain
+    try:
+      raise enospc
+    except OSError as e:
+      raise RuntimeError("save failed") from e
+  except RuntimeError as e:
+    chained = e
+  # Tensorstore's own error: a ValueError whose text alone carries the cause.
+  tensorstore = ValueError('RESOURCE_EXHAUSTED: Error writing "train.w/0" in OCDBT database: '
+                           "Failed to write 127793 bytes to file 7: No space left on device "
+                           "[os_error_code='28']")
+  assert [checkpoint_lib.is_disk_full(e) for e in (enospc, chained, tensorstore)] == [True] * 3
+  others = (OSError(errno.EACCES, "Permission denied"), ValueError("NOT_FOUND: no such file"))
+  assert [checkpoint_lib.is_disk_full(e) for e in others] == [False, False]
+  # 999 bytes; 1536 / 1000 = 1.536 -> 1.5 KB; 2.6e6 -> 2.6 MB; 3.2e12 -> 3.2 TB.
+  assert [checkpoint_lib._size(n) for n in (999, 1536, 2.6e6, 3.2e12)] == [  # pylint: disable=protected-access
+      "999 bytes", "1.5 KB", "2.6 MB", "3.2 TB"]
+
+
+def test_orbax_reports_held_during_a_save_are_dropped_or_passed_on():
+  """absl ERROR records and unraisable exceptions raised while a save runs: passed on
+  unchanged when the save is fine, dropped when the one-line error replaces them; afterwards
+  only asyncio's "Event loop is closed" stays silenced."""
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  import logging  # pylint: disable=g-import-not-at-top
+  seen = []
+
+  class Keep(logging.Handler):
+    def emit(self, record):
+      seen.append(record.getMessage())
+
+  handler = Keep(logging.ERROR)
+  logging.getLogger("absl").addHandler(handler)
+  previous = sys.unraisablehook
+  unraisable = []
+  sys.unraisablehook = lambda report: unraisable.append(str(report.exc_value))
+  try:
+    for drop in (False, True):
+      with checkpoint_lib._HeldReports() as held:  # pylint: disable=protected-access
+        absl_logging.error("writer failed (%s)", drop)
+        sys.unraisablehook(type("R", (), {"exc_value": RuntimeError(f"late ({drop})")})())
+        assert seen == (["writer failed (False)"] if drop else [])  # held, not shown yet
+        held.release(drop=drop)
+    assert seen == ["writer failed (False)"]
+    assert unraisable == ["late (False)"]
+    for text in ("Event loop is closed", "another"):
+      sys.unraisablehook(type("R", (), {"exc_value": RuntimeError(text)})())
+    assert unraisable == ["late (False)", "another"]
+  finally:
+    sys.unraisablehook = previous
+    logging.getLogger("absl").removeHandler(handler)
+
+
+def _small_tmpfs_possible(folder) -> bool:
+  """Whether this machine lets an unprivileged user mount a tmpfs in a new user + mount
+  namespace (``unshare -rm``), as most Linux machines do."""
+  if shutil.which("unshare") is None:
+    return False
+  os.makedirs(folder, exist_ok=True)
+  probe = subprocess.run(["unshare", "-rm", "sh", "-c",
+                          f"mount -t tmpfs -o size=1m none {shlex.quote(os.fspath(folder))}"],
+                         capture_output=True, timeout=60)
+  return probe.returncode == 0
+
+
+def test_real_full_disk_is_one_line_and_the_last_checkpoint_survives(tmp_path):
+  """The CLI on a real file system that fills up: a tmpfs in a user + mount namespace, filled
+  (by dd) as soon as checkpoint 2 exists, leaving half a checkpoint free, so checkpoint 4 cannot
+  be written. stderr is exactly one line naming the problem (none of orbax's or tensorstore's
+  tracebacks); exit status 1; checkpoint 2 is byte for byte as it was and restores; no
+  half-written folder is left."""
+  small, out = tmp_path / "small", tmp_path / "out"
+  if not _small_tmpfs_possible(small):
+    pytest.skip("unprivileged user namespaces (unshare -rm) are not available here")
+  out.mkdir()
+  run = small / "run"
+  overrides = {"total_steps": 4, "checkpoint.every": 2, "eval.every": 1000}
+  train_cmd = shlex.join([sys.executable, "-m", "grpo_jax.train",
+                          "--config=configs/popo.py:smoke", f"--workdir={run}"] +
+                         [f"--config.{k}={v}" for k, v in overrides.items()])
+  q = lambda p: shlex.quote(os.fspath(p))
+  ckpt2 = run / "checkpoints" / "2"
+  script = f"""
+mount -t tmpfs -o size=64m none {q(small)} || exit 99
+(
+  while [ ! -d {q(ckpt2)} ]; do sleep 0.02; done
+  (cd {q(ckpt2)} && find . -type f -exec sha256sum {{}} +) > {q(out / "before.sha256")}
+  used=$(du -sk {q(ckpt2)} | cut -f1)
+  avail=$(df -k {q(small)} | awk 'NR == 2 {{print $4}}')
+  dd if=/dev/zero of={q(small / "filler")} bs=1k count=$((avail - used / 2)) 2>/dev/null
+) &
+{train_cmd} > {q(out / "stdout")} 2> {q(out / "stderr")}
+echo $? > {q(out / "rc")}
+wait
+cp -a {q(run)} {q(out / "run")}
+"""
+  proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  stderr = (out / "stderr").read_text()
+  ckdir = run / "checkpoints"
+  assert (out / "rc").read_text().strip() == "1", stderr[-3000:]
+  assert re.fullmatch(
+      rf"grpo_jax.train: checkpoint of step 4 not written: no space left on device in "
+      rf"{re.escape(os.fspath(ckdir))} \([\d.]+ (KB|MB|bytes) free\); the last good checkpoint "
+      rf"\(step 2\) is intact. Free some space \(each save needs room for one more checkpoint "
+      rf"while checkpoint.keep are kept\) and run the same command to resume\n", stderr), stderr
+  copied = out / "run" / "checkpoints"
+  assert sorted(os.listdir(copied)) == ["2"]
+  before = dict(reversed(line.split("  ./", 1)) for line in
+                (out / "before.sha256").read_text().splitlines())
+  assert before and _file_digests(copied / "2") == before
+  assert checkpoint_lib.Checkpointer(os.fspath(out / "run"), 2).latest_step() == 2
+  _final_state(os.fspath(out / "run"))  # restores
 
 
 def test_too_many_non_finite_steps_stop_with_the_last_good_state(tmp_path, monkeypatch):
@@ -178,3 +421,25 @@ def test_workdir_of_another_config_is_not_resumed(tmp_path):
   other.checkpoint.allow_config_change = True
   train.train_and_evaluate(other, workdir)
   assert checkpoint_lib.Checkpointer(workdir, 2).latest_step() == 2
+
+
+@pytest.mark.parametrize("task,name,content,message", [
+    ("countdown", "rows.jsonl", "", "no usable row (the file has no rows)"),
+    ("countdown", "rows.jsonl", '{"target": 5, "nums": ["five", 2]}\n',
+     "no usable row (1 malformed; first: row 1: 'nums' holds a non-integer: ['five', 2])"),
+    ("countdown", "rows.jsonl", '{"nums": [1, 2]}\n',
+     "no usable row (1 malformed; first: row 1: missing field 'target')"),
+    ("jsonl", "qa.jsonl", '{"question": "2+2?"}\n[1]\n',
+     "no usable row (2 rows: 1 not a JSON object, 1 without a question and a numeric answer)"),
+])
+def test_unusable_data_file_is_named_and_nothing_is_written(tmp_path, task, name, content,
+                                                            message):
+  from grpo_jax import configuration  # pylint: disable=g-import-not-at-top
+  data = tmp_path / name
+  data.write_text(content)
+  c = _config()
+  c.task.name, c.task.data_path = task, os.fspath(data)
+  with pytest.raises(configuration.ConfigError) as e:
+    train.train_and_evaluate(c, os.fspath(tmp_path / "run"))
+  assert str(e.value) == f"config.task.data_path: {data}: {message}"
+  assert not (tmp_path / "run").exists()

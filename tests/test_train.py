@@ -283,3 +283,10 @@ def test_cli_unknown_config_field_is_one_readable_line(tmp_path):
       "grpo_jax.train: unknown config field 'config.rl.fooo'; the fields and their meaning are "
       "in configs/common.py")
   assert not os.listdir(tmp_path)  # nothing written
+
+
+def test_cli_value_of_the_wrong_type_is_one_readable_line(tmp_path):
+  assert _cli_error_line("--config.rollout.group_size=abc", tmp_path) == (
+      "grpo_jax.train: flag --config.rollout.group_size=abc: invalid literal for int() with "
+      "base 10: 'abc'")
+  assert not os.listdir(tmp_path)  # nothing written

@@ -75,6 +75,11 @@ SUCCESS_THRESHOLD = 1.0
 # TinyZero).
 FORMAT_SCORE = 0.1
 
+# Far above any completion a model writes within its token budget; a longer one scores 0.0
+# without being scanned, which bounds the work per completion (the answer inside is capped
+# again, at arithmetic.MAX_TEXT_LENGTH).
+MAX_COMPLETION_CHARS = 1_000_000
+
 _ANSWER_OPEN = "<answer>"
 _ANSWER_CLOSE = "</answer>"
 _SPLIT_IDS = {"train": 0, "test": 1}
@@ -158,9 +163,10 @@ def score(completion: str, nums: Sequence[int], target: int) -> float:
       and evaluates to `target`; FORMAT_SCORE (0.1) if it parses but fails
       any of those checks (including division by zero); 0.0 if there is no
       well-formed answer (no tags, empty, disallowed syntax or characters,
-      over the size limits). Never raises for str input.
+      over the size limits, a completion longer than MAX_COMPLETION_CHARS).
+      Never raises; never evaluates the text (see arithmetic.py).
   """
-  if not isinstance(completion, str):
+  if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
     return 0.0
   answer = extract_answer(completion)
   if answer is None:
@@ -423,7 +429,8 @@ class CountdownTask:
     dropped so the generated evaluation set stays held out.
 
     Raises:
-        ValueError: If no usable training rows remain.
+        ValueError: If the file has no usable row (see load_problems) or
+            every row is in the held-out split.
     """
     config = config if config is not None else GeneratorConfig()
     from grpo_jax.tasks import countdown_files  # pylint: disable=g-import-not-at-top
@@ -431,7 +438,8 @@ class CountdownTask:
     problems, _ = countdown_files.load_problems(path)
     train = [p for p in problems if split_of(p.nums, p.target, config.eval_fraction) == "train"]
     if not train:
-      raise ValueError(f"no usable training problems in {path}")
+      raise ValueError(f"no usable training problems in {path}: all {len(problems)} fall in the "
+                       "generator's held-out test split")
     return cls(config=config, template=template, train_data=train)
 
   def train_problem(self, index: int) -> Problem:

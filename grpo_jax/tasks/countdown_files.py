@@ -2,7 +2,8 @@
 
 Rows carry ``target`` (int) and ``nums`` (list of ints). Files may be JSON (a list of rows or a
 dict of columns), JSONL (one row per line) or Parquet (needs pyarrow). Malformed rows are
-skipped and counted, never raised: one bad row must not cost a training run.
+skipped and counted, never raised: one bad row must not cost a training run. A file without a
+single usable row is an error that names the first malformed row and why.
 """
 
 from __future__ import annotations
@@ -21,24 +22,44 @@ _LOG = logging.getLogger(__name__)
 _SUPPORTED_EXTENSIONS = (".json", ".jsonl", ".parquet")
 
 
-def _row_to_problem(row: Any) -> Problem | None:
-  """Converts one row dict to a Problem, or None if it is malformed."""
+def _row_to_problem(row: Any) -> Problem | str:
+  """Converts one row dict to a Problem, or says why it is malformed."""
   if not isinstance(row, dict):
-    return None
+    return f"not an object: {_short(row)}"
   target, nums = row.get("target"), row.get("nums")
+  if "target" not in row or "nums" not in row:
+    return f"missing field {'target' if 'target' not in row else 'nums'!r}"
   if not is_plain_int(target):
-    return None
+    return f"'target' is not an integer: {_short(target)}"
   if not isinstance(nums, (list, tuple)) or not nums:
-    return None
+    return f"'nums' is not a non-empty list: {_short(nums)}"
   if not all(is_plain_int(n) for n in nums):
-    return None
+    return f"'nums' holds a non-integer: {_short(nums)}"
   return Problem(nums=tuple(int(n) for n in nums), target=int(target))
+
+
+def _short(value: Any) -> str:
+  text = repr(value)
+  return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Unreadable:
+  """A line that is not JSON, kept in place so its reason is reported like a malformed row."""
+
+  def __init__(self, reason: str):
+    self.reason = reason
 
 
 def _read_json_rows(path: pathlib.Path) -> tuple[list[Any], int]:
   """Rows of a .json file (list of rows, or dict of columns)."""
   with path.open("r", encoding="utf-8") as f:
-    data = json.load(f)
+    text = f.read()
+  if not text.strip():
+    raise ValueError(f"{path} is empty")
+  try:
+    data = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not valid JSON ({e})") from None
   if isinstance(data, list):
     return data, 0
   if isinstance(data, dict) and "target" in data and "nums" in data:
@@ -52,17 +73,17 @@ def _read_json_rows(path: pathlib.Path) -> tuple[list[Any], int]:
 
 
 def _read_jsonl_rows(path: pathlib.Path) -> tuple[list[Any], int]:
-  """Rows of a .jsonl file; blank lines ignored, invalid JSON counted."""
-  rows, invalid = [], 0
+  """Rows of a .jsonl file; blank lines ignored, invalid JSON lines kept as ``_Unreadable``."""
+  rows = []
   with path.open("r", encoding="utf-8") as f:
     for line in f:
       if not line.strip():
         continue
       try:
         rows.append(json.loads(line))
-      except json.JSONDecodeError:
-        invalid += 1
-  return rows, invalid
+      except json.JSONDecodeError as e:
+        rows.append(_Unreadable(f"not valid JSON ({e})"))
+  return rows, 0
 
 
 def _read_parquet_rows(path: pathlib.Path) -> tuple[list[Any], int]:
@@ -89,12 +110,14 @@ def load_problems(path: str | os.PathLike[str]) -> tuple[list[Problem], int]:
 
   Returns:
       The problems in file order (without solutions) and the number of
-      skipped rows.
+      skipped rows. The warning names the first skipped row and why.
 
   Raises:
       FileNotFoundError: If `path` does not exist.
-      ValueError: On an unsupported extension or a .json file whose top
-          level is neither rows nor columns (or is not valid JSON).
+      ValueError: On an unsupported extension, an empty file, a .json file
+          whose top level is neither rows nor columns (or is not valid
+          JSON), or a file without a single usable row (the message names
+          the first malformed row and why).
       ImportError: For .parquet when pyarrow is not installed.
   """
   path = pathlib.Path(path)
@@ -112,15 +135,21 @@ def load_problems(path: str | os.PathLike[str]) -> tuple[list[Problem], int]:
       f"supported: {', '.join(_SUPPORTED_EXTENSIONS)}"
     )
   rows, skipped = readers[suffix](path)
-  problems = []
-  for row in rows:
-    problem = _row_to_problem(row)
-    if problem is None:
-      skipped += 1
-    else:
+  problems, first = [], None
+  for number, row in enumerate(rows, 1):
+    problem = row.reason if isinstance(row, _Unreadable) else _row_to_problem(row)
+    if isinstance(problem, Problem):
       problems.append(problem)
+      continue
+    skipped += 1
+    first = first or f"row {number}: {problem}"
+  if skipped and first is None:  # only the columns' lengths differ
+    first = "the 'target' and 'nums' columns have different lengths"
+  if not problems:
+    raise ValueError(f"{path}: no usable row (" + (
+        f"{skipped} malformed; first: {first})" if skipped else "the file has no rows)"))
   if skipped:
-    _LOG.warning("Skipped %d malformed row(s) in %s", skipped, path)
+    _LOG.warning("Skipped %d malformed row(s) in %s (first: %s)", skipped, path, first)
   return problems, skipped
 
 

@@ -5,6 +5,12 @@ of preference, the number after its last ``####``, inside its last ``\\boxed{...
 number; it scores 1.0 when it equals the reference within a relative 1e-6, else 0.0. Commas,
 dollar signs and a trailing period are ignored ("1,000" == "1000.").
 
+Model output is untrusted text: it is only searched with linear-time regular expressions and
+read with ``float``, never evaluated. Only ASCII digits are numbers (the references are ASCII;
+``float`` alone would also read Arabic-Indic or fullwidth digits, and mixed-script strings
+such as "7\u0662" as 72), and a completion longer than MAX_COMPLETION_CHARS scores 0.0 without
+being searched, which bounds the work per completion.
+
 ``JsonlTask`` serves the same verifier over a local JSONL file of {"prompt" | "question",
 "answer"} rows; malformed rows are skipped and counted.
 """
@@ -21,8 +27,12 @@ import re
 _LOG = logging.getLogger(__name__)
 
 INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
-_NUMBER = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+", re.ASCII)
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 SUCCESS_THRESHOLD = 1.0
+# Far above any completion a model writes within its token budget (1M characters is ~250k
+# tokens); the verifier's work is linear in the length up to this cap.
+MAX_COMPLETION_CHARS = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +48,8 @@ def parse_number(text: str) -> float | None:
   if text is None:
     return None
   cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".").strip()
+  if not cleaned.isascii():  # float() would read other scripts' digits too
+    return None
   try:
     value = float(cleaned)
   except ValueError:
@@ -55,17 +67,23 @@ def reference_answer(solution: str) -> str | None:
 def extract_final_answer(completion: str) -> str | None:
   """The model's final answer: after the last ####, else last \\boxed{}, else last number."""
   if "####" in completion:
-    found = re.findall(_NUMBER, completion.rsplit("####", 1)[1])
-    return found[0] if found else None
-  boxed = re.findall(r"\\boxed\{([^{}]*)\}", completion)
+    found = _NUMBER.search(completion.rsplit("####", 1)[1])
+    return found.group(0) if found else None
+  boxed = _BOXED.findall(completion)
   if boxed:
     return boxed[-1]
-  found = re.findall(_NUMBER, completion)
+  found = _NUMBER.findall(completion)
   return found[-1] if found else None
 
 
 def score(completion: str, answer: str) -> float:
-  """1.0 when the completion's final answer equals the reference number, else 0.0."""
+  """1.0 when the completion's final answer equals the reference number, else 0.0.
+
+  Never raises and never evaluates the completion; non-text and completions longer than
+  MAX_COMPLETION_CHARS score 0.0.
+  """
+  if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
+    return 0.0
   try:
     got = parse_number(extract_final_answer(completion) or "")
     want = parse_number(answer)
@@ -166,5 +184,8 @@ class JsonlTask(_QATask):
       _LOG.warning("%s: skipped %d unparsable line(s)", path, bad)
     problems = _rows_to_problems(rows, path)
     self.skipped = bad + len(rows) - len(problems)
+    if not problems:
+      raise ValueError(f"{path}: no usable row ({len(rows) + bad} rows: {bad} not a JSON object, "
+                       f"{len(rows) - len(problems)} without a question and a numeric answer)")
     held = max(1, len(problems) // 10) if len(problems) > 1 else 0
     super().__init__(problems[:len(problems) - held], problems[len(problems) - held:])
