@@ -19,6 +19,13 @@ def tiny_qwen3():
   return from_pretrained(os.fspath(DATA / "tiny_qwen3"))
 
 
+@pytest.fixture(scope="module")
+def split(tiny_qwen3):
+  """(graphdef, params) of the tiny Qwen3; per module, so a module may donate its params."""
+  from flax import nnx
+  return nnx.split(tiny_qwen3)
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen2():
   from grpo_jax.models import from_pretrained

@@ -18,7 +18,7 @@ from grpo_jax.allocation.sara import decide
 from grpo_jax.models import from_pretrained
 from grpo_jax.replay import init_replay
 from grpo_jax.tasks import countdown
-from tests.test_step import MIXED, SHIFT_N, _copy, _rollout, split  # noqa: F401 (fixture)
+from tests.test_step import MIXED, SHIFT_N, _copy, _rollout
 
 P, T = 3, 2
 

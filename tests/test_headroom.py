@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
 from hypothesis import strategies as st
 
 from grpo_jax import losses, replay as replay_lib, step as step_lib
@@ -148,11 +147,6 @@ def test_headroom_cache_refresh_and_insertion():
   np.testing.assert_array_equal(new.use_count_C[:2], [0, 1])
   assert int(new.num_inserted) == 3 and int(new.rollouts.prompt_id_N[2, 0]) == 100
   np.testing.assert_allclose(new.headroom_C[2], 0.5, rtol=1e-6)
-
-
-@pytest.fixture(scope="module")
-def split(tiny_qwen3):
-  return nnx.split(tiny_qwen3)
 
 
 @pytest.mark.parametrize("objective", ["align_mu", "decoupled"])

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
 from hypothesis import strategies as st
 
 from configs import popo as popo_config
@@ -28,11 +27,6 @@ A0 = [0.8660239, -0.8660239, -0.8660239, 0.8660239]
 # + j / 100, so a wrong gather index gives a different number.
 STORED_ADV = np.asarray([[(-1) ** j * (e + 1) / 4 + j / 100 for j in range(G)] for e in range(B)],
                         np.float32)
-
-
-@pytest.fixture(scope="module")
-def split(tiny_qwen3):
-  return nnx.split(tiny_qwen3)
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
 from hypothesis import strategies as st
 
 from grpo_jax import losses, replay as replay_lib, step as step_lib
@@ -122,11 +121,6 @@ def test_high_priority_entries_are_drawn_more_often():
   compose = jax.jit(lambda k: cfg.compose(ctx(k), replay, None).rollout.prompt_id_N[-1])
   firsts = sum(int(compose(k)) == 0 for k in range(200))
   assert firsts >= 190
-
-
-@pytest.fixture(scope="module")
-def split(tiny_qwen3):
-  return nnx.split(tiny_qwen3)
 
 
 def test_train_step_loss_on_the_fresh_anchored_batch(split, tiny_qwen3):

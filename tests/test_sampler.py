@@ -30,11 +30,6 @@ def prompts():
   return jnp.asarray(ids), jnp.asarray(mask)
 
 
-@pytest.fixture(scope="module")
-def split(tiny_qwen3):
-  return nnx.split(tiny_qwen3)
-
-
 def test_greedy_equals_stepwise_argmax_of_full_forward(tiny_qwen3, split, prompts):
   ids, mask = prompts
   config = SamplingConfig(max_new_tokens=T, eos_ids=(EOS,), pad_id=PAD, temperature=0.0)

@@ -52,11 +52,6 @@ def _sampler(graphdef, cfg):
   return _SAMPLERS[key]
 
 
-@pytest.fixture(scope="module")
-def split(tiny_qwen3):
-  return nnx.split(tiny_qwen3)
-
-
 def _copy(tree):
   return jax.tree.map(jnp.copy, tree)
 
