@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from grpo_jax.sharding import constrain
+
 _INIT = nnx.initializers.normal(stddev=0.02)
 # A finite "minus infinity": a fully masked row (a pad query) stays finite instead of NaN.
 _MASK_VALUE = -1e30
@@ -115,7 +117,9 @@ class KVCache:
   @classmethod
   def init(cls, config: ModelConfig, batch: int, size: int) -> "KVCache":
     shape = (batch, size, config.num_kv_heads, config.head_dim)
-    zeros = lambda: jnp.zeros(shape, jnp.dtype(config.dtype))
+    # Rows split like the batch, key/value heads like the k/v projections (under a mesh).
+    zeros = lambda: constrain(jnp.zeros(shape, jnp.dtype(config.dtype)),
+                              ("batch", None, "kv_heads", None))
     return cls(k=tuple(zeros() for _ in range(config.num_layers)),
                v=tuple(zeros() for _ in range(config.num_layers)),
                key_mask_BxS=jnp.zeros((batch, size), bool),
@@ -281,6 +285,20 @@ class DecoderLayer(nnx.Module):
     return x + self.mlp(self.post_attention_layernorm(x)), kv
 
 
+def _remat_block(layer: DecoderLayer, x_BxTxD, positions_BxT, mask_BxTxS):
+  """One decoder block under ``jax.checkpoint``: only its input is saved for the backward pass.
+
+  The block's parameters enter as an explicit argument (split from the module), so the
+  checkpointed function is pure; the new keys/values (unused without a cache) are dropped.
+  """
+  graphdef, params = nnx.split(layer)
+
+  def block(params, x):
+    return nnx.merge(graphdef, params)(x, positions_BxT, mask_BxTxS)[0]
+
+  return jax.checkpoint(block)(params, x_BxTxD)
+
+
 class Qwen3(nnx.Module):
   """Qwen3-family causal language model.
 
@@ -317,11 +335,21 @@ class Qwen3(nnx.Module):
     return self.logits(h)
 
   def hidden_states(self, input_ids_BxT, attention_mask_BxT=None, positions_BxT=None,
-                    cache: Optional[KVCache] = None):
+                    cache: Optional[KVCache] = None, remat: bool = False):
     """Final-norm hidden states [B, T, D], writing the T tokens into ``cache`` when given.
 
     With a cache the tokens go to slots [cache.index, cache.index + T) and attend to every
     earlier real slot; without one they attend causally among themselves.
+
+    Args:
+      input_ids_BxT: int32 token ids.
+      attention_mask_BxT: True for real tokens (default all).
+      positions_BxT: position ids (default from the mask).
+      cache: optional KV cache.
+      remat: activation checkpointing per layer (``jax.checkpoint`` around each decoder
+        block; only without a cache): a backward pass keeps each block's input [B, T, D] and
+        recomputes the block's insides (attention scores, MLP activations) instead of storing
+        them. Same values; less memory, one more forward pass of compute.
 
     Returns:
       (hidden [B, T, D] in the compute dtype, updated cache or None).
@@ -342,17 +370,32 @@ class Qwen3(nnx.Module):
       slots_S = jnp.arange(cache.size)
       causal_TxS = slots_S[None, :] <= (index + jnp.arange(t))[:, None]
       mask = causal_TxS[None] & key_mask[:, None, :]
-    x = self.embed_tokens(input_ids_BxT)
+    residual = lambda x: constrain(x, ("batch", None, None))  # rows split, width whole
+    x = residual(self.embed(input_ids_BxT))
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
+      if remat and cache is None:
+        x = residual(_remat_block(layer, x, positions_BxT, mask))
+        continue
       kv = None if cache is None else (cache.k[i], cache.v[i])
       x, (k, v) = layer(x, positions_BxT, mask, kv, index)
+      x = residual(x)
       new_k.append(k)
       new_v.append(v)
     x = self.norm(x)
     if cache is not None:
       cache = KVCache(k=tuple(new_k), v=tuple(new_v), key_mask_BxS=key_mask, index=index + t)
     return x, cache
+
+  def embed(self, input_ids_BxT: jax.Array) -> jax.Array:
+    """Token embeddings [B, T, D] in the compute dtype (``nnx.Embed``'s lookup).
+
+    Under a mesh the table's width is gathered first (as FSDP gathers every weight before
+    use) while its rows stay split over ``tensor``: the lookup then needs no other collective
+    than one reduction over ``tensor`` of the rows each shard holds.
+    """
+    table_VxD = self.embed_tokens.embedding[...].astype(jnp.dtype(self.config.dtype))
+    return jnp.take(constrain(table_VxD, ("vocab", None)), input_ids_BxT, axis=0)
 
   def logits(self, hidden_xD: jax.Array) -> jax.Array:
     """float32 logits [..., V] from final hidden states [..., D]."""
