@@ -24,6 +24,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.param_dtype = "float32"  # storage of parameters and optimiser state (float32 master weights)
   c.model.dtype = "float32"  # matmul dtype; "bfloat16" on accelerators (softmax, log-probs, loss stay float32)
   c.model.remat = "none"  # activation checkpointing of the gradient pass: none | layer (per decoder block)
+  c.model.query_block = 0  # queries per attention block in the train step (0 = all): bounds [rows, heads, block, P+T] scores
   c.model.arch = ""  # published architecture for abstract benchmarks (bench/memory.py); training reads config.json
 
   c.task = ml_collections.ConfigDict()
@@ -156,7 +157,7 @@ def _qwen3(size):
     c.model.path = ""  # must be given: nothing is downloaded
     # float32 master weights and Adam moments (a bf16 weight cannot absorb a 1e-6 update),
     # bf16 matmuls; each decoder block rematerialised in the backward pass.
-    c.model.update(param_dtype="float32", dtype="bfloat16", remat="layer",
+    c.model.update(param_dtype="float32", dtype="bfloat16", remat="layer", query_block=256,
                    arch=f"qwen3_{size.lower().replace('.', 'p')}")
     c.mesh.update(data=1, fsdp=-1, tensor=1)  # FSDP over every device
     c.task.chat_template = True

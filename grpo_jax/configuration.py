@@ -26,18 +26,26 @@ def _check(ok: bool, field: str, message: str):
     raise ConfigError(f"config.{field}: {message}")
 
 
-def validate(config) -> None:
-  """Raises ConfigError naming the first invalid field of an RL config."""
+def validate(config, *, weights: bool = True) -> None:
+  """Raises ConfigError naming the first invalid field of an RL config.
+
+  Args:
+    config: the RL config.
+    weights: check that ``model.path`` is a model folder (False for abstract benchmarks, which
+      may name the architecture by ``model.arch`` instead).
+  """
   for group in _GROUPS:
     _check(group in config, group, "missing group (start from configs/common.py)")
   m, r, rl, o = config.model, config.rollout, config.rl, config.opt
-  _check(bool(m.path), "model.path", "empty: pass --config.model.path=/path/to/hf_folder")
-  _check(os.path.isdir(m.path), "model.path", f"{m.path!r} is not a folder")
-  _check(os.path.exists(os.path.join(m.path, "config.json")), "model.path",
-         f"{m.path!r} has no config.json (not a Hugging Face model folder)")
+  if weights or not m.arch:
+    _check(bool(m.path), "model.path", "empty: pass --config.model.path=/path/to/hf_folder")
+    _check(os.path.isdir(m.path), "model.path", f"{m.path!r} is not a folder")
+    _check(os.path.exists(os.path.join(m.path, "config.json")), "model.path",
+           f"{m.path!r} has no config.json (not a Hugging Face model folder)")
   for f in ("param_dtype", "dtype"):
     _check(m[f] in ("float32", "bfloat16"), f"model.{f}", f"{m[f]!r} not float32 | bfloat16")
   _check(m.remat in step.REMAT, "model.remat", f"{m.remat!r}; known: {', '.join(step.REMAT)}")
+  _check(m.query_block >= 0, "model.query_block", f"{m.query_block} must be >= 0 (0 = all at once)")
   _check(not m.arch or m.arch in architectures.ARCHITECTURES, "model.arch",
          f"{m.arch!r}; known: {', '.join(architectures.ARCHITECTURES)} (or empty)")
   try:

@@ -37,7 +37,8 @@ def completion_logprobs(model: Qwen3, prompt_ids_NxP: jax.Array, prompt_mask_NxP
 def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
                                     prompt_mask_NxP: jax.Array, completion_ids_NxT: jax.Array,
                                     temperature: float = 1.0, with_entropy: bool = True,
-                                    chunk_tokens: int = 0, remat: bool = False):
+                                    chunk_tokens: int = 0, remat: bool = False,
+                                    query_block: int = 0):
   """Teacher-forced log-probs of each completion token given its left-padded prompt.
 
   The LM head's output is the largest array of every log-prob pass: float32 logits [N, T, V]
@@ -60,6 +61,7 @@ def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
       computes all logits at once.
     remat: checkpoint each decoder block (``Qwen3.hidden_states``): for passes that are
       differentiated, trading one more forward for the blocks' stored activations.
+    query_block: queries per attention block (``qwen3.blocked_attention``; 0 = all at once).
 
   Returns:
     (logp float32 [N, T]: log pi(completion[t] | prompt, completion[:t]) at ``temperature``,
@@ -70,7 +72,7 @@ def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
   ids = jnp.concatenate([prompt_ids_NxP, completion_ids_NxT], axis=1)
   mask = jnp.concatenate([prompt_mask_NxP.astype(bool),
                           jnp.ones(completion_ids_NxT.shape, bool)], axis=1)
-  hidden, _ = model.hidden_states(ids, mask, remat=remat)
+  hidden, _ = model.hidden_states(ids, mask, remat=remat, query_block=query_block)
   # Position p - 1 + t predicts completion token t.
   hidden_NxTxD = hidden[:, p - 1: p - 1 + t]
   if 0 < chunk_tokens < n * t:

@@ -74,6 +74,9 @@ class StepConfig:
       (0 = all at once); bounds the [chunk, V] logits held at a time.
     remat: activation checkpointing of the differentiated pass: "none", or "layer" (each
       decoder block's insides are recomputed in the backward pass instead of stored).
+    query_block: queries per attention block in every log-prob pass (0 = all at once): bounds
+      the [rows, heads, block, P + T] attention scores held at a time
+      (``qwen3.blocked_attention``).
   """
 
   group_size: int
@@ -89,6 +92,7 @@ class StepConfig:
   replay: Any = replay_method.NoReplay()
   logprob_chunk: int = 0
   remat: str = "none"
+  query_block: int = 0
 
   def __post_init__(self):
     for name in ("reward_signal", "effective_signal"):
@@ -98,6 +102,8 @@ class StepConfig:
       raise ValueError(f"prox_pass must be one of {PROX_PASSES}, got {self.prox_pass!r}")
     if self.remat not in REMAT:
       raise ValueError(f"remat must be one of {REMAT}, got {self.remat!r}")
+    if self.query_block < 0:
+      raise ValueError(f"query_block must be >= 0, got {self.query_block}")
 
 
 def init_train_state(params, tx: optax.GradientTransformation, mesh=None) -> TrainState:
@@ -115,11 +121,12 @@ def init_train_state(params, tx: optax.GradientTransformation, mesh=None) -> Tra
 
 
 def _policy_logprobs(graphdef, params, batch, temperature, with_entropy, chunk_tokens=0,
-                     remat=False):
+                     remat=False, query_block=0):
   model = nnx.merge(graphdef, params)
   return logprobs_lib.completion_logprobs_and_entropy(
       model, batch["prompt_ids_NxP"], batch["prompt_mask_NxP"], batch["completion_ids_NxT"],
-      temperature, with_entropy, chunk_tokens=chunk_tokens, remat=remat)
+      temperature, with_entropy, chunk_tokens=chunk_tokens, remat=remat,
+      query_block=query_block)
 
 
 def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config: StepConfig,
@@ -156,7 +163,7 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   def start_logp(rows: Rollout) -> jax.Array:
     """log pi_prox: the policy at the start of the step, no gradient."""
     logp, _ = _policy_logprobs(graphdef, start_params, _rows_batch(rows), c.temperature, False,
-                               c.logprob_chunk)
+                               c.logprob_chunk, query_block=c.query_block)
     return jax.lax.stop_gradient(logp)
 
   # Replay, through the method interface (replay/method.py): evict, compose; insert comes last.
@@ -213,12 +220,14 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   use_kl = c.loss.kl_coef > 0
   if use_kl:
     ref_logp, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(ref_params), batch,
-                                   c.temperature, False, c.logprob_chunk)
+                                   c.temperature, False, c.logprob_chunk,
+                                   query_block=c.query_block)
     batch["ref_logp_NxT"] = jax.lax.stop_gradient(ref_logp)
 
   def loss_fn(params, mb):
     logp, entropy = _policy_logprobs(graphdef, params, mb, c.temperature, c.compute_entropy,
-                                     c.logprob_chunk, remat=c.remat == "layer")
+                                     c.logprob_chunk, remat=c.remat == "layer",
+                                     query_block=c.query_block)
     return losses.policy_loss(logp, mb["prox_logp_NxT"], mb["behaviour_logp_NxT"],
                               mb["advantages_N"], mb["mask_NxT"], c.loss,
                               ref_logp_NxT=mb.get("ref_logp_NxT"), entropy_NxT=entropy)

@@ -102,7 +102,7 @@ def step_config(config) -> step_lib.StepConfig:
       num_minibatches=config.rl.num_minibatches, num_epochs=config.rl.num_epochs,
       temperature=config.rollout.temperature, compute_entropy=config.rl.entropy_coef > 0,
       replay=configuration.replay_config(config), logprob_chunk=config.rl.logprob_chunk,
-      remat=config.model.remat)
+      remat=config.model.remat, query_block=config.model.query_block)
 
 
 def _evaluate(config, graphdef, params, tokenizer, task, problems, render, mesh=None) -> dict:
