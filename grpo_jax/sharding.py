@@ -303,7 +303,11 @@ def _put_leaf(x, sharding):
     if x.sharding == sharding:
       return x
     if x.is_fully_addressable and jax.process_count() > 1:
-      x = np.asarray(x)  # a process-local array: every process holds the same values
+      # A process-local array (every process holds the same values): through the host.
+      if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        data = jax.device_put(np.asarray(jax.random.key_data(x)), sharding)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+      x = np.asarray(x)
   # Host values (identical on every process) or a global array to reshard.
   return jax.device_put(x, sharding)
 
