@@ -24,8 +24,11 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict()
   c.model.path = assets.EMBEDDED_MODEL  # Hugging Face folder (config.json, safetensors, tokenizer)
-  c.model.param_dtype = "float32"  # "bfloat16" on accelerators
-  c.model.dtype = "float32"  # matmul dtype; "bfloat16" on accelerators
+  c.model.param_dtype = "float32"  # storage of parameters and optimiser state (float32 master weights)
+  c.model.dtype = "float32"  # matmul dtype; "bfloat16" on accelerators (softmax, log-probs, loss stay float32)
+  c.model.remat = "none"  # activation checkpointing of the gradient pass: none | layer (per decoder block)
+  c.model.query_block = 0  # queries per attention block in the train step (0 = all): bounds [rows, heads, block, P+T] scores
+  c.model.arch = ""  # published architecture for abstract benchmarks (bench/memory.py); training reads config.json
 
   c.task = ml_collections.ConfigDict()
   c.task.name = "countdown"  # "countdown" or "gsm8k" (TFDS) or "jsonl" (local prompt/answer file)
@@ -129,7 +132,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint.allow_config_change = False  # resume a workdir whose run had another config
 
   c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = -1  # data-parallel axis size; -1 = all devices (single-device for now)
+  c.mesh.data = -1  # data-parallel devices (batch split, parameters replicated); -1 = the rest
+  c.mesh.fsdp = 1  # fully-sharded data-parallel devices (batch and parameters split); -1 = the rest
+  c.mesh.tensor = 1  # tensor-parallel devices (heads, MLP width, vocabulary split); -1 = the rest
+  c.mesh.distributed = False  # multi-host: call jax.distributed.initialize() first (also when JAX_COORDINATOR_ADDRESS is set)
+  c.mesh.coordinator_address = ""  # host:port of process 0; "" = auto-detected (Cloud TPU, SLURM, Open MPI, K8s)
+  c.mesh.num_processes = 0  # processes of a multi-host run; 0 = auto-detected
+  c.mesh.process_id = -1  # this process's index; -1 = auto-detected
   return c
 
 
@@ -165,7 +174,11 @@ def _qwen3(size):
   def apply(c):
     """A real Qwen3 checkpoint: expects --config.model.path=/local/Qwen3-{size}."""
     c.model.path = ""  # must be given: nothing is downloaded
-    c.model.update(param_dtype="bfloat16", dtype="bfloat16")
+    # float32 master weights and Adam moments (a bf16 weight cannot absorb a 1e-6 update),
+    # bf16 matmuls; each decoder block rematerialised in the backward pass.
+    c.model.update(param_dtype="float32", dtype="bfloat16", remat="layer", query_block=256,
+                   arch=f"qwen3_{size.lower().replace('.', 'p')}")
+    c.mesh.update(data=1, fsdp=-1, tensor=1)  # FSDP over every device
     c.task.chat_template = True
     c.rollout.update(batch_prompts=64, group_size=8, prompt_len=256, completion_len=1024)
     c.opt.update(learning_rate=1e-6, warmup_steps=10, weight_decay=0.1)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 
-from grpo_jax import advantages, allocation, losses, step
+from grpo_jax import advantages, allocation, losses, sharding, step
+from grpo_jax.models import architectures
 from grpo_jax.replay import headroom, popo, rollout
 from grpo_jax.replay import method as method_lib
 
@@ -25,17 +26,32 @@ def _check(ok: bool, field: str, message: str):
     raise ConfigError(f"config.{field}: {message}")
 
 
-def validate(config) -> None:
-  """Raises ConfigError naming the first invalid field of an RL config."""
+def validate(config, *, weights: bool = True) -> None:
+  """Raises ConfigError naming the first invalid field of an RL config.
+
+  Args:
+    config: the RL config.
+    weights: check that ``model.path`` is a model folder (False for abstract benchmarks, which
+      may name the architecture by ``model.arch`` instead).
+  """
   for group in _GROUPS:
     _check(group in config, group, "missing group (start from configs/common.py)")
   m, r, rl, o = config.model, config.rollout, config.rl, config.opt
-  _check(bool(m.path), "model.path", "empty: pass --config.model.path=/path/to/hf_folder")
-  _check(os.path.isdir(m.path), "model.path", f"{m.path!r} is not a folder")
-  _check(os.path.exists(os.path.join(m.path, "config.json")), "model.path",
-         f"{m.path!r} has no config.json (not a Hugging Face model folder)")
+  if weights or not m.arch:
+    _check(bool(m.path), "model.path", "empty: pass --config.model.path=/path/to/hf_folder")
+    _check(os.path.isdir(m.path), "model.path", f"{m.path!r} is not a folder")
+    _check(os.path.exists(os.path.join(m.path, "config.json")), "model.path",
+           f"{m.path!r} has no config.json (not a Hugging Face model folder)")
   for f in ("param_dtype", "dtype"):
     _check(m[f] in ("float32", "bfloat16"), f"model.{f}", f"{m[f]!r} not float32 | bfloat16")
+  _check(m.remat in step.REMAT, "model.remat", f"{m.remat!r}; known: {', '.join(step.REMAT)}")
+  _check(m.query_block >= 0, "model.query_block", f"{m.query_block} must be >= 0 (0 = all at once)")
+  _check(not m.arch or m.arch in architectures.ARCHITECTURES, "model.arch",
+         f"{m.arch!r}; known: {', '.join(architectures.ARCHITECTURES)} (or empty)")
+  try:
+    sharding.MeshConfig.from_config(config.mesh)
+  except sharding.MeshError as e:
+    raise ConfigError(str(e)) from None
   _check(config.task.name in ("countdown", "gsm8k", "jsonl"), "task.name",
          f"{config.task.name!r}; known: countdown, gsm8k, jsonl")
   _check(r.group_size >= 2, "rollout.group_size",
@@ -162,6 +178,23 @@ def loss_config(config) -> losses.LossConfig:
       is_cap=rl.is_cap, aggregation=rl.aggregation,
       norm_constant=rl.norm_constant or float(config.rollout.completion_len),
       kl_coef=rl.kl_coef, kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef)
+
+
+def check_mesh(config, mesh) -> None:
+  """Raises ConfigError unless the run's arrays split evenly over ``mesh`` (None: nothing to
+  check): the rollout rows and the replay buffer's entries over the batch axes (data x fsdp).
+  The parameters are checked as they load (``sharding.param_sharding``)."""
+  if mesh is None:
+    return
+  r = config.rollout
+  shards = sharding.batch_shards(mesh)
+  rows = r.batch_prompts * r.group_size
+  _check(rows % shards == 0, "rollout.batch_prompts",
+         f"{r.batch_prompts} prompts x {r.group_size} rollouts = {rows} rows per step must be a "
+         f"multiple of mesh data x fsdp = {shards} (the rows are split over those devices)")
+  _check(config.replay.capacity % shards == 0, "replay.capacity",
+         f"{config.replay.capacity} entries must be a multiple of mesh data x fsdp = {shards} "
+         "(buffer entries are split like the batch)")
 
 
 def prox_pass(config) -> str:

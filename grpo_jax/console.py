@@ -25,7 +25,11 @@ def quiet_third_party() -> None:
 
 
 def say(text: str) -> None:
-  """Prints one of the project's lines without breaking a tqdm progress bar."""
+  """Prints one of the project's lines without breaking a tqdm progress bar (process 0 only:
+  in a multi-host run the other processes stay silent)."""
+  jax = sys.modules.get("jax")  # not imported here: the check must not start a backend
+  if jax is not None and jax.distributed.is_initialized() and jax.process_index() != 0:
+    return
   try:
     from tqdm import tqdm  # pylint: disable=g-import-not-at-top
     tqdm.write(text, file=sys.stdout)

@@ -10,6 +10,7 @@ group-relative advantage is zero.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Sequence
 
 import jax
@@ -17,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from grpo_jax import sampler as sampler_lib
+from grpo_jax import sharding
 from grpo_jax import tokenization
 
 
@@ -65,15 +67,15 @@ def aes(accuracy: float, mean_length: float, base_accuracy: float, base_mean_len
 
 
 @functools.lru_cache(maxsize=16)
-def cached_sampler(graphdef: nnx.GraphDef, config: sampler_lib.SamplingConfig):
-  """One jitted sampler per (model structure, sampling config), reused across calls."""
-  return sampler_lib.make_sampler(graphdef, config)
+def cached_sampler(graphdef: nnx.GraphDef, config: sampler_lib.SamplingConfig, mesh=None):
+  """One jitted sampler per (model structure, sampling config, mesh), reused across calls."""
+  return sampler_lib.make_sampler(graphdef, config, mesh)
 
 
 def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
              problems: Sequence, *, k: int, temperature: float, prompt_len: int,
              completion_len: int, rows_per_batch: int = 512, seed: int = 0,
-             render=None, model_path: str | None = None) -> dict:
+             render=None, model_path: str | None = None, mesh=None) -> dict:
   """Samples k completions per problem, scores them with the task, summarises.
 
   Every sampler batch has the same number of rows, ``min(rows_per_batch, k * len(problems))``
@@ -97,17 +99,22 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
       ``task.prompt``.
     model_path: model folder whose ``generation_config.json`` adds stop tokens (see
       ``sampler.stop_token_ids``); None: the tokenizer's EOS only.
+    mesh: optional mesh the sampler runs under (``sampler.make_sampler``); the batch is then
+      rounded up to a multiple of its batch shards (padded with repeats, dropped).
 
   Returns:
     ``group_metrics`` of the successes, plus mean_score and truncated_fraction.
   """
   config = sampler_lib.sampling_config_for(tokenizer, completion_len, temperature=temperature,
                                            model_path=model_path)
-  sample = cached_sampler(graphdef, config)
+  sample = cached_sampler(graphdef, config, mesh)
   render = render or task.prompt
   prompts = [render(p) for p in problems for _ in range(k)]
   # len(prompts) is a multiple of k, so every batch holds whole groups.
   rows_per_batch = max(k, min(rows_per_batch // k * k, len(prompts)))
+  # Under a mesh: whole groups that also split evenly over the batch shards.
+  multiple = math.lcm(k, sharding.batch_shards(mesh))
+  rows_per_batch = -(-rows_per_batch // multiple) * multiple
   owners = [p for p in problems for _ in range(k)]
   scores, lengths, truncated = [], [], []
   for start in range(0, len(prompts), rows_per_batch):

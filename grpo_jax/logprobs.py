@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models.qwen3 import Qwen3
+from grpo_jax.sharding import ambient_batch_shards, constrain
 
 
 def token_logprobs(logits_xV: jax.Array, tokens_x: jax.Array,
@@ -36,7 +37,8 @@ def completion_logprobs(model: Qwen3, prompt_ids_NxP: jax.Array, prompt_mask_NxP
 def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
                                     prompt_mask_NxP: jax.Array, completion_ids_NxT: jax.Array,
                                     temperature: float = 1.0, with_entropy: bool = True,
-                                    chunk_tokens: int = 0):
+                                    chunk_tokens: int = 0, remat: bool = False,
+                                    query_block: int = 0):
   """Teacher-forced log-probs of each completion token given its left-padded prompt.
 
   The LM head's output is the largest array of every log-prob pass: float32 logits [N, T, V]
@@ -57,6 +59,9 @@ def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
     with_entropy: also return the entropy of each next-token distribution.
     chunk_tokens: completion positions per LM-head block (static). 0, or a value >= N * T,
       computes all logits at once.
+    remat: checkpoint each decoder block (``Qwen3.hidden_states``): for passes that are
+      differentiated, trading one more forward for the blocks' stored activations.
+    query_block: queries per attention block (``qwen3.blocked_attention``; 0 = all at once).
 
   Returns:
     (logp float32 [N, T]: log pi(completion[t] | prompt, completion[:t]) at ``temperature``,
@@ -67,7 +72,7 @@ def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
   ids = jnp.concatenate([prompt_ids_NxP, completion_ids_NxT], axis=1)
   mask = jnp.concatenate([prompt_mask_NxP.astype(bool),
                           jnp.ones(completion_ids_NxT.shape, bool)], axis=1)
-  hidden, _ = model.hidden_states(ids, mask)
+  hidden, _ = model.hidden_states(ids, mask, remat=remat, query_block=query_block)
   # Position p - 1 + t predicts completion token t.
   hidden_NxTxD = hidden[:, p - 1: p - 1 + t]
   if 0 < chunk_tokens < n * t:
@@ -91,24 +96,35 @@ def _chunked_logprobs_and_entropy(model: Qwen3, hidden_NxTxD: jax.Array,
                                   with_entropy: bool, chunk: int):
   """The LM head, log-probs and entropy in [chunk, V] blocks (see the caller).
 
-  Local shape letters: M = N * T completion positions, K = chunk, M' = M padded to a multiple
-  of K.
+  Local shape letters: S = batch shards (1 without a mesh), M = N * T / S completion positions
+  per shard, K = chunk, M' = M padded to a multiple of K / S.
+
+  Under a mesh whose batch axes split N into S shards, block j is made of K / S positions of
+  every shard (a local transpose, no communication), so every device computes its own rows of
+  every block and the loop runs over an unsplit axis. Each position's log-prob depends only on
+  its own hidden state, so the grouping changes no value.
 
   Returns:
     (logp float32 [N, T], entropy float32 [N, T] or None).
   """
   n, t, d = hidden_NxTxD.shape
-  m = n * t
-  num_chunks = -(-m // chunk)
-  pad = num_chunks * chunk - m
-  hidden_MxD = hidden_NxTxD.reshape(m, d)  # M' after padding
-  tokens_M = tokens_NxT.reshape(m)
+  s = ambient_batch_shards()
+  if n % s or chunk % s:
+    s = 1  # rows that do not split evenly: one group (the compiler lays it out)
+  m, k = n // s * t, chunk // s
+  num_chunks = -(-m // k)
+  pad = num_chunks * k - m
+  hidden_SxMxD = hidden_NxTxD.reshape(s, m, d)  # M' after padding
+  tokens_SxM = tokens_NxT.reshape(s, m)
   if pad:
     # Padding rows (zero hidden state, token 0) are computed and dropped below.
-    hidden_MxD = jnp.pad(hidden_MxD, ((0, pad), (0, 0)))
-    tokens_M = jnp.pad(tokens_M, (0, pad))
-  hidden_blocks = hidden_MxD.reshape(num_chunks, chunk, d)  # [M' / K, K, D]
-  token_blocks = tokens_M.reshape(num_chunks, chunk)  # [M' / K, K]
+    hidden_SxMxD = jnp.pad(hidden_SxMxD, ((0, 0), (0, pad), (0, 0)))
+    tokens_SxM = jnp.pad(tokens_SxM, ((0, 0), (0, pad)))
+  # [S, M'/(K/S), K/S, ...] -> [M'/(K/S), S, K/S, ...] -> blocks [M'/(K/S), K, ...].
+  to_blocks = lambda x: jnp.swapaxes(x.reshape((s, num_chunks, k) + x.shape[2:]), 0, 1).reshape(
+      (num_chunks, s * k) + x.shape[2:])
+  hidden_blocks = constrain(to_blocks(hidden_SxMxD), (None, "batch", None))
+  token_blocks = constrain(to_blocks(tokens_SxM), (None, "batch"))
 
   # Remat: the backward pass recomputes this block's logits rather than storing them. In a loop
   # body the recomputation cannot be merged with the forward pass, so XLA's CSE may stay on
@@ -127,7 +143,8 @@ def _chunked_logprobs_and_entropy(model: Qwen3, hidden_NxTxD: jax.Array,
     return picked_K - lse_K, lse_K - jnp.sum(probs_KxV * logits_KxV, axis=-1)
 
   out = jax.lax.map(block, (hidden_blocks, token_blocks))
-  unchunk = lambda blocks: blocks.reshape(num_chunks * chunk)[:m].reshape(n, t)
+  unchunk = lambda blocks: jnp.swapaxes(blocks.reshape(num_chunks, s, k), 0, 1).reshape(
+      s, num_chunks * k)[:, :m].reshape(n, t)
   if not with_entropy:
     return unchunk(out), None
   return unchunk(out[0]), unchunk(out[1])

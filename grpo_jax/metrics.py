@@ -53,6 +53,21 @@ class MetricWriter:
       self._tb.close()
 
 
+class NullWriter:
+  """A MetricWriter that writes nothing: the metric writer of processes other than 0 in a
+  multi-host run (same attributes, so the loop does not branch)."""
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.tensorboard_dir = None
+
+  def write(self, step: int, record: dict) -> None:
+    del step, record
+
+  def close(self):
+    pass
+
+
 def read_metrics(workdir: str) -> list[dict]:
   """All records of a run's metrics.jsonl."""
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:

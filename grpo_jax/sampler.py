@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from grpo_jax import sharding as sharding_lib
 from grpo_jax.models.qwen3 import KVCache, positions_from_mask
 from grpo_jax.types import Completions
 
@@ -107,6 +108,17 @@ def _choose(logits_NxV, key, config: SamplingConfig):
   return tokens.astype(jnp.int32), logp
 
 
+def _in_compute_dtype(params: nnx.State, dtype) -> nnx.State:
+  """Floating parameters cast once to the compute dtype, before the decode loop.
+
+  Every layer casts its weights to the compute dtype where it uses them, so the values are
+  the same; casting once up front keeps the loop from re-reading float32 master weights (and
+  re-casting them) at every token when ``param_dtype`` is float32 and ``dtype`` bfloat16.
+  """
+  return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                      params)
+
+
 def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
            prompt_mask_NxP: jax.Array, rng: jax.Array, *,
            config: SamplingConfig) -> Completions:
@@ -123,7 +135,8 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
   Returns:
     Completions with [N, T] tokens, mask, behaviour log-probs, lengths and truncation flags.
   """
-  model = nnx.merge(graphdef, params)
+  dtype = jnp.dtype(nnx.merge(graphdef, params).config.dtype)
+  model = nnx.merge(graphdef, _in_compute_dtype(params, dtype))
   n, p = prompt_ids_NxP.shape
   t_max = config.max_new_tokens
   prompt_mask = prompt_mask_NxP.astype(bool)
@@ -169,9 +182,22 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
                      truncated_N=~done)
 
 
-def make_sampler(graphdef: nnx.GraphDef, config: SamplingConfig):
-  """``fn(params, prompt_ids_NxP, prompt_mask_NxP, rng) -> Completions``, jitted once per shape."""
-  return jax.jit(functools.partial(sample, graphdef, config=config))
+def make_sampler(graphdef: nnx.GraphDef, config: SamplingConfig, mesh=None):
+  """``fn(params, prompt_ids_NxP, prompt_mask_NxP, rng) -> Completions``, jitted once per shape.
+
+  With a ``mesh`` the prompts' rows (and the KV cache's) are split over the batch axes, the
+  parameters keep the layout they come with (``sharding.tree_shardings``), and the completions
+  come back replicated, so that every process can read (and score) all of them. N must then be
+  a multiple of the batch shards (``sharding.batch_shards``).
+  """
+  fn = functools.partial(sample, graphdef, config=config)
+  if mesh is None:
+    return jax.jit(fn)
+  rows, everywhere = sharding_lib.rows_sharding(mesh), sharding_lib.replicated(mesh)
+  in_shardings = (None, rows, rows, everywhere)
+  jitted = jax.jit(sharding_lib.use_mesh(fn, mesh), in_shardings=in_shardings,
+                   out_shardings=everywhere)
+  return sharding_lib.PutInputs(jitted, in_shardings)
 
 
 GENERATION_CONFIG = "generation_config.json"

@@ -36,12 +36,15 @@ from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 from grpo_jax.replay import ReplayState
 from grpo_jax.replay import method as replay_method
+from grpo_jax import sharding as sharding_lib
+from grpo_jax.sharding import constrain
 from grpo_jax.types import Rollout, TrainState
 
 
 SIGNALS = ("score", "success")
 _REPLAY_KEY = 0x7265706C  # folded into the step key for a replay method's own sampling
 PROX_PASSES = ("replayed", "all")
+REMAT = ("none", "layer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +72,11 @@ class StepConfig:
       rollout.RolloutReplayConfig, headroom.HeadroomConfig); static.
     logprob_chunk: completion positions per chunk of the LM head in every log-prob pass
       (0 = all at once); bounds the [chunk, V] logits held at a time.
+    remat: activation checkpointing of the differentiated pass: "none", or "layer" (each
+      decoder block's insides are recomputed in the backward pass instead of stored).
+    query_block: queries per attention block in every log-prob pass (0 = all at once): bounds
+      the [rows, heads, block, P + T] attention scores held at a time
+      (``qwen3.blocked_attention``).
   """
 
   group_size: int
@@ -83,6 +91,8 @@ class StepConfig:
   compute_entropy: bool = False
   replay: Any = replay_method.NoReplay()
   logprob_chunk: int = 0
+  remat: str = "none"
+  query_block: int = 0
 
   def __post_init__(self):
     for name in ("reward_signal", "effective_signal"):
@@ -90,17 +100,33 @@ class StepConfig:
         raise ValueError(f"{name} must be one of {SIGNALS}, got {getattr(self, name)!r}")
     if self.prox_pass not in PROX_PASSES:
       raise ValueError(f"prox_pass must be one of {PROX_PASSES}, got {self.prox_pass!r}")
+    if self.remat not in REMAT:
+      raise ValueError(f"remat must be one of {REMAT}, got {self.remat!r}")
+    if self.query_block < 0:
+      raise ValueError(f"query_block must be >= 0, got {self.query_block}")
 
 
-def init_train_state(params, tx: optax.GradientTransformation) -> TrainState:
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+def init_train_state(params, tx: optax.GradientTransformation, mesh=None) -> TrainState:
+  """Step 0, ``params`` and the optimiser's initial state.
+
+  With a ``mesh`` the state is created by one jitted call whose outputs are laid out by
+  ``sharding.tree_shardings`` (the optimiser state split like the parameter it belongs to) and
+  whose input parameters are donated (they become the state's, with no copy).
+  """
+  init = lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p))
+  if mesh is None:
+    return init(params)
+  shardings = sharding_lib.tree_shardings(mesh, jax.eval_shape(init, params))
+  return jax.jit(init, out_shardings=shardings, donate_argnums=0)(params)
 
 
-def _policy_logprobs(graphdef, params, batch, temperature, with_entropy, chunk_tokens=0):
+def _policy_logprobs(graphdef, params, batch, temperature, with_entropy, chunk_tokens=0,
+                     remat=False, query_block=0):
   model = nnx.merge(graphdef, params)
   return logprobs_lib.completion_logprobs_and_entropy(
       model, batch["prompt_ids_NxP"], batch["prompt_mask_NxP"], batch["completion_ids_NxT"],
-      temperature, with_entropy, chunk_tokens=chunk_tokens)
+      temperature, with_entropy, chunk_tokens=chunk_tokens, remat=remat,
+      query_block=query_block)
 
 
 def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config: StepConfig,
@@ -137,7 +163,7 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   def start_logp(rows: Rollout) -> jax.Array:
     """log pi_prox: the policy at the start of the step, no gradient."""
     logp, _ = _policy_logprobs(graphdef, start_params, _rows_batch(rows), c.temperature, False,
-                               c.logprob_chunk)
+                               c.logprob_chunk, query_block=c.query_block)
     return jax.lax.stop_gradient(logp)
 
   # Replay, through the method interface (replay/method.py): evict, compose; insert comes last.
@@ -194,12 +220,14 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   use_kl = c.loss.kl_coef > 0
   if use_kl:
     ref_logp, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(ref_params), batch,
-                                   c.temperature, False, c.logprob_chunk)
+                                   c.temperature, False, c.logprob_chunk,
+                                   query_block=c.query_block)
     batch["ref_logp_NxT"] = jax.lax.stop_gradient(ref_logp)
 
   def loss_fn(params, mb):
     logp, entropy = _policy_logprobs(graphdef, params, mb, c.temperature, c.compute_entropy,
-                                     c.logprob_chunk)
+                                     c.logprob_chunk, remat=c.remat == "layer",
+                                     query_block=c.query_block)
     return losses.policy_loss(logp, mb["prox_logp_NxT"], mb["behaviour_logp_NxT"],
                               mb["advantages_N"], mb["mask_NxT"], c.loss,
                               ref_logp_NxT=mb.get("ref_logp_NxT"), entropy_NxT=entropy)
@@ -219,9 +247,12 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
 
   def epoch(carry, key):
     perm = jax.random.permutation(key, rows)
+    # Under a mesh each minibatch's rows are split like the batch (the scan runs over the
+    # unsplit minibatch axis).
     shaped = jax.tree.map(
-        lambda x: x[perm].reshape((c.num_minibatches, rows // c.num_minibatches) + x.shape[1:]),
-        batch)
+        lambda x: constrain(
+            x[perm].reshape((c.num_minibatches, rows // c.num_minibatches) + x.shape[1:]),
+            (None, "batch")), batch)
     return jax.lax.scan(minibatch_update, carry, shaped)
 
   keys = jax.random.split(step_key, c.num_epochs)
@@ -290,6 +321,20 @@ def _replay_metrics(batch, replayed_N, version_N, step, loss_config) -> dict:
 
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
-                    config: StepConfig):
-  """``fn(state, replay, rollout, ref_params, rng)``, jitted once, state and buffer donated."""
-  return jax.jit(functools.partial(train_step, graphdef, tx, config), donate_argnums=(0, 1))
+                    config: StepConfig, shardings: sharding_lib.StepShardings | None = None):
+  """``fn(state, replay, rollout, ref_params, rng)``, jitted once, state and buffer donated.
+
+  With ``shardings`` (``sharding.step_shardings``) the step is jitted with explicit input and
+  output shardings under that mesh: state and buffer keep their layout from step to step (so
+  the donation aliases and nothing recompiles), the rollout's rows are split over the batch
+  axes, the metrics come back replicated. Rollouts may then be passed as host or
+  single-device arrays: they are placed on their sharding first (``sharding.PutInputs``).
+  """
+  fn = functools.partial(train_step, graphdef, tx, config)
+  if shardings is None:
+    return jax.jit(fn, donate_argnums=(0, 1))
+  s = shardings
+  in_shardings = (s.state, s.replay, s.rows, s.ref_params, s.replicated)
+  jitted = jax.jit(sharding_lib.use_mesh(fn, s.mesh), donate_argnums=(0, 1),
+                   in_shardings=in_shardings, out_shardings=(s.state, s.replay, s.replicated))
+  return sharding_lib.PutInputs(jitted, in_shardings)

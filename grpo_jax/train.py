@@ -34,6 +34,7 @@ from grpo_jax import report
 from grpo_jax import replay as replay_lib
 from grpo_jax import rollouts as rollouts_lib
 from grpo_jax import sampler as sampler_lib
+from grpo_jax import sharding as sharding_lib
 from grpo_jax import step as step_lib
 from grpo_jax import tokenization
 from grpo_jax.models import CheckpointError, from_pretrained
@@ -114,13 +115,14 @@ def step_config(config) -> step_lib.StepConfig:
       prox_pass=configuration.prox_pass(config), loss=configuration.loss_config(config),
       num_minibatches=config.rl.num_minibatches, num_epochs=config.rl.num_epochs,
       temperature=config.rollout.temperature, compute_entropy=config.rl.entropy_coef > 0,
-      replay=configuration.replay_config(config), logprob_chunk=config.rl.logprob_chunk)
+      replay=configuration.replay_config(config), logprob_chunk=config.rl.logprob_chunk,
+      remat=config.model.remat, query_block=config.model.query_block)
 
 
-def _evaluate(config, graphdef, params, tokenizer, task, problems, render) -> dict:
+def _evaluate(config, graphdef, params, tokenizer, task, problems, render, mesh=None) -> dict:
   r, e = config.rollout, config.eval
   kw = dict(prompt_len=r.prompt_len, completion_len=r.completion_len, seed=config.seed,
-            render=render, model_path=config.model.path)
+            render=render, model_path=config.model.path, mesh=mesh)
   out = evaluate_lib.evaluate(graphdef, params, tokenizer, task, problems, k=e.k,
                               temperature=e.temperature, **kw)
   result = {f"eval/mean_at_{e.k}": out["mean_at_k"], f"eval/pass_at_{e.k}": out["pass_at_k"],
@@ -136,10 +138,14 @@ def _evaluate(config, graphdef, params, tokenizer, task, problems, render) -> di
 def train_and_evaluate(config, workdir: str) -> dict:
   """Runs (or resumes) training; returns the last evaluation's metrics."""
   configuration.validate(config)
+  # Multi-host: every process runs this same function on the same prompts (README: Sharding).
+  sharding_lib.initialize_distributed(config.mesh)
+  mesh = sharding_lib.mesh_from_config(config)  # None on a single device
+  configuration.check_mesh(config, mesh)
   r = config.rollout
   tokenizer = transformers.AutoTokenizer.from_pretrained(config.model.path)
   model = from_pretrained(config.model.path, param_dtype=config.model.param_dtype,
-                          dtype=config.model.dtype)
+                          dtype=config.model.dtype, mesh=mesh)
   if len(tokenizer) > model.config.vocab_size:
     raise CheckpointError(
         f"the tokenizer in {config.model.path} has {len(tokenizer):,} tokens but the model's "
@@ -149,16 +155,18 @@ def train_and_evaluate(config, workdir: str) -> dict:
   # The reference must own its buffers: the state's parameters are donated every step.
   ref_params = jax.tree.map(jnp.copy, params) if config.rl.kl_coef > 0 else None
   tx = make_optimizer(config)
-  state = step_lib.init_train_state(params, tx)
+  state = step_lib.init_train_state(params, tx, mesh)
   method = configuration.replay_config(config)
   replay = replay_lib.init_replay(config.replay.capacity, method.entry_size(r.group_size),
                                   r.prompt_len, r.completion_len)
+  if mesh is not None:
+    replay = sharding_lib.put(replay, sharding_lib.replay_shardings(mesh, replay))
   task = make_task(config)
   stream = rollouts_lib.PromptStream(task, tokenizer, r.prompt_len, config.task.chat_template,
                                      train_size=config.task.train_size)
   sample_fn = sampler_lib.make_sampler(graphdef, sampler_lib.sampling_config_for(
       tokenizer, r.completion_len, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-      model_path=config.model.path))
+      model_path=config.model.path), mesh)
   allocator = allocation.make_allocator(config, sample_fn, tokenizer, task, stream)
   host = {"rollouts": 0, "completion_tokens": 0, "reward_errors": 0}
 
@@ -184,7 +192,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
                                 config.total_steps, budget))
     evals = [r for r in records if f"eval/mean_at_{k}" in r]
     return {key: v for key, v in evals[-1].items() if key.startswith("eval/")} if evals else {}
-  writer = metrics_lib.MetricWriter(workdir)
+  # Only process 0 writes metrics and logs (console.say is silent on the others).
+  writer = (metrics_lib.MetricWriter if sharding_lib.is_primary() else metrics_lib.NullWriter)(
+      workdir)
   paths["tensorboard"] = writer.tensorboard_dir
   timers = dict.fromkeys(("generation", "update", "evaluation", "checkpoint"), 0.0)
   if start:
@@ -199,14 +209,17 @@ def train_and_evaluate(config, workdir: str) -> dict:
               f"rollouts\n  metrics      {writer.path}\n  checkpoints  {ckpt.directory}\n"
               f"  replay buffer: {replay.capacity} entries, {replay.nbytes:,} bytes")
 
-  train_step = step_lib.make_train_step(graphdef, tx, step_config(config))
+  train_step = step_lib.make_train_step(
+      graphdef, tx, step_config(config),
+      None if mesh is None else sharding_lib.step_shardings(mesh, state, replay, ref_params))
   eval_problems = task.eval_problems(config.eval.num_prompts)
   render = stream.render
   base_key = jax.random.key(config.seed)
 
   def evaluate_now(step):
     t0 = time.time()
-    result = _evaluate(config, graphdef, state.params, tokenizer, task, eval_problems, render)
+    result = _evaluate(config, graphdef, state.params, tokenizer, task, eval_problems, render,
+                       mesh)
     timers["evaluation"] += time.time() - t0
     writer.write(step, {**result, "rollouts": host["rollouts"]})
     console.say(console.eval_line(step, result, host["rollouts"], k))
@@ -216,7 +229,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   try:
     from tqdm import tqdm  # pylint: disable=g-import-not-at-top
     bar = tqdm(total=config.total_steps, initial=start, dynamic_ncols=True, leave=False,
-               file=sys.stdout)
+               file=sys.stdout, disable=not sharding_lib.is_primary())
   except ImportError:
     bar = None
   pending = None  # metrics of the previous step, fetched one step late
@@ -299,15 +312,18 @@ def train_and_evaluate(config, workdir: str) -> dict:
     bar.close()
   writer.close()
   ckpt.close()
-  console.say(console.summary(metrics_lib.read_metrics(workdir), k,
-                              {**paths, **_report_paths(workdir, write=True)},
-                              config.total_steps, budget))
+  if sharding_lib.is_primary():
+    console.say(console.summary(metrics_lib.read_metrics(workdir), k,
+                                {**paths, **_report_paths(workdir, write=True)},
+                                config.total_steps, budget))
   return last_eval
 
 
 # Fields that may change between the runs of one workdir: how long, how often to evaluate,
-# log and checkpoint. Anything else changes the trajectory.
-_RESUMABLE_CHANGES = ("total_steps", "log_every", "eval.", "checkpoint.")
+# log and checkpoint, and the mesh (checkpoints restore onto any mesh; the values then differ
+# only by float rounding). Anything else changes the trajectory.
+_RESUMABLE_CHANGES = ("total_steps", "total_rollouts", "log_every", "eval.", "checkpoint.",
+                      "mesh.")
 
 
 def _check_same_run(config, workdir: str) -> None:
@@ -331,8 +347,9 @@ def _check_same_run(config, workdir: str) -> None:
           + (f" (+{len(differ) - 6} more)" if len(differ) > 6 else "")
           + "; use another --workdir, or --config.checkpoint.allow_config_change=true to "
           "resume it anyway")
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(current, f, indent=1, sort_keys=True)
+  if sharding_lib.is_primary():
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(current, f, indent=1, sort_keys=True)
 
 
 class TrainingStopped(RuntimeError):
@@ -450,7 +467,7 @@ def main(argv):
   try:
     train_and_evaluate(config, workdir)
   except (configuration.ConfigError, CheckpointError, OSError,
-          tokenization.PromptTooLongError, TrainingStopped) as e:
+          tokenization.PromptTooLongError, TrainingStopped, sharding_lib.MeshError) as e:
     # User errors (config, paths, data) and the machine's (a full disk, a folder that cannot be
     # written) end with one readable line, not a traceback.
     sys.exit(f"grpo_jax.train: {e}")

@@ -65,8 +65,8 @@ def _spy(monkeypatch, pad_to=None):
   real = evaluate_lib.cached_sampler
   calls = []
 
-  def cached(graphdef, config):
-    fn = real(graphdef, config)
+  def cached(graphdef, config, mesh=None):
+    fn = real(graphdef, config, mesh)
 
     def sample(params, ids, mask, rng):
       n = ids.shape[0]

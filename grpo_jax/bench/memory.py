@@ -1,34 +1,87 @@
-"""Compiled memory of the train step at Qwen3-0.6B shape, with and without LM-head chunking.
+"""Compiled memory of the train step and the sampler, from abstract shapes (no weights).
+
+Per-device memory of a preset on a mesh of fake CPU devices (the README's table):
+
+    python -m grpo_jax.bench.memory --config=configs/popo.py:qwen3_8b --mesh=8
+
+``--mesh=N`` starts JAX with N fake CPU devices (``XLA_FLAGS=
+--xla_force_host_platform_device_count=N``, set here before JAX is imported, together with
+``CPU_MEMORY_SCHEDULER``: see below) and lays them out
+as ``config.mesh`` says (the qwen3 presets: FSDP over all of them; override with
+``--config.mesh.fsdp=4 --config.mesh.tensor=2`` etc.). The architecture comes from
+``config.model.arch`` (set by the qwen3 presets; ``models/architectures.py``) or else from the
+``config.json`` of ``config.model.path``; the batch, lengths, minibatches, LM-head chunk, remat,
+dtypes, replay buffer and KL reference from the config. Parameters, optimiser state, buffer and
+rollouts are ``ShapeDtypeStruct``s carrying their shardings: nothing is allocated or run. The
+jitted train step (``step.make_train_step`` with the run's optimiser and shardings) and the
+jitted sampler (``sampler.make_sampler``, N rows of P + T tokens) are lowered and compiled, and
+XLA's ``memory_analysis()`` of each executable printed per device. The numbers describe the
+backend this compiles for (CPU), whose buffer assignment and bf16 handling may differ from an
+accelerator's (XLA:CPU computes bf16 dots in float32, and its memory scheduler is a heuristic
+with no rematerialisation pass to meet a memory limit, unlike TPU and GPU compilers).
+
+Without ``--config``, the earlier single-device comparison at Qwen3-0.6B shape, with and without
+LM-head chunking:
 
     python -m grpo_jax.bench.memory --batch_prompts=2 --group_size=4 --prompt_len=64 \
         --completion_len=512 --num_minibatches=2 --chunk=1024
 
-Builds the Qwen3-0.6B architecture (V = 151,936, D = 1024, 28 layers) with abstract parameters
-only (``nnx.eval_shape``: ShapeDtypeStructs, no weights allocated), lowers and compiles the
-jitted train step (``step.make_train_step``, AdamW, plain GRPO, no replay) for abstract inputs,
-and prints XLA's ``memory_analysis()`` of the executable for ``logprob_chunk=0`` (the full
-float32 [N, T, V] logits of every log-prob pass) and for ``logprob_chunk=--chunk``. Nothing
-runs, so the numbers describe the backend this compiles for (CPU by default), whose buffer
-assignment may differ from an accelerator's. ``--kl_coef > 0`` adds the reference pass.
+compiles the train step (AdamW, plain GRPO, no replay) for ``logprob_chunk=0`` (the full
+float32 [N, T, V] logits of every log-prob pass) and for ``logprob_chunk=--chunk``.
+``--kl_coef > 0`` adds the reference pass.
 
-Columns (GiB): argument (state, rollouts, reference params), output, alias (outputs written in
-place of donated arguments), temp (XLA's scratch buffers: activations, logits, gradients) and
-total = argument + output - alias + temp, the executable's peak footprint as XLA reports it.
+Columns (GiB per device): argument (state, rollouts, reference params), output, alias (outputs
+written in place of donated arguments), temp (XLA's scratch buffers: activations, logits,
+gradients) and total = argument + output - alias + temp, the executable's peak footprint as
+XLA reports it.
 """
 
-from __future__ import annotations
+import json
+import os
+import sys
 
-import time
 
-import jax
-import jax.numpy as jnp
-import optax
-from absl import app, flags
-from flax import nnx
+def _fake_devices(argv) -> int:
+  """N of ``--mesh=N`` / ``--mesh N`` in ``argv`` (0 when absent)."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--mesh="):
+      return int(arg.split("=", 1)[1])
+    if arg == "--mesh" and i + 1 < len(argv):
+      return int(argv[i + 1])
+  return 0
 
-from grpo_jax import losses, replay as replay_lib, step as step_lib
-from grpo_jax.models import ModelConfig, Qwen3
-from grpo_jax.types import Rollout
+
+# XLA:CPU's default scheduler orders operations for thread concurrency, not memory, and then
+# keeps rematerialised activations alive anyway (jax.checkpoint saves nothing on its schedule);
+# the memory-minimising scheduler it falls back to without it is the one that reflects what an
+# accelerator's memory-aware scheduler does. Used by the --config mode (the README's table).
+CPU_MEMORY_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+if __name__ == "__main__" and any(a.startswith("--config") for a in sys.argv):
+  # Before JAX is imported: JAX fixes its device count and compiler flags when it starts.
+  _flags = [os.environ.get("XLA_FLAGS", ""), CPU_MEMORY_SCHEDULER]
+  if _fake_devices(sys.argv):
+    _flags.append(f"--xla_force_host_platform_device_count={_fake_devices(sys.argv)}")
+  os.environ["XLA_FLAGS"] = " ".join(f for f in _flags if f)
+
+import time  # noqa: E402  (after XLA_FLAGS)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
+from absl import app, flags  # noqa: E402
+from flax import nnx  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from grpo_jax import configuration, losses, replay as replay_lib  # noqa: E402
+from grpo_jax import sampler as sampler_lib, sharding, step as step_lib  # noqa: E402
+from grpo_jax.models import ModelConfig, Qwen3  # noqa: E402
+from grpo_jax.types import Rollout  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "RL config (e.g. configs/popo.py:qwen3_8b): per-device memory of its train "
+    "step and sampler on the mesh; without it, the single-device chunking comparison")
+_MESH = flags.DEFINE_integer("mesh", 0, "fake CPU devices to compile for (0: the real ones)")
 
 _PROMPTS = flags.DEFINE_integer("batch_prompts", 2, "B, prompts per step")
 _GROUP = flags.DEFINE_integer("group_size", 4, "G, rollouts per prompt")
@@ -91,6 +144,8 @@ def measure(chunk: int) -> dict:
 
 def main(argv):
   del argv
+  if _CONFIG.value is not None:
+    return config_main(_CONFIG.value)
   b, g, p, t = _PROMPTS.value, _GROUP.value, _PROMPT_LEN.value, _COMPLETION_LEN.value
   n, m = b * g, _MINIBATCHES.value
   cfg = qwen3_0_6b(_DTYPE.value)
@@ -108,6 +163,119 @@ def main(argv):
     print(f"| {chunk} | " + " | ".join(f"{r[c] / GIB:.3f}" for c in cols)
           + f" | {r['lower_s'] + r['compile_s']:.0f} |", flush=True)
     print("  bytes: " + ", ".join(f"{c}={r[c]}" for c in cols), flush=True)
+
+
+# --- per-device memory of a config on a mesh -------------------------------------------------
+
+# Memory per chip (GiB): an H100's 80 GB as CUDA reports it (81,559 MiB), a TPU v5e's 16 GiB.
+CHIPS = {"H100 80GB": 81_559 / 1024, "v5e 16GiB": 16.0}
+
+
+def architecture_of(config) -> ModelConfig:
+  """The ModelConfig of ``config.model.arch``, else of ``config.model.path``'s config.json."""
+  from grpo_jax.models import architectures, hf  # pylint: disable=g-import-not-at-top
+  m = config.model
+  if m.arch:
+    return architectures.architecture(m.arch, param_dtype=m.param_dtype, dtype=m.dtype)
+  import transformers  # pylint: disable=g-import-not-at-top
+  return hf.config_from_hf(transformers.AutoConfig.from_pretrained(m.path),
+                           param_dtype=m.param_dtype, dtype=m.dtype)
+
+
+def _with_shardings(tree, shardings):
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)
+
+
+def _stats(compiled) -> dict:
+  m = compiled.memory_analysis()
+  out = dict(argument=m.argument_size_in_bytes, output=m.output_size_in_bytes,
+             alias=m.alias_size_in_bytes, temp=m.temp_size_in_bytes)
+  out["total"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+  return out
+
+
+def config_memory(config) -> dict:
+  """Compiles ``config``'s train step and sampler for abstract inputs on the current devices.
+
+  Returns:
+    {"mesh": axis sizes, "params": count, "step"/"sampler": memory stats in bytes per device
+     plus "compile_s", "sampling_peak": bytes resident while sampling (the step's arguments,
+     i.e. state, buffer and reference, plus the sampler's temp and output)}.
+  """
+  from grpo_jax import train  # pylint: disable=g-import-not-at-top
+  configuration.validate(config, weights=False)
+  r = config.rollout
+  mesh = sharding.make_mesh(sharding.MeshConfig.from_config(config.mesh))
+  configuration.check_mesh(config, mesh)
+  cfg = architecture_of(config)
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0))))
+  params = _with_shardings(params, sharding.tree_shardings(mesh, params))
+  tx = train.make_optimizer(config)
+  state = jax.eval_shape(lambda p: step_lib.init_train_state(p, tx), params)
+  state = _with_shardings(state, sharding.tree_shardings(mesh, state))
+  method = configuration.replay_config(config)
+  replay = jax.eval_shape(lambda: replay_lib.init_replay(
+      config.replay.capacity, method.entry_size(r.group_size), r.prompt_len, r.completion_len))
+  replay = _with_shardings(replay, sharding.replay_shardings(mesh, replay))
+  ref = params if config.rl.kl_coef > 0 else None
+  n, p, t = r.batch_prompts * r.group_size, r.prompt_len, r.completion_len
+  rows = sharding.rows_sharding(mesh)
+  s = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows)
+  rollout = Rollout(prompt_ids_NxP=s((n, p), jnp.int32), prompt_mask_NxP=s((n, p), bool),
+                    completion_ids_NxT=s((n, t), jnp.int32), completion_mask_NxT=s((n, t), bool),
+                    behaviour_logp_NxT=s((n, t), jnp.float32), scores_N=s((n,), jnp.float32),
+                    success_N=s((n,), bool), prompt_id_N=s((n,), jnp.int32),
+                    version_N=s((n,), jnp.int32))
+  key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
+                             sharding=sharding.replicated(mesh))
+  out = {"mesh": dict(mesh.shape), "params": cfg.num_params}
+  fn = step_lib.make_train_step(graphdef, tx, train.step_config(config),
+                                sharding.step_shardings(mesh, state, replay, ref))
+  t0 = time.perf_counter()
+  out["step"] = {**_stats(fn.lower(state, replay, rollout, ref, key).compile()),
+                 "compile_s": time.perf_counter() - t0}
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=t, eos_ids=(0,), pad_id=0,
+                                        temperature=r.temperature)
+  sample = sampler_lib.make_sampler(graphdef, sampling, mesh)
+  t0 = time.perf_counter()
+  compiled = sample.lower(params, rollout.prompt_ids_NxP, rollout.prompt_mask_NxP, key).compile()
+  out["sampler"] = {**_stats(compiled), "compile_s": time.perf_counter() - t0}
+  out["sampling_peak"] = (out["step"]["argument"] + out["sampler"]["temp"]
+                          + out["sampler"]["output"])
+  return out
+
+
+def config_main(config):
+  try:
+    configuration.validate(config, weights=False)
+  except configuration.ConfigError as e:
+    sys.exit(f"grpo_jax.bench.memory: {e}")
+  r = config.rollout
+  print(f"{config.model.arch or config.model.path}: {r.batch_prompts} prompts x "
+        f"{r.group_size} rollouts, P = {r.prompt_len}, T = {r.completion_len}, "
+        f"{config.rl.num_minibatches} minibatches, logprob_chunk {config.rl.logprob_chunk}, "
+        f"remat {config.model.remat}, params {config.model.param_dtype}, matmuls "
+        f"{config.model.dtype}, replay {config.replay.method} ({config.replay.capacity}), "
+        f"kl_coef {config.rl.kl_coef}; {jax.device_count()} {jax.default_backend()} devices",
+        flush=True)
+  out = config_memory(config)
+  print(f"mesh {out['mesh']}, {out['params'] / 1e9:.2f}B parameters; GiB per device:")
+  cols = ("argument", "output", "alias", "temp", "total")
+  print("| executable | " + " | ".join(cols) + " | compile s |")
+  print("|---|" + "---|" * (len(cols) + 1))
+  for name in ("step", "sampler"):
+    st = out[name]
+    print(f"| {name} | " + " | ".join(f"{st[c] / GIB:.2f}" for c in cols)
+          + f" | {st['compile_s']:.0f} |")
+  peak = max(out["step"]["total"], out["sampling_peak"])
+  print(f"peak per device: train step {out['step']['total'] / GIB:.2f} GiB, while sampling "
+        f"{out['sampling_peak'] / GIB:.2f} GiB (state, buffer and reference + sampler temp "
+        "and output)")
+  print("fits: " + ", ".join(f"{chip} {'yes' if peak / GIB <= gib else 'no'}"
+                             for chip, gib in CHIPS.items()))
+  print("bytes: " + json.dumps({k: out[k] for k in ("step", "sampler", "sampling_peak")}),
+        flush=True)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from grpo_jax import sharding as sharding_lib
 from grpo_jax.models.qwen3 import ModelConfig, Qwen3
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2")
@@ -147,14 +148,22 @@ def _safetensors(file: str):
 
 
 def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "float32",
-                    rngs: Optional[nnx.Rngs] = None) -> Qwen3:
+                    rngs: Optional[nnx.Rngs] = None, mesh=None) -> Qwen3:
   """Loads a Hugging Face Qwen3/Qwen2 checkpoint folder as an NNX ``Qwen3``.
+
+  With a ``mesh`` every parameter is built shard by shard (``jax.make_array_from_callback``):
+  each device's block is read from the safetensors file as a slice (memory-mapped, transposed
+  block-wise where Hugging Face stores ``[out, in]``), cast and placed on that device, so no
+  process ever holds a whole tensor it does not need, let alone the whole model, and no device
+  holds more than its shards. In a multi-process run each process reads only the blocks of its
+  own devices.
 
   Args:
     path: folder with config.json and safetensors weights.
     param_dtype: dtype the parameters are stored in after loading.
     dtype: compute dtype.
     rngs: unused by loading (all parameters come from the checkpoint); kept for symmetry.
+    mesh: optional ``jax.sharding.Mesh``; parameters are laid out by ``sharding.PARAM_AXES``.
 
   Returns:
     The model, with every parameter taken from the checkpoint.
@@ -162,6 +171,7 @@ def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "fl
   Raises:
     FileNotFoundError: the folder or its config.json does not exist.
     CheckpointError: unsupported architecture, or missing / misshaped tensors (named).
+    sharding.MeshError: a parameter dimension the mesh does not divide.
   """
   del rngs
   import transformers  # pylint: disable=g-import-not-at-top
@@ -194,19 +204,44 @@ def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "fl
     with _safetensors(file) as f:
       for name in names:
         p, transpose, var = wanted[name]
-        try:
-          array = f.get_tensor(name)
-        except Exception as e:  # pylint: disable=broad-except
-          raise CheckpointError(f"tensor {name} in {file} cannot be read ({e}): the file is "
-                                "truncated or corrupt; download or save it again") from None
-        if transpose:
-          array = array.T
-        if array.shape != var.shape:
-          raise CheckpointError(f"tensor {name} in {file} has shape {array.shape}, "
-                                f"expected {var.shape}")
-        var = var.replace(jnp.asarray(array, dtype=jnp.dtype(param_dtype)))
-        flat.append((p, var))
+        sharding = None if mesh is None else sharding_lib.param_sharding(mesh, p, var.shape)
+        array = _read_tensor(f, file, name, transpose, var.shape, jnp.dtype(param_dtype),
+                             sharding)
+        flat.append((p, var.replace(array)))
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def _read_tensor(f, file: str, name: str, transpose: bool, shape: tuple, dtype,
+                 sharding) -> jax.Array:
+  """One parameter from an open safetensors file: whole, or block by block onto ``sharding``.
+
+  Raises:
+    CheckpointError: the tensor has another shape, or cannot be read (names it and the file).
+  """
+  try:
+    stored = f.get_slice(name)
+    stored_shape = tuple(stored.get_shape())
+  except Exception as e:  # pylint: disable=broad-except
+    raise CheckpointError(f"tensor {name} in {file} cannot be read ({e}): the file is "
+                          "truncated or corrupt; download or save it again") from None
+  loaded_shape = stored_shape[::-1] if transpose else stored_shape
+  if loaded_shape != tuple(shape):
+    raise CheckpointError(f"tensor {name} in {file} has shape {loaded_shape}, "
+                          f"expected {tuple(shape)}")
+
+  def block(index: tuple) -> np.ndarray:
+    """The [index] block of the parameter (laid out as ours: kernels [in, out])."""
+    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    try:
+      values = stored[index[::-1]].T if transpose else stored[index]
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f"tensor {name} in {file} cannot be read ({e}): the file is "
+                            "truncated or corrupt; download or save it again") from None
+    return np.asarray(values).astype(dtype)
+
+  if sharding is None:
+    return jnp.asarray(block(()))
+  return jax.make_array_from_callback(tuple(shape), sharding, block)
 
 
 def save_pretrained(model: Qwen3, path: str, *, tokenizer=None,

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from grpo_jax.sharding import constrain
+
 _INIT = nnx.initializers.normal(stddev=0.02)
 # A finite "minus infinity": a fully masked row (a pad query) stays finite instead of NaN.
 _MASK_VALUE = -1e30
@@ -115,7 +117,9 @@ class KVCache:
   @classmethod
   def init(cls, config: ModelConfig, batch: int, size: int) -> "KVCache":
     shape = (batch, size, config.num_kv_heads, config.head_dim)
-    zeros = lambda: jnp.zeros(shape, jnp.dtype(config.dtype))
+    # Rows split like the batch, key/value heads like the k/v projections (under a mesh).
+    zeros = lambda: constrain(jnp.zeros(shape, jnp.dtype(config.dtype)),
+                              ("batch", None, "kv_heads", None))
     return cls(k=tuple(zeros() for _ in range(config.num_layers)),
                v=tuple(zeros() for _ in range(config.num_layers)),
                key_mask_BxS=jnp.zeros((batch, size), bool),
@@ -201,8 +205,13 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **kw)
       self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **kw)
 
-  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, kv=None, index=None):
+  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, kv=None, index=None,
+               query_block: int = 0):
     """Attends the T new tokens to themselves, or to the S cache slots when ``kv`` is given.
+
+    ``query_block > 0`` computes the attention of ``query_block`` queries at a time
+    (``blocked_attention``): the same values, with [B, H, query_block, S] scores alive at a
+    time instead of [B, H, T, S].
 
     Returns:
       (output [B, T, D], (keys, values)) where keys/values are the updated cache entries
@@ -224,13 +233,56 @@ class Attention(nnx.Module):
     q_BxTxKxGxDh = q.reshape(b, t, c.num_kv_heads, groups, c.head_dim)
     if t == 1:
       out = _decode_attention(q_BxTxKxGxDh[:, 0], k, v, mask_BxTxS[:, 0], c.head_dim)
+    elif 0 < query_block < t:
+      out = blocked_attention(q_BxTxKxGxDh, k.astype(q.dtype), v, mask_BxTxS, query_block)
     else:
-      scores = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxDh, k.astype(q.dtype),
-                          preferred_element_type=jnp.float32) * (c.head_dim ** -0.5)
-      scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASK_VALUE)
-      probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-      out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+      out = attention(q_BxTxKxGxDh, k.astype(q.dtype), v, mask_BxTxS)
     return self.o_proj(out.reshape(b, t, c.num_heads * c.head_dim)), (k, v)
+
+
+def attention(q_BxTxKxGxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS):
+  """Grouped-query softmax attention with float32 scores and softmax.
+
+  Returns:
+    [B, T, K, G, Dh] in the values' dtype.
+  """
+  head_dim = q_BxTxKxGxDh.shape[-1]
+  scores = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxDh, k_BxSxKxDh,
+                      preferred_element_type=jnp.float32) * (head_dim ** -0.5)
+  scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxDh.dtype)
+  return jnp.einsum("bkgts,bskd->btkgd", probs, v_BxSxKxDh)
+
+
+def blocked_attention(q_BxTxKxGxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS, block: int):
+  """``attention`` for ``block`` queries at a time, each block rematerialised.
+
+  Every query's softmax runs over all S keys as before, so each output row is computed by the
+  same operations; only T is cut into blocks (a loop over T / block), and each block's scores
+  [B, K, G, block, S] are recomputed in a backward pass instead of stored. Memory per layer
+  O(block * S) instead of O(T * S): query chunking of Rabe & Staats, "Self-attention does not
+  need O(n^2) memory" (arXiv 2112.05682), without their key chunking (S is at most P + T).
+
+  Returns:
+    [B, T, K, G, Dh] in the values' dtype.
+  """
+  b, t = q_BxTxKxGxDh.shape[:2]
+  num_blocks = -(-t // block)
+  pad = num_blocks * block - t
+  if pad:  # padding queries attend to nothing (uniform weights, finite) and are dropped
+    q_BxTxKxGxDh = jnp.pad(q_BxTxKxGxDh, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
+    mask_BxTxS = jnp.pad(mask_BxTxS, ((0, 0), (0, pad), (0, 0)))
+  # [B, T', ...] -> [T' / block, B, block, ...]: the loop runs over the leading axis.
+  to_blocks = lambda x: jnp.swapaxes(x.reshape((b, num_blocks, block) + x.shape[2:]), 0, 1)
+
+  @jax.checkpoint
+  def one(xs):
+    q_blk, mask_blk = xs
+    return attention(q_blk, k_BxSxKxDh, v_BxSxKxDh, mask_blk)
+
+  out = jax.lax.map(one, (to_blocks(q_BxTxKxGxDh), to_blocks(mask_BxTxS)))
+  out = jnp.swapaxes(out, 0, 1).reshape((b, num_blocks * block) + out.shape[3:])
+  return out[:, :t]
 
 
 def _decode_attention(q_BxKxGxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxS, head_dim):
@@ -275,10 +327,25 @@ class DecoderLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
     self.mlp = MLP(config, rngs=rngs)
 
-  def __call__(self, x, positions, mask, kv=None, index=None):
-    h, kv = self.self_attn(self.input_layernorm(x), positions, mask, kv, index)
+  def __call__(self, x, positions, mask, kv=None, index=None, query_block: int = 0):
+    h, kv = self.self_attn(self.input_layernorm(x), positions, mask, kv, index, query_block)
     x = x + h
     return x + self.mlp(self.post_attention_layernorm(x)), kv
+
+
+def _remat_block(layer: DecoderLayer, x_BxTxD, positions_BxT, mask_BxTxS, query_block: int):
+  """One decoder block under ``jax.checkpoint``: only its input is saved for the backward pass.
+
+  The block's parameters enter as an explicit argument (split from the module), so the
+  checkpointed function is pure; the new keys/values (unused without a cache) are dropped.
+  """
+  graphdef, params = nnx.split(layer)
+
+  def block(params, x):
+    return nnx.merge(graphdef, params)(x, positions_BxT, mask_BxTxS,
+                                       query_block=query_block)[0]
+
+  return jax.checkpoint(block)(params, x_BxTxD)
 
 
 class Qwen3(nnx.Module):
@@ -317,11 +384,23 @@ class Qwen3(nnx.Module):
     return self.logits(h)
 
   def hidden_states(self, input_ids_BxT, attention_mask_BxT=None, positions_BxT=None,
-                    cache: Optional[KVCache] = None):
+                    cache: Optional[KVCache] = None, remat: bool = False,
+                    query_block: int = 0):
     """Final-norm hidden states [B, T, D], writing the T tokens into ``cache`` when given.
 
     With a cache the tokens go to slots [cache.index, cache.index + T) and attend to every
     earlier real slot; without one they attend causally among themselves.
+
+    Args:
+      input_ids_BxT: int32 token ids.
+      attention_mask_BxT: True for real tokens (default all).
+      positions_BxT: position ids (default from the mask).
+      cache: optional KV cache.
+      remat: activation checkpointing per layer (``jax.checkpoint`` around each decoder
+        block; only without a cache): a backward pass keeps each block's input [B, T, D] and
+        recomputes the block's insides (attention scores, MLP activations) instead of storing
+        them. Same values; less memory, one more forward pass of compute.
+      query_block: queries per attention block (0 = all T at once; see ``blocked_attention``).
 
     Returns:
       (hidden [B, T, D] in the compute dtype, updated cache or None).
@@ -342,17 +421,32 @@ class Qwen3(nnx.Module):
       slots_S = jnp.arange(cache.size)
       causal_TxS = slots_S[None, :] <= (index + jnp.arange(t))[:, None]
       mask = causal_TxS[None] & key_mask[:, None, :]
-    x = self.embed_tokens(input_ids_BxT)
+    residual = lambda x: constrain(x, ("batch", None, None))  # rows split, width whole
+    x = residual(self.embed(input_ids_BxT))
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
+      if remat and cache is None:
+        x = residual(_remat_block(layer, x, positions_BxT, mask, query_block))
+        continue
       kv = None if cache is None else (cache.k[i], cache.v[i])
-      x, (k, v) = layer(x, positions_BxT, mask, kv, index)
+      x, (k, v) = layer(x, positions_BxT, mask, kv, index, query_block)
+      x = residual(x)
       new_k.append(k)
       new_v.append(v)
     x = self.norm(x)
     if cache is not None:
       cache = KVCache(k=tuple(new_k), v=tuple(new_v), key_mask_BxS=key_mask, index=index + t)
     return x, cache
+
+  def embed(self, input_ids_BxT: jax.Array) -> jax.Array:
+    """Token embeddings [B, T, D] in the compute dtype (``nnx.Embed``'s lookup).
+
+    Under a mesh the table's width is gathered first (as FSDP gathers every weight before
+    use) while its rows stay split over ``tensor``: the lookup then needs no other collective
+    than one reduction over ``tensor`` of the rows each shard holds.
+    """
+    table_VxD = self.embed_tokens.embedding[...].astype(jnp.dtype(self.config.dtype))
+    return jnp.take(constrain(table_VxD, ("vocab", None)), input_ids_BxT, axis=0)
 
   def logits(self, hidden_xD: jax.Array) -> jax.Array:
     """float32 logits [..., V] from final hidden states [..., D]."""

@@ -1,0 +1,247 @@
+"""Sharded vs single-device computations on 8 fake CPU devices, as numbers for a test to judge.
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/multidevice_checks.py OUT
+
+JAX fixes its device count when it starts, and the pytest process has started it with one CPU
+device, so ``tests/test_multidevice.py`` runs this file in a fresh process (which sets the flag
+itself before importing JAX) and asserts on the JSON it writes to OUT. Nothing here asserts:
+every check reports the measured differences and layouts, and the test states what they must be
+and why. Shapes are tiny (the embedded 1M-parameter model, 8 rows of 12 + 8 tokens).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+
+if __name__ == "__main__":
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_force_host_platform_device_count=8")
+
+import jax  # noqa: E402  (after XLA_FLAGS)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from grpo_jax import assets, checkpoint as checkpoint_lib, sampler as sampler_lib  # noqa: E402
+from grpo_jax import sharding, step as step_lib  # noqa: E402
+from grpo_jax.models import from_pretrained, hf  # noqa: E402
+from grpo_jax.replay import init_replay, popo  # noqa: E402
+from grpo_jax.types import Rollout  # noqa: E402
+
+B, G, P, T = 2, 4, 12, 8
+N = B * G
+MESH = sharding.MeshConfig(data=2, fsdp=2, tensor=2)
+OTHER_MESH = sharding.MeshConfig(data=1, fsdp=2, tensor=4)
+SAMPLING = sampler_lib.SamplingConfig(max_new_tokens=T, eos_ids=(5,), pad_id=0)
+# Two steps: both groups effective (POPO stores both), then group 0 constant (POPO refills it).
+SCORES = ([1, 0, 0, 1, 0, 1, 0, 0], [1, 1, 1, 1, 0, 1, 0, 0])
+
+
+def max_abs_diff(a, b) -> float:
+  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def specs(tree) -> dict:
+  """{path: partition spec} of a pytree of sharded arrays."""
+  return {jax.tree_util.keystr(p): str(x.sharding.spec)
+          for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+@contextlib.contextmanager
+def recorded_reads(reads: dict):
+  """Records the shape of every block ``from_pretrained`` reads, and the stored tensor's
+  shape, per tensor name."""
+  real = hf._safetensors  # pylint: disable=protected-access
+
+  class Slice:
+
+    def __init__(self, name, inner):
+      self.name, self.inner = name, inner
+
+    def get_shape(self):
+      return self.inner.get_shape()
+
+    def __getitem__(self, index):
+      block = self.inner[index]
+      entry = reads.setdefault(self.name, {"shape": list(self.get_shape()), "blocks": []})
+      entry["blocks"].append(list(block.shape))
+      return block
+
+  class File:
+
+    def __init__(self, inner):
+      self.inner = inner
+
+    def keys(self):
+      return self.inner.keys()
+
+    def get_slice(self, name):
+      return Slice(name, self.inner.get_slice(name))
+
+  @contextlib.contextmanager
+  def spy(file):
+    with real(file) as f:
+      yield File(f)
+
+  hf._safetensors = spy  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    hf._safetensors = real  # pylint: disable=protected-access
+
+
+def rollouts(graphdef, params) -> list[Rollout]:
+  """Two batches of B x G rows sampled (single device) from the embedded model, as host
+  arrays, with the scores of ``SCORES``."""
+  rng = np.random.RandomState(0)
+  sample = sampler_lib.make_sampler(graphdef, SAMPLING)
+  out = []
+  for i, scores in enumerate(SCORES):
+    ids = np.repeat(rng.randint(6, 1000, (B, P)), G, axis=0).astype(np.int32)
+    mask = np.ones((N, P), bool)
+    mask[::3, :2] = False  # some left padding
+    c = jax.device_get(sample(params, ids, mask, jax.random.key(i)))
+    s = np.asarray(scores, np.float32)
+    out.append(Rollout(prompt_ids_NxP=ids, prompt_mask_NxP=mask, completion_ids_NxT=c.tokens_NxT,
+                       completion_mask_NxT=c.mask_NxT, behaviour_logp_NxT=c.logp_NxT,
+                       scores_N=s, success_N=s >= 1.0,
+                       prompt_id_N=np.repeat(np.arange(B) + 10 * i, G).astype(np.int32),
+                       version_N=np.full((N,), i, np.int32)))
+  return out
+
+
+def run_steps(graphdef, params, batches, config, tx, mesh, capacity):
+  """The train step over ``batches``, unsharded (mesh None) or sharded; returns the final
+  (state, replay), the metrics of every step and the jit cache size."""
+  params = jax.tree.map(jnp.copy, params)
+  state = step_lib.init_train_state(params, tx, mesh)
+  replay = init_replay(capacity, G, P, T)
+  shardings = None
+  if mesh is not None:
+    replay = sharding.put(replay, sharding.replay_shardings(mesh, replay))
+    shardings = sharding.step_shardings(mesh, state, replay)
+  fn = step_lib.make_train_step(graphdef, tx, config, shardings)
+  metrics = []
+  for batch in batches:
+    state, replay, m = fn(state, replay, batch, None, jax.random.key(7))
+    metrics.append({k: float(v) for k, v in jax.device_get(m).items()})
+  return state, replay, metrics, fn._cache_size()  # pylint: disable=protected-access
+
+
+def compare_steps(graphdef, params, sharded_params, batches, config, capacity, mesh):
+  """Single-device vs sharded steps; (report, sharded final state, sharded final replay)."""
+  # SGD with momentum: the update is linear in the gradient (lr * g on the first step, lr *
+  # (g2 + 0.9 g1) on the second), so the parameter difference measures the gradient
+  # difference; Adam's first update, lr * g / (|g| + eps), would turn rounding-level
+  # differences of near-zero gradient entries into lr-sized ones, measuring Adam, not the
+  # sharding. The momentum trace is optimiser state that must follow the parameters' layout.
+  tx = optax.sgd(0.003, momentum=0.9)
+  s1, r1, m1, _ = run_steps(graphdef, params, batches, config, tx, None, capacity)
+  s8, r8, m8, cache = run_steps(graphdef, sharded_params, batches, config, tx, mesh, capacity)
+  keys = sorted(set(m1[-1]) & set(m8[-1]))
+  # Relative to max(1, |value|): metrics range from fractions to tens (drift).
+  rel = {k: max(abs(a[k] - b[k]) / max(1.0, abs(a[k])) for a, b in zip(m1, m8)) for k in keys}
+  report = {
+      "params_max_abs_diff": max_abs_diff(s1.params, s8.params),
+      "params_moved": max_abs_diff(s1.params, params),
+      "replay_max_abs_diff": max_abs_diff(r1, r8) if capacity else 0.0,
+      "metrics_max_rel_diff": max(rel.values()),
+      "metrics_rel_diff": rel,
+      "metrics_sharded": m8,
+      "cache_size": cache,
+      "param_specs": specs(s8.params),
+      "opt_state_specs": specs(s8.opt_state),
+      "replay_specs": specs(r8) if capacity else {},
+      "state_step": int(s8.step),
+  }
+  return report, s8, r8
+
+
+def main(out_path: str):
+  results = {"devices": jax.device_count()}
+  t0 = time.time()
+  mesh = sharding.make_mesh(MESH)
+  graphdef, params = nnx.split(from_pretrained(assets.EMBEDDED_MODEL))
+  reads = {}
+  with recorded_reads(reads):
+    sharded_graphdef, sharded_params = nnx.split(
+        from_pretrained(assets.EMBEDDED_MODEL, mesh=mesh))
+  results["load"] = {
+      "max_abs_diff": max_abs_diff(params, sharded_params),
+      "specs": specs(sharded_params),
+      "reads": reads,
+      "shard_shapes": {jax.tree_util.keystr(p): [list(s.data.shape) for s in x.addressable_shards]
+                       for p, x in jax.tree_util.tree_flatten_with_path(sharded_params)[0]},
+  }
+
+  # The sampler: same key, same prompts, unsharded vs sharded.
+  rng = np.random.RandomState(1)
+  ids = rng.randint(6, 1000, (N, P)).astype(np.int32)
+  mask = np.ones((N, P), bool)
+  mask[1::2, :3] = False
+  one = jax.device_get(sampler_lib.make_sampler(graphdef, SAMPLING)(
+      params, ids, mask, jax.random.key(3)))
+  sharded_sample = sampler_lib.make_sampler(sharded_graphdef, SAMPLING, mesh)
+  many = sharded_sample(sharded_params, ids, mask, jax.random.key(3))
+  sharded_sample(sharded_params, ids[::-1].copy(), mask, jax.random.key(4))
+  results["sampler"] = {
+      "tokens_equal": bool(np.array_equal(one.tokens_NxT, np.asarray(many.tokens_NxT))),
+      "mask_equal": bool(np.array_equal(one.mask_NxT, np.asarray(many.mask_NxT))),
+      "logp_max_abs_diff": max_abs_diff(one.logp_NxT, many.logp_NxT),
+      "tokens_spec": str(many.tokens_NxT.sharding.spec),
+      "cache_size": sharded_sample._cache_size(),  # pylint: disable=protected-access
+      "generated": int(np.sum(one.mask_NxT)),
+  }
+
+  batches = rollouts(graphdef, params)
+  grpo = step_lib.StepConfig(group_size=G, num_minibatches=2, logprob_chunk=16)
+  results["grpo"], _, _ = compare_steps(graphdef, params, sharded_params, batches, grpo, 0,
+                                        mesh)
+  popo_config = step_lib.StepConfig(group_size=G, num_minibatches=2, logprob_chunk=16,
+                                    replay=popo.PopoConfig(fill="replay", max_uses=1))
+  results["popo"], state, replay = compare_steps(graphdef, params, sharded_params, batches,
+                                                 popo_config, 4, mesh)
+
+  # Checkpoints: the POPO state saved from the (2, 2, 2) mesh, restored onto (1, 2, 4) and
+  # onto one device, into zero-filled templates of those layouts.
+  with tempfile.TemporaryDirectory() as workdir:
+    ckpt = checkpoint_lib.Checkpointer(workdir, keep=1)
+    ckpt.save(2, state, replay, {"data_position": 4})
+    other = sharding.make_mesh(OTHER_MESH)
+    zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)
+    template_state = sharding.put(zeros(state), sharding.tree_shardings(other, state))
+    template_replay = sharding.put(zeros(replay), sharding.replay_shardings(other, replay))
+    s_other, r_other, host = ckpt.restore(2, template_state, template_replay)
+    one_device = jax.devices()[0]
+    s_one, r_one, _ = ckpt.restore(2, jax.device_put(zeros(state), one_device),
+                                   jax.device_put(zeros(replay), one_device))
+    ckpt.close()
+  results["restore"] = {
+      "other_mesh_max_abs_diff": max(max_abs_diff(state, s_other),
+                                     max_abs_diff(replay, r_other)),
+      "one_device_max_abs_diff": max(max_abs_diff(state, s_one), max_abs_diff(replay, r_one)),
+      "other_mesh_specs_match_template": specs(s_other) == specs(template_state)
+                                         and specs(r_other) == specs(template_replay),
+      "other_mesh_shape": dict(other.shape),
+      "restored_mesh_shapes": sorted({str(dict(x.sharding.mesh.shape))
+                                      for x in jax.tree.leaves(s_other)}),
+      "one_device_devices": len({d for x in jax.tree.leaves(s_one)
+                                 for d in x.sharding.device_set}),
+      "host": host,
+      "nonzero_leaves": sum(bool(np.any(np.asarray(x))) for x in jax.tree.leaves(state)),
+      "leaves": len(jax.tree.leaves(state)),
+  }
+  results["seconds"] = time.time() - t0
+  with open(out_path, "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])

@@ -1,0 +1,182 @@
+"""Memory switches and mixed precision: per-layer remat, blocked attention, float32 master
+weights under bfloat16 matmuls, and the per-device memory benchmark's command line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from grpo_jax import assets, step as step_lib
+from grpo_jax.models import from_pretrained
+from grpo_jax.models.qwen3 import attention, blocked_attention
+from grpo_jax.replay import init_replay
+from grpo_jax.types import Rollout
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _attention_inputs(b=2, t=10, k=2, g=2, dh=8, seed=0):
+  keys = jax.random.split(jax.random.key(seed), 3)
+  q = jax.random.normal(keys[0], (b, t, k, g, dh))
+  kk = jax.random.normal(keys[1], (b, t, k, dh))
+  v = jax.random.normal(keys[2], (b, t, k, dh))
+  # Causal, with 3 left-padding keys in row 1 (its first 3 queries see no real key at all).
+  real = jnp.arange(t)[None, :] >= jnp.asarray([[0], [3]])
+  mask = jnp.tril(jnp.ones((t, t), bool))[None] & real[:, None, :]
+  return q, kk, v, mask
+
+
+@pytest.mark.parametrize("block", [4, 5, 9])  # 4 and 9 pad the last block, 5 divides T = 10
+def test_blocked_attention_equals_attention(block):
+  q, k, v, mask = _attention_inputs()
+  full = attention(q, k, v, mask)
+  blocked = blocked_attention(q, k, v, mask, block)
+  # Each query's softmax over all keys is computed by the same operations in both; only the
+  # batching of queries into dots differs, so float32 rounding at most.
+  np.testing.assert_allclose(blocked, full, atol=1e-6, rtol=0)
+  loss = lambda fn: lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v)))
+  grads_full = jax.grad(loss(lambda q, k, v: attention(q, k, v, mask)), (0, 1, 2))(q, k, v)
+  grads_blocked = jax.grad(loss(lambda q, k, v: blocked_attention(q, k, v, mask, block)),
+                           (0, 1, 2))(q, k, v)
+  for a, b in zip(grads_blocked, grads_full):  # keys/values: summed over the blocks
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+B, G, P, T = 2, 4, 5, 6
+
+
+def _rollout(split, seed=0):
+  from grpo_jax import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
+  graphdef, params = split
+  rng = np.random.RandomState(seed)
+  ids = np.repeat(rng.randint(6, 128, (B, P)), G, axis=0).astype(np.int32)
+  mask = np.ones((B * G, P), bool)
+  mask[::3, :2] = False
+  cfg = sampler_lib.SamplingConfig(max_new_tokens=T, eos_ids=(5,), pad_id=0)
+  out = sampler_lib.make_sampler(graphdef, cfg)(params, ids, mask, jax.random.key(seed))
+  scores = jnp.asarray([1, 0, 0, 1, 0, 1, 0, 0], jnp.float32)
+  return Rollout(prompt_ids_NxP=jnp.asarray(ids), prompt_mask_NxP=jnp.asarray(mask),
+                 completion_ids_NxT=out.tokens_NxT, completion_mask_NxT=out.mask_NxT,
+                 behaviour_logp_NxT=out.logp_NxT, scores_N=scores, success_N=scores > 0,
+                 prompt_id_N=jnp.repeat(jnp.arange(B), G), version_N=jnp.zeros(B * G, jnp.int32))
+
+
+def _step(split, rollout, tx, **kw):
+  graphdef, params = split
+  config = step_lib.StepConfig(group_size=G, num_minibatches=2, **kw)
+  state = step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx)
+  return step_lib.make_train_step(graphdef, tx, config)(
+      state, init_replay(0, G, P, T), rollout, None, jax.random.key(1))
+
+
+def test_remat_and_blocked_attention_leave_the_step_unchanged(tiny_qwen3):
+  split = nnx.split(tiny_qwen3)
+  rollout = _rollout(split)
+  tx = optax.sgd(0.1)  # the parameter change is 0.1 x the gradient: compares gradients
+  plain, _, m_plain = _step(split, rollout, tx)
+  lean, _, m_lean = _step(split, rollout, tx, remat="layer", query_block=4)  # P + T = 11: 3 blocks
+  moved = max(float(jnp.max(jnp.abs(a - b)))
+              for a, b in zip(jax.tree.leaves(plain.params), jax.tree.leaves(split[1])))
+  assert moved > 1e-3
+  # Recomputing a block runs the same operations on the same inputs; blocking the queries
+  # changes only how rows are batched into dots: float32 rounding of gradients, times 0.1.
+  chex_close = lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+  jax.tree.map(chex_close, lean.params, plain.params)
+  for key in ("loss", "grad_norm", "ratio_mean", "clip_frac_low"):
+    np.testing.assert_allclose(m_lean[key], m_plain[key], rtol=1e-5, atol=1e-7)
+
+
+def test_float32_master_weights_under_bfloat16_matmuls():
+  model = from_pretrained(assets.EMBEDDED_MODEL, param_dtype="float32", dtype="bfloat16")
+  split = nnx.split(model)
+  rollout = _rollout(split)
+  tx = optax.adam(1e-5)
+  state, _, metrics = _step(split, rollout, tx, prox_pass="all")
+  leaves = jax.tree.leaves((state.params, state.opt_state))
+  assert {x.dtype for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)} == {jnp.dtype(jnp.float32)}
+  assert all(np.isfinite(float(v)) for v in metrics.values())
+  # The sampler (cached decode, float32 elementwise attention) and the trainer (full forward,
+  # bfloat16 attention dots) round differently: the step measures it (and, with
+  # prox_pass="all", corrects it through pi_prox / mu). Small here: XLA:CPU computes bfloat16
+  # dots in float32 (measured 1.8e-7); on accelerators it is larger.
+  assert 0.0 < float(metrics["fresh_logp_mismatch"]) < 0.1
+  # Two minibatches, two Adam updates of at most lr = 1e-5 each: every weight with a nonzero
+  # gradient moves by at most 2e-5 (measured: median 1.7e-5). Float32 keeps that. A bfloat16
+  # weight (8 significant bits) loses it wherever half its spacing exceeds 2e-5: for
+  # |w| >= 2^-6 the spacing is >= 2^-13 ~ 1.2e-4 (and 6.1e-5 just below 2^-6, should a step
+  # cross), so such a weight rounds back to itself; over half of this model's are that large.
+  old = split[1]["layers"][0]["mlp"]["up_proj"]["kernel"][...]
+  new = state.params["layers"][0]["mlp"]["up_proj"]["kernel"][...]
+  assert float(jnp.mean(new != old)) > 0.9
+  stored = old.astype(jnp.bfloat16)
+  in_bf16 = (stored.astype(jnp.float32) + (new - old)).astype(jnp.bfloat16)
+  large = jnp.abs(old) >= 2.0 ** -6
+  assert float(jnp.mean(large)) > 0.5
+  assert bool(jnp.all(jnp.where(large, in_bf16 == stored, True)))  # every such update lost
+
+
+_MEMORY_PROBE = r"""
+import json, sys
+import jax, jax.numpy as jnp
+from flax import nnx
+from grpo_jax import assets
+from grpo_jax.logprobs import completion_logprobs_and_entropy
+from grpo_jax.models import from_pretrained
+graphdef, params = nnx.split(from_pretrained(assets.EMBEDDED_MODEL))
+out = {}
+for remat, block in ((False, 0), (True, 0), (True, 32)):
+  def loss(p, ids, cids):
+    lp = completion_logprobs_and_entropy(nnx.merge(graphdef, p), ids, jnp.ones(ids.shape, bool),
+                                         cids, 1.0, False, remat=remat, query_block=block)[0]
+    return jnp.sum(lp)
+  s = jax.ShapeDtypeStruct
+  compiled = jax.jit(jax.grad(loss)).lower(params, s((8, 64), jnp.int32),
+                                           s((8, 192), jnp.int32)).compile()
+  out[f"{remat}-{block}"] = compiled.memory_analysis().temp_size_in_bytes
+print(json.dumps(out))
+"""
+
+
+def test_remat_and_blocked_attention_shrink_compiled_memory():
+  """Gradient of the log-probs of 8 rows x 256 tokens through the embedded model (4 layers,
+  4 heads), compiled with XLA:CPU's memory-minimising scheduler (bench/memory.py)."""
+  from grpo_jax.bench.memory import CPU_MEMORY_SCHEDULER  # pylint: disable=g-import-not-at-top
+  env = {**os.environ, "XLA_FLAGS": CPU_MEMORY_SCHEDULER,
+         "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  proc = subprocess.run([sys.executable, "-c", _MEMORY_PROBE], capture_output=True, text=True,
+                        timeout=600, env=env, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  temp = json.loads(proc.stdout.strip().splitlines()[-1])
+  # One layer's attention scores alone are 8 x 4 x 256 x 256 x 4 bytes = 8 MiB; without remat
+  # the backward pass keeps those of all 4 layers (and their softmax), with remat one layer's,
+  # and with 32-query blocks one block's (1/8 of a layer's).
+  assert temp["True-0"] < temp["False-0"] - 16 * 2 ** 20, temp
+  assert temp["True-32"] < temp["True-0"] - 4 * 2 ** 20, temp
+
+
+@pytest.mark.slow
+def test_memory_benchmark_compiles_a_config_on_fake_devices():
+  cmd = [sys.executable, "-m", "grpo_jax.bench.memory", "--config=configs/popo.py:smoke",
+         "--mesh=4", "--config.mesh.data=2", "--config.mesh.tensor=2"]
+  env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = proc.stdout
+  assert "4 cpu devices" in out
+  assert "mesh {'data': 2, 'fsdp': 1, 'tensor': 2}" in out
+  assert "| step |" in out and "| sampler |" in out
+  stats = json.loads(out[out.index("bytes: ") + len("bytes: "):].splitlines()[0])
+  step, sampler = stats["step"], stats["sampler"]
+  # The donated state and buffer come back in place: the aliased bytes are the output's
+  # except the metrics' (a few dozen float32 scalars), and everything is per device, > 0.
+  assert 0 <= step["output"] - step["alias"] < 4096
+  assert step["temp"] > 0 and sampler["temp"] > 0
+  assert step["total"] == step["argument"] + step["output"] - step["alias"] + step["temp"]
+  assert "fits: H100 80GB yes, v5e 16GiB yes" in out
