@@ -259,7 +259,10 @@ def config_main(config):
         f"{config.model.dtype}, replay {config.replay.method} ({config.replay.capacity}), "
         f"kl_coef {config.rl.kl_coef}; {jax.device_count()} {jax.default_backend()} devices",
         flush=True)
-  out = config_memory(config)
+  try:
+    out = config_memory(config)
+  except (configuration.ConfigError, sharding.MeshError) as e:
+    sys.exit(f"grpo_jax.bench.memory: {e}")
   print(f"mesh {out['mesh']}, {out['params'] / 1e9:.2f}B parameters; GiB per device:")
   cols = ("argument", "output", "alias", "temp", "total")
   print("| executable | " + " | ".join(cols) + " | compile s |")
