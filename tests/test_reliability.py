@@ -39,12 +39,11 @@ def _final_state(workdir):
   return ck.manager.restore(ck.latest_step()).state
 
 
-def test_sigterm_saves_exits_zero_and_the_resumed_run_is_exact(tmp_path):
-  """A real SIGTERM to a real training process mid-run: it finishes the step, checkpoints,
-  exits 0 saying where to resume; the same command then completes, and the result equals an
-  uninterrupted run bit for bit (parameters, optimiser state, replay buffer, counters)."""
-  workdir = tmp_path / "preempted"
-  cmd = [sys.executable, "-m", "grpo_jax.train", "--config=configs/popo.py:smoke",
+def _sigterm_once_training(workdir, program):
+  """Runs ``program`` (argv after the interpreter) on the smoke config in ``workdir``, sends
+  SIGTERM once a step record exists; returns (the command, stdout, stderr) of a run that
+  exited 0."""
+  cmd = [sys.executable, *program, "--config=configs/popo.py:smoke",
          f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
   proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)
@@ -57,6 +56,15 @@ def test_sigterm_saves_exits_zero_and_the_resumed_run_is_exact(tmp_path):
   proc.send_signal(signal.SIGTERM)
   out, err = proc.communicate(timeout=300)
   assert proc.returncode == 0, err[-2000:]
+  return cmd, out, err
+
+
+def test_sigterm_saves_exits_zero_and_the_resumed_run_is_exact(tmp_path):
+  """A real SIGTERM to a real training process mid-run: it finishes the step, checkpoints,
+  exits 0 saying where to resume; the same command then completes, and the result equals an
+  uninterrupted run bit for bit (parameters, optimiser state, replay buffer, counters)."""
+  workdir = tmp_path / "preempted"
+  cmd, out, _ = _sigterm_once_training(workdir, ["-m", "grpo_jax.train"])
   assert "SIGTERM received" in out and "Run the same command to resume." in out
   stopped_at = checkpoint_lib.Checkpointer(os.fspath(workdir), 2).latest_step()
   assert 1 <= stopped_at < 40, out[-2000:]
@@ -105,19 +113,7 @@ def test_second_signals_during_the_save_change_nothing(tmp_path):
   checkpoint equals, leaf for leaf, an uninterrupted run of the same number of steps
   (parameters, optimiser state, replay buffer, host record)."""
   workdir = tmp_path / "preempted"
-  cmd = [sys.executable, "-c", SIGNALS_DURING_THE_SAVE, "--config=configs/popo.py:smoke",
-         f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
-  proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
-  deadline = time.time() + 300
-  while time.time() < deadline:  # wait until training is under way (a step record exists)
-    path = workdir / "metrics.jsonl"
-    if path.exists() and '"loss"' in path.read_text():
-      break
-    time.sleep(0.05)
-  proc.send_signal(signal.SIGTERM)
-  out, err = proc.communicate(timeout=300)
-  assert proc.returncode == 0, err[-2000:]
+  _, out, err = _sigterm_once_training(workdir, ["-c", SIGNALS_DURING_THE_SAVE])
   stopped_at = checkpoint_lib.Checkpointer(os.fspath(workdir), 2).latest_step()
   assert 1 <= stopped_at < 40, out[-2000:]
   # Only the checkpoint of the stop was written (checkpoint.every = 1000), under the signals.
