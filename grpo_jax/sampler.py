@@ -40,6 +40,10 @@ class SamplingConfig:
     temperature: 0 means greedy (recorded log-probs are then those at temperature 1).
     top_k: keep only the k most likely tokens; 0 disables.
     top_p: keep the smallest set of tokens whose probability reaches p; 1.0 disables.
+    prompt_group: rows come in runs of this many copies of one prompt (GRPO's G rollouts per
+      prompt, group-major). When every run really is one prompt repeated (checked on the
+      device at each call) the prefill runs once per prompt and its cache is repeated;
+      otherwise, or with 1, every row is prefilled. Same tokens either way.
   """
 
   max_new_tokens: int
@@ -48,8 +52,11 @@ class SamplingConfig:
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
+  prompt_group: int = 1
 
   def __post_init__(self):
+    if self.prompt_group < 1:
+      raise ValueError(f"prompt_group must be >= 1, got {self.prompt_group}")
     if self.max_new_tokens < 1:
       raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
     if self.temperature < 0:
@@ -119,6 +126,49 @@ def _in_compute_dtype(params: nnx.State, dtype) -> nnx.State:
                       params)
 
 
+def prompts_repeat(prompt_ids_NxP: jax.Array, prompt_mask_NxP: jax.Array,
+                   group: int) -> jax.Array:
+  """True when rows come in runs of ``group`` copies of one prompt (bool scalar).
+
+  False when N is not a multiple of ``group``.
+  """
+  n, p = prompt_ids_NxP.shape
+  if group <= 1 or n % group:
+    return jnp.asarray(group == 1)
+  ids = prompt_ids_NxP.reshape(n // group, group, p)
+  mask = prompt_mask_NxP.astype(bool).reshape(n // group, group, p)
+  return jnp.all((ids == ids[:, :1]) & (mask == mask[:, :1]))
+
+
+def _prefill(model, prompt_ids_NxP, prompt_mask_NxP, size: int, group: int):
+  """The prompts' KV cache (``size`` slots) and the logits of each row's first token.
+
+  With ``group > 1`` and prompts that repeat in runs of ``group`` rows (``prompts_repeat``),
+  only the first row of each run is run through the model and its cache entries and logits
+  are repeated: the prefill costs N / group rows instead of N.
+
+  Returns:
+    (float32 logits [N, V], KVCache for N rows with index P).
+  """
+  n = prompt_ids_NxP.shape[0]
+
+  def prefill(ids, mask):
+    cache = KVCache.init(model.config, ids.shape[0], size)
+    hidden, cache = model.hidden_states(ids, mask, positions_from_mask(mask), cache)
+    return model.logits(hidden[:, -1]), cache
+
+  if group <= 1 or n % group:
+    return prefill(prompt_ids_NxP, prompt_mask_NxP)
+
+  def shared(ids, mask):
+    logits, cache = prefill(ids[::group], mask[::group])
+    repeat = lambda x: jnp.repeat(x, group, axis=0) if x.ndim else x
+    return repeat(logits), jax.tree.map(repeat, cache)
+
+  return jax.lax.cond(prompts_repeat(prompt_ids_NxP, prompt_mask_NxP, group), shared, prefill,
+                      prompt_ids_NxP, prompt_mask_NxP)
+
+
 def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
            prompt_mask_NxP: jax.Array, rng: jax.Array, *,
            config: SamplingConfig) -> Completions:
@@ -140,10 +190,7 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
   n, p = prompt_ids_NxP.shape
   t_max = config.max_new_tokens
   prompt_mask = prompt_mask_NxP.astype(bool)
-  cache = KVCache.init(model.config, n, p + t_max)
-  hidden, cache = model.hidden_states(prompt_ids_NxP, prompt_mask,
-                                      positions_from_mask(prompt_mask), cache)
-  logits = model.logits(hidden[:, -1])
+  logits, cache = _prefill(model, prompt_ids_NxP, prompt_mask, p + t_max, config.prompt_group)
   first_position_N = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)
   eos = jnp.asarray(config.eos_ids, jnp.int32)
 
@@ -245,7 +292,8 @@ def stop_token_ids(tokenizer, model_path: str | None = None) -> tuple[int, ...]:
 def sampling_config_for(tokenizer, max_new_tokens: int, *, temperature: float = 1.0,
                         top_k: int = 0, top_p: float = 1.0,
                         extra_eos_ids: Sequence[int] = (),
-                        model_path: str | None = None) -> SamplingConfig:
+                        model_path: str | None = None,
+                        prompt_group: int = 1) -> SamplingConfig:
   """SamplingConfig whose EOS / pad ids come from a transformers tokenizer.
 
   The EOS ids are ``stop_token_ids(tokenizer, model_path)`` followed by ``extra_eos_ids``.
@@ -256,4 +304,5 @@ def sampling_config_for(tokenizer, max_new_tokens: int, *, temperature: float = 
   if pad is None:
     pad = eos[0] if eos else 0  # no EOS at all: SamplingConfig says so
   return SamplingConfig(max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=int(pad),
-                        temperature=temperature, top_k=top_k, top_p=top_p)
+                        temperature=temperature, top_k=top_k, top_p=top_p,
+                        prompt_group=prompt_group)

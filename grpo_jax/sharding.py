@@ -348,6 +348,12 @@ def ambient_batch_shards() -> int:
   return 1 if mesh.empty else axis_size(mesh, BATCH_AXES)
 
 
+def ambient_tensor_shards() -> int:
+  """Shards of the ``tensor`` axis of the mesh set by ``use_mesh`` (1 when none is set)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return 1 if mesh.empty else axis_size(mesh, ("tensor",))
+
+
 def use_mesh(fn, mesh: Mesh):
   """``fn`` traced with ``mesh`` as the ambient (abstract) mesh, so ``constrain`` sees it."""
 
