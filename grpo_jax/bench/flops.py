@@ -20,9 +20,13 @@ Conventions, the same in every function here:
 
 Shape letters as in ``models/qwen3.py``: D width, H query heads, K key/value heads, Dh head dim,
 F MLP width, V vocab, L layers; N rows, P prompt length, T completion length.
+
+``fit_growth`` (the fits of ``bench/growth.py``) is here too, as another pure function.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from grpo_jax.models.qwen3 import ModelConfig
 
@@ -142,3 +146,67 @@ def step_phases(config: ModelConfig, rows: int, prompt_len: int, completion_len:
       "prox": forward if prox_pass else 0,
       "forward_backward": epochs * train_flops(*shape, lm_head_positions=completion_len),
   }
+
+
+# --- growth fits ----------------------------------------------------------------------------
+
+LINEAR_EXPONENT = 1.3  # below: at most linear
+QUADRATIC_EXPONENT = 2.3  # above: faster than quadratic
+QUADRATIC_SHARE = 0.10  # the quadratic term's share of the fit at the largest x
+
+
+def fit_growth(xs, ys) -> dict:
+  """How ``ys`` grows with ``xs``: a power law, a linear and a quadratic least-squares fit.
+
+  Fits: ``exponent``, the slope of log y against log x (least squares; y = k * x^exponent);
+  ``linear`` (a, b) of y = a + b x; ``quadratic`` (a, b, c) of y = a + b x + c x^2, and
+  ``quadratic_share`` = c x_max^2 / (a + b x_max + c x_max^2), the part of the quadratic fit's
+  value at the largest x that its x^2 term makes.
+
+  The verdict, in this order:
+    "non-increasing": exponent <= 0 (noise at sizes too small to time, say);
+    "super-quadratic": exponent > 2.3;
+    "linear": exponent < 1.3 and quadratic_share < 0.10 (an affine cost a + b x with a large
+      constant has an exponent below 1; it is still called linear);
+    "quadratic": quadratic_share >= 0.10 (so c > 0);
+    "super-linear": anything else (exponent >= 1.3 with no sizable x^2 term).
+  With fewer than three distinct xs there is no quadratic fit (``quadratic`` and
+  ``quadratic_share`` are None) and the verdict uses the exponent alone: "non-increasing" at
+  or below 0, "linear" below 1.3, "super-quadratic" above 2.3, else "super-linear". Three points determine a quadratic
+  exactly, so with three, timing noise alone gives c != 0: read the verdict with the exponent.
+
+  Args:
+    xs: positive sizes (at least two distinct).
+    ys: positive costs at those sizes.
+
+  Returns:
+    {"exponent", "linear", "quadratic", "quadratic_share", "growth"}.
+  """
+  x = np.asarray(xs, np.float64)
+  y = np.asarray(ys, np.float64)
+  if x.shape != y.shape or len(np.unique(x)) < 2:
+    raise ValueError(f"need ys for at least two distinct xs, got xs={xs}, ys={ys}")
+  if np.any(x <= 0) or np.any(y <= 0):
+    raise ValueError(f"xs and ys must be positive for a log-log fit, got xs={xs}, ys={ys}")
+  exponent = float(np.polyfit(np.log(x), np.log(y), 1)[0])
+  b, a = np.polyfit(x, y, 1)
+  out = {"exponent": exponent, "linear": (float(a), float(b)), "quadratic": None,
+         "quadratic_share": None}
+  if len(np.unique(x)) >= 3:
+    c2, b2, a2 = np.polyfit(x, y, 2)
+    x_max = float(np.max(x))
+    share = c2 * x_max ** 2 / (a2 + b2 * x_max + c2 * x_max ** 2)
+    out.update(quadratic=(float(a2), float(b2), float(c2)), quadratic_share=float(share))
+  share = out["quadratic_share"]
+  if exponent <= 0.0:
+    growth = "non-increasing"
+  elif exponent > QUADRATIC_EXPONENT:
+    growth = "super-quadratic"
+  elif exponent < LINEAR_EXPONENT and (share is None or share < QUADRATIC_SHARE):
+    growth = "linear"
+  elif share is not None and share >= QUADRATIC_SHARE:
+    growth = "quadratic"
+  else:
+    growth = "super-linear"
+  out["growth"] = growth
+  return out
