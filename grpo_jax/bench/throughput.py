@@ -93,7 +93,7 @@ def main(argv):
     config = step_lib.StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value),
                                  replay=replay_method)
     runs[method] = dict(
-        step=step_lib.make_train_step(graphdef, tx, config),
+        config=config, step=step_lib.make_train_step(graphdef, tx, config),
         state=step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),
         replay=replay_lib.init_replay(capacity, replay_method.entry_size(g), p, t), train_s=[])
   rng = np.random.RandomState(0)
@@ -134,10 +134,9 @@ def main(argv):
   med = lambda x: float(np.median(x)) if x else float("nan")
   extra = {}
   if _PHASES.value:
-    first_config = step_lib.StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value),
-                                       replay=_replay_method(_METHODS.value[0], b, g)[0])
     extra = phase_report(graphdef, ref_params, model.config, rollout, med(gen_s), med(step_s),
-                         med(train_s), max(_STEPS.value - 1, 1), first_config)
+                         med(train_s), max(_STEPS.value - 1, 1),
+                         runs[_METHODS.value[0]]["config"])
   print(json.dumps({
       "model": _MODEL.value, "backend": jax.default_backend(), "rows": n, "prompt_len": p,
       "completion_len": t, "params": model.config.num_params, "step_s_median": round(med(step_s), 4),
