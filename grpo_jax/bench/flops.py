@@ -172,8 +172,9 @@ def fit_growth(xs, ys) -> dict:
     "super-linear": anything else (exponent >= 1.3 with no sizable x^2 term).
   With fewer than three distinct xs there is no quadratic fit (``quadratic`` and
   ``quadratic_share`` are None) and the verdict uses the exponent alone: "non-increasing" at
-  or below 0, "linear" below 1.3, "super-quadratic" above 2.3, else "super-linear". Three points determine a quadratic
-  exactly, so with three, timing noise alone gives c != 0: read the verdict with the exponent.
+  or below 0, "linear" below 1.3, "super-quadratic" above 2.3, else "super-linear". Three
+  points determine a quadratic exactly, so with three, timing noise alone gives c != 0: read
+  the verdict with the exponent.
 
   Args:
     xs: positive sizes (at least two distinct).

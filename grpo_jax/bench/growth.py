@@ -24,9 +24,9 @@ has exactly T tokens), two sweeps: T in ``--lengths`` (64, 128, 256, 512) at
 The largest point is the heaviest: at 128 rows and T = 512 the train step's planned peak is
 ~14.5 GiB (float32 attention scores and probabilities [128, 4, 544, 544] of every layer kept
 for the backward pass), so the sweep needs a machine with that much free memory. The default
-sweep took an estimated 10-15 minutes on this project's 2 cores (extrapolated from the
-reference throughput point, 128 rows at T = 64, ~3 s of generation and ~9 s of train step
-under load).
+sweep is estimated at 10-15 minutes on this project's 2 cores (not run yet; extrapolated from
+the reference throughput point, 128 rows at T = 64: ~3 s of generation and ~9 s of train step
+on a loaded machine).
 
 Both executables are compiled before timing (the compile is not timed), so every timed call
 runs compiled code. Then, per sweep and quantity, ``flops.fit_growth``: the exponent of a

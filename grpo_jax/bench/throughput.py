@@ -188,7 +188,8 @@ def phase_report(graphdef, params, config: ModelConfig, rollout: Rollout, gen_s:
   mask_NxT = rollout.completion_mask_NxT.astype(jnp.float32)
 
   def logp(params, batch):
-    return step_lib._policy_logprobs(graphdef, params, batch, 1.0, False)[0]  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    return step_lib._policy_logprobs(graphdef, params, batch, 1.0, False)[0]
 
   def masked_mean_logp(params, batch):
     return jnp.sum(logp(params, batch) * mask_NxT) / jnp.maximum(jnp.sum(mask_NxT), 1.0)
