@@ -12,6 +12,19 @@ initialised Qwen3 of the given shape to ``--model`` (the issue's reference model
 ``--methods=grpo,popo --ineffective_fraction=0.5`` times the train step of each method on the
 same rollouts in the same run (steps alternate), with that fraction of groups given constant
 rewards so POPO refills them from its buffer: the cost of the buffer, as a ratio.
+
+``--phases`` (the default) then times each phase alone on the last step's rollouts, each its own
+jitted function (first call compiles and is excluded, then ``steps - 1`` timed calls): (a)
+generation (the timings above), (b) one no-grad log-prob pass over the batch
+(``step._policy_logprobs``), (c) one forward + backward (``jax.value_and_grad`` of the
+masked-mean log-prob). For each it prints the median seconds, the model GFLOP
+(``bench/flops.py``: matmuls and attention products, 2 per multiply-add), the achieved GFLOP/s
+and the utilisation: achieved / the peak of ``--dtype`` (``bench/peak.py``: the chip's
+specification on a known accelerator, else a 2048^3 ``jnp.dot`` measured here; both the float32
+and bfloat16 peaks are printed). Then the whole step's model FLOPs (generation plus
+``flops.step_phases`` of the first method, without replayed rows) over ``step_s_median``, and
+the train step's alone over ``train_s_median``. ``--dtype=bfloat16`` keeps float32 parameters and
+computes in bfloat16.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from flax import nnx
 
 from grpo_jax import configuration, losses, replay as replay_lib, sampler as sampler_lib
 from grpo_jax import step as step_lib
+from grpo_jax.bench import flops as flops_lib, peak as peak_lib
 from grpo_jax.models import ModelConfig, Qwen3, from_pretrained, save_pretrained
 from grpo_jax.types import Rollout
 
@@ -50,6 +64,12 @@ _METHODS = flags.DEFINE_list("methods", ["grpo"], "train steps to time: config f
                              "headroom, popo:filter)")
 _INEFFECTIVE = flags.DEFINE_float("ineffective_fraction", 0.0,
                                   "fraction of groups given constant rewards")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                           "compute dtype (parameters stay float32)")
+_PHASES = flags.DEFINE_bool("phases", True, "time generation, one log-prob pass and one "
+                            "forward + backward separately; model FLOPs and utilisation")
+_PEAK_SIZE = flags.DEFINE_integer("peak_size", 2048, "--phases: matrix side of the measured "
+                                  "GEMM peak")
 
 
 def main(argv):
@@ -59,7 +79,7 @@ def main(argv):
                       intermediate_size=_FFN.value, num_layers=_LAYERS.value, num_heads=4,
                       num_kv_heads=2, head_dim=64, tie_word_embeddings=True)
     save_pretrained(Qwen3(cfg, rngs=nnx.Rngs(0)), _MODEL.value)
-  model = from_pretrained(_MODEL.value)
+  model = from_pretrained(_MODEL.value, dtype=_DTYPE.value)
   graphdef, params = nnx.split(model)
   b, g, p, t = _PROMPTS.value, _GROUP.value, _PROMPT_LEN.value, _COMPLETION_LEN.value
   n = b * g
@@ -73,7 +93,7 @@ def main(argv):
     config = step_lib.StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value),
                                  replay=replay_method)
     runs[method] = dict(
-        step=step_lib.make_train_step(graphdef, tx, config),
+        config=config, step=step_lib.make_train_step(graphdef, tx, config),
         state=step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),
         replay=replay_lib.init_replay(capacity, replay_method.entry_size(g), p, t), train_s=[])
   rng = np.random.RandomState(0)
@@ -112,6 +132,11 @@ def main(argv):
     print(line, flush=True)
   train_s = runs[_METHODS.value[0]]["train_s"]
   med = lambda x: float(np.median(x)) if x else float("nan")
+  extra = {}
+  if _PHASES.value:
+    extra = phase_report(graphdef, ref_params, model.config, rollout, med(gen_s), med(step_s),
+                         med(train_s), max(_STEPS.value - 1, 1),
+                         runs[_METHODS.value[0]]["config"])
   print(json.dumps({
       "model": _MODEL.value, "backend": jax.default_backend(), "rows": n, "prompt_len": p,
       "completion_len": t, "params": model.config.num_params, "step_s_median": round(med(step_s), 4),
@@ -120,7 +145,97 @@ def main(argv):
       **{f"{m}_train_s_median": round(med(r["train_s"]), 4) for m, r in runs.items()},
       **{f"{m}_over_grpo_train": round(med(r["train_s"]) / med(runs["grpo"]["train_s"]), 3)
          for m, r in runs.items() if m != "grpo" and "grpo" in runs},
-      **{f"{m}_buffer_bytes": r["replay"].nbytes for m, r in runs.items()}}))
+      **{f"{m}_buffer_bytes": r["replay"].nbytes for m, r in runs.items()},
+      "dtype": _DTYPE.value, **extra}))
+
+
+def _median_seconds(fn, args, repeats: int) -> float:
+  """Median wall time of ``fn(*args)`` over ``repeats`` calls after one (compiling) call."""
+  jax.block_until_ready(fn(*args))
+  seconds = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    seconds.append(time.perf_counter() - t0)
+  return float(np.median(seconds))
+
+
+def phase_report(graphdef, params, config: ModelConfig, rollout: Rollout, gen_s: float,
+                 step_s: float, train_s: float, repeats: int,
+                 step_config: step_lib.StepConfig) -> dict:
+  """Times a log-prob pass and a forward + backward alone; prints every phase's utilisation.
+
+  Args:
+    graphdef, params: the model.
+    config: its ModelConfig.
+    rollout: the rows to time on (N rows, P + T tokens).
+    gen_s, step_s, train_s: median generation, whole-step and train-step seconds measured by
+      the main loop.
+    repeats: timed calls per phase.
+    step_config: the first method's step (its KL and prox pass decide the step's FLOPs).
+
+  Returns:
+    The JSON fields: ``{phase}_s_median`` (new timings), ``{phase}_gflop``,
+    ``{phase}_gflops_per_s`` and ``{phase}_util`` for phase in gen, logprob, fwd_bwd, train
+    (the whole train step) and step (generation + train step); the peaks in GFLOP/s and their
+    source.
+  """
+  n, p = rollout.prompt_ids_NxP.shape
+  t = rollout.completion_ids_NxT.shape[1]
+  batch = {"prompt_ids_NxP": rollout.prompt_ids_NxP,
+           "prompt_mask_NxP": rollout.prompt_mask_NxP,
+           "completion_ids_NxT": rollout.completion_ids_NxT}
+  mask_NxT = rollout.completion_mask_NxT.astype(jnp.float32)
+
+  def logp(params, batch):
+    # pylint: disable-next=protected-access
+    return step_lib._policy_logprobs(graphdef, params, batch, 1.0, False)[0]
+
+  def masked_mean_logp(params, batch):
+    return jnp.sum(logp(params, batch) * mask_NxT) / jnp.maximum(jnp.sum(mask_NxT), 1.0)
+
+  seconds = {
+      "gen": gen_s,
+      "logprob": _median_seconds(jax.jit(logp), (params, batch), repeats),
+      "fwd_bwd": _median_seconds(jax.jit(jax.value_and_grad(masked_mean_logp)), (params, batch),
+                                 repeats),
+  }
+  shape = (config, n, p, t)
+  step_flops = flops_lib.step_phases(*shape, kl=step_config.loss.kl_coef > 0,
+                                     prox_pass=step_config.prox_pass == "all",
+                                     epochs=step_config.num_epochs)
+  gen_flops = step_flops["generation"]
+  train_flops = sum(v for k, v in step_flops.items() if k != "generation")
+  model_flops = {
+      "gen": gen_flops,
+      "logprob": flops_lib.forward_flops(*shape, lm_head_positions=t),
+      "fwd_bwd": flops_lib.train_flops(*shape, lm_head_positions=t),
+      "train": train_flops,
+      "step": gen_flops + train_flops,
+  }
+  seconds.update(train=train_s, step=step_s)
+  peaks, source = {}, None
+  for dtype in ("float32", "bfloat16"):
+    peaks[dtype], src = peak_lib.peak_and_source(dtype, size=_PEAK_SIZE.value)
+    source = src if dtype == config.dtype else source
+  peak = peaks[config.dtype]
+  print(f"peak GEMM: float32 {peaks['float32'] / 1e9:.1f} GFLOP/s, bfloat16 "
+        f"{peaks['bfloat16'] / 1e9:.1f} GFLOP/s ({source}); utilisation against {config.dtype}")
+  out = {"peak_float32_gflops": round(peaks["float32"] / 1e9, 1),
+         "peak_bfloat16_gflops": round(peaks["bfloat16"] / 1e9, 1), "peak_source": source}
+  names = {"gen": "generation", "logprob": "log-prob pass (no grad)",
+           "fwd_bwd": "forward + backward", "train": "train step (jit)",
+           "step": "whole step (gen + train)"}
+  for phase, name in names.items():
+    rate = model_flops[phase] / seconds[phase]
+    util = rate / peak
+    print(f"{name:>26}: {seconds[phase]:.4f} s, {model_flops[phase] / 1e9:.3g} GFLOP, "
+          f"{rate / 1e9:.1f} GFLOP/s, utilisation {100 * util:.1f}%")
+    if phase in ("logprob", "fwd_bwd"):
+      out[f"{phase}_s_median"] = round(seconds[phase], 4)
+    out.update({f"{phase}_gflop": float(f"{model_flops[phase] / 1e9:.4g}"),
+                f"{phase}_gflops_per_s": round(rate / 1e9, 2), f"{phase}_util": round(util, 4)})
+  return out
 
 
 def _replay_method(name: str, b: int, g: int):

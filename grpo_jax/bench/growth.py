@@ -1,0 +1,222 @@
+"""How the GRPO step's cost grows with completion length and with rows.
+
+    python -m grpo_jax.bench.growth --out=growth.md
+
+On the reference model (throughput's ``--init_random`` Qwen3: V 512, D 256, F 768, 4 layers, 4
+query heads, 2 key/value heads, head dim 64, tied embeddings; random weights, built in memory),
+float32, prompts of P = 32 tokens, G = 8 rollouts per prompt, EOS disabled (every completion
+has exactly T tokens), two sweeps: T in ``--lengths`` (64, 128, 256, 512) at
+``--length_sweep_rows`` (128) rows, and rows in ``--rows`` (64, 128, 256) at
+``--rows_sweep_length`` (T = 64); a point in both sweeps is measured once. At each point:
+
+* generation time: the median of ``--steps`` calls of the jitted sampler (``sampler.sample``);
+* train-step time: the median of ``--steps`` calls of the real ``step.make_train_step`` (GRPO,
+  KL 0.04: one no-grad reference pass, then one forward + backward and an AdamW update), on the
+  last generated rollouts with random 0/1 rewards;
+* peak memory, for the step and the sampler separately: argument + output + temp - alias
+  bytes of ``jitted.lower(...).compile().memory_analysis()``. That is XLA's static buffer
+  assignment: the most bytes the compiled program's buffers take at once, as planned at compile
+  time (arguments, outputs, and the scratch space of its temporaries; outputs that reuse a
+  donated argument's buffer counted once), not a measured resident size;
+* model GFLOP of the step (``flops.step_phases``: generation + reference pass + forward +
+  backward).
+
+The largest point is the heaviest: at 128 rows and T = 512 the train step's planned peak is
+~14.5 GiB (float32 attention scores and probabilities [128, 4, 544, 544] of every layer kept
+for the backward pass), so the sweep needs a machine with that much free memory. The default
+sweep is estimated at 10-15 minutes on this project's 2 cores (not run yet; extrapolated from
+the reference throughput point, 128 rows at T = 64: ~3 s of generation and ~9 s of train step
+on a loaded machine).
+
+Both executables are compiled before timing (the compile is not timed), so every timed call
+runs compiled code. Then, per sweep and quantity, ``flops.fit_growth``: the exponent of a
+log-log least-squares fit, linear and quadratic fits, and the verdict (its docstring states
+the rule). Prints a markdown table (written to ``--out`` too) and one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags
+from flax import nnx
+
+from grpo_jax import losses, replay as replay_lib, sampler as sampler_lib
+from grpo_jax import step as step_lib
+from grpo_jax.bench import flops as flops_lib
+from grpo_jax.models import ModelConfig, Qwen3
+from grpo_jax.types import Rollout
+
+_LENGTHS = flags.DEFINE_list("lengths", ["64", "128", "256", "512"], "completion lengths T")
+_ROWS = flags.DEFINE_list("rows", ["64", "128", "256"], "rows N = prompts x group size")
+_LENGTH_ROWS = flags.DEFINE_integer("length_sweep_rows", 128, "rows of the length sweep")
+_ROWS_LENGTH = flags.DEFINE_integer("rows_sweep_length", 64, "T of the rows sweep")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "P")
+_GROUP = flags.DEFINE_integer("group_size", 8, "G (rows must be multiples of it)")
+_STEPS = flags.DEFINE_integer("steps", 3, "timed calls per point (after compiling)")
+_KL = flags.DEFINE_float("kl_coef", 0.04, "KL coefficient of the train step")
+_OUT = flags.DEFINE_string("out", "", "also write the markdown here")
+_VOCAB = flags.DEFINE_integer("vocab", 512, "vocabulary size")
+_WIDTH = flags.DEFINE_integer("width", 256, "hidden size")
+_FFN = flags.DEFINE_integer("intermediate", 768, "SwiGLU width")
+_LAYERS = flags.DEFINE_integer("layers", 4, "layers")
+
+MIB = 2 ** 20
+QUANTITIES = (("gen_s", "generation s"), ("train_s", "train step s"),
+              ("sampler_bytes", "sampler peak bytes"), ("step_bytes", "step peak bytes"),
+              ("step_gflop", "step model GFLOP"))
+
+
+def peak_bytes(compiled) -> float:
+  """argument + output + temp - alias bytes of a compiled executable (NaN when unknown)."""
+  m = compiled.memory_analysis()
+  if m is None:
+    return float("nan")
+  return float(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+               - m.alias_size_in_bytes)
+
+
+def _median_seconds(call, repeats: int) -> float:
+  seconds = []
+  for i in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(call(i))
+    seconds.append(time.perf_counter() - t0)
+  return float(np.median(seconds))
+
+
+def measure(graphdef, params, rows: int, prompt_len: int, completion_len: int,
+            group_size: int, kl_coef: float, repeats: int) -> dict:
+  """Times and compiled memory of the sampler and the train step at one shape.
+
+  Args:
+    graphdef, params: the model (``params`` is not donated: the step gets a copy).
+    rows: N (a multiple of ``group_size``).
+    prompt_len: P.
+    completion_len: T.
+    group_size: G.
+    kl_coef: the step's KL coefficient.
+    repeats: timed calls of each executable.
+
+  Returns:
+    {"rows", "T", "gen_s", "train_s", "sampler_bytes", "step_bytes", "step_gflop"}.
+  """
+  n, p, t, g = rows, prompt_len, completion_len, group_size
+  config = nnx.merge(graphdef, params).config
+  rng = np.random.RandomState(0)
+  ids_NxP = jnp.asarray(np.repeat(rng.randint(0, config.vocab_size, (n // g, p)), g, axis=0),
+                        jnp.int32)
+  mask_NxP = jnp.ones((n, p), bool)
+  sample = sampler_lib.make_sampler(graphdef, sampler_lib.SamplingConfig(
+      max_new_tokens=t, eos_ids=(-1,), pad_id=0, temperature=1.0))
+  sampler = sample.lower(params, ids_NxP, mask_NxP, jax.random.key(0)).compile()
+  outs = []
+
+  def generate(i):
+    outs.append(sampler(params, ids_NxP, mask_NxP, jax.random.key(i)))
+    return outs[-1]
+
+  gen_s = _median_seconds(generate, repeats)
+  out = outs[-1]
+  scores_N = jnp.asarray(rng.randint(0, 2, n), jnp.float32)
+  rollout = Rollout(prompt_ids_NxP=ids_NxP, prompt_mask_NxP=mask_NxP,
+                    completion_ids_NxT=out.tokens_NxT, completion_mask_NxT=out.mask_NxT,
+                    behaviour_logp_NxT=out.logp_NxT, scores_N=scores_N,
+                    success_N=scores_N > 0, prompt_id_N=jnp.zeros(n, jnp.int32),
+                    version_N=jnp.zeros(n, jnp.int32))
+  tx = optax.adamw(1e-5)
+  step_config = step_lib.StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=kl_coef))
+  holder = {"state": step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),
+            "replay": replay_lib.init_replay(0, g, p, t)}
+  step = step_lib.make_train_step(graphdef, tx, step_config).lower(
+      holder["state"], holder["replay"], rollout, params, jax.random.key(0)).compile()
+
+  def train(i):
+    holder["state"], holder["replay"], metrics = step(holder["state"], holder["replay"],
+                                                      rollout, params, jax.random.key(i))
+    return metrics
+
+  train_s = _median_seconds(train, repeats)
+  gflop = sum(flops_lib.step_phases(config, n, p, t, kl=kl_coef > 0, prox_pass=False).values())
+  return {"rows": n, "T": t, "gen_s": gen_s, "train_s": train_s,
+          "sampler_bytes": peak_bytes(sampler), "step_bytes": peak_bytes(step),
+          "step_gflop": gflop / 1e9}
+
+
+def fits(points: list[dict], x_name: str) -> dict:
+  """``flops.fit_growth`` of every quantity of ``points`` against ``points[i][x_name]``."""
+  xs = [pt[x_name] for pt in points]
+  return {q: flops_lib.fit_growth(xs, [pt[q] for pt in points]) for q, _ in QUANTITIES}
+
+
+def markdown(points: list[dict], sweeps: dict, header: str) -> str:
+  """The README table: one row per point, then one per (sweep, quantity) fit."""
+  lines = [header, "",
+           "| rows | T | gen s | train step s | step GFLOP | sampler peak MiB | step peak MiB |",
+           "|---|---|---|---|---|---|---|"]
+  for pt in sorted(points, key=lambda pt: (pt["rows"], pt["T"])):
+    lines.append(f"| {pt['rows']} | {pt['T']} | {pt['gen_s']:.3f} | {pt['train_s']:.3f} | "
+                 f"{pt['step_gflop']:.4g} | {pt['sampler_bytes'] / MIB:.1f} | "
+                 f"{pt['step_bytes'] / MIB:.1f} |")
+  lines += ["", "| sweep | quantity | log-log exponent | linear b | quadratic c "
+            "| x² share at max | growth |", "|---|---|---|---|---|---|---|"]
+  for sweep, (x_name, by_quantity) in sweeps.items():
+    for q, label in QUANTITIES:
+      f = by_quantity[q]
+      quad = "–" if f["quadratic"] is None else f"{f['quadratic'][2]:.3g}"
+      share = "–" if f["quadratic_share"] is None else f"{100 * f['quadratic_share']:.0f}%"
+      lines.append(f"| {sweep} ({x_name}) | {label} | {f['exponent']:.2f} | "
+                   f"{f['linear'][1]:.3g} | {quad} | {share} | {f['growth']} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv):
+  del argv
+  cfg = ModelConfig(vocab_size=_VOCAB.value, hidden_size=_WIDTH.value,
+                    intermediate_size=_FFN.value, num_layers=_LAYERS.value, num_heads=4,
+                    num_kv_heads=2, head_dim=64, tie_word_embeddings=True)
+  graphdef, params = nnx.split(Qwen3(cfg, rngs=nnx.Rngs(0)))
+  p, g, steps, kl = _PROMPT_LEN.value, _GROUP.value, _STEPS.value, _KL.value
+  lengths = [int(x) for x in _LENGTHS.value]
+  rows = [int(x) for x in _ROWS.value]
+  shapes = ([(_LENGTH_ROWS.value, t) for t in lengths]
+            + [(n, _ROWS_LENGTH.value) for n in rows])
+  done = {}
+  for n, t in shapes:
+    if (n, t) in done:
+      continue
+    t0 = time.perf_counter()
+    done[(n, t)] = measure(graphdef, params, n, p, t, g, kl, steps)
+    pt = done[(n, t)]
+    print(f"rows {n} T {t}: gen {pt['gen_s']:.3f}s train {pt['train_s']:.3f}s sampler "
+          f"{pt['sampler_bytes'] / MIB:.1f} MiB step {pt['step_bytes'] / MIB:.1f} MiB "
+          f"({time.perf_counter() - t0:.0f}s with compiling)", flush=True)
+  sweeps = {
+      f"length, {_LENGTH_ROWS.value} rows": (
+          "T", fits([done[(_LENGTH_ROWS.value, t)] for t in lengths], "T")),
+      f"rows, T={_ROWS_LENGTH.value}": (
+          "rows", fits([done[(n, _ROWS_LENGTH.value)] for n in rows], "rows")),
+  }
+  header = (f"Cost growth, Qwen3 V{cfg.vocab_size} D{cfg.hidden_size} F{cfg.intermediate_size} "
+            f"L{cfg.num_layers} ({cfg.num_params / 1e6:.2f}M params), {cfg.dtype}, backend "
+            f"{jax.default_backend()}: P = {p}, G = {g}, KL {kl}, median of {steps} calls.")
+  table = markdown(list(done.values()), sweeps, header)
+  print(table, flush=True)
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      f.write(table)
+  print(json.dumps({"model": dict(vocab=cfg.vocab_size, width=cfg.hidden_size,
+                                  intermediate=cfg.intermediate_size, layers=cfg.num_layers),
+                    "backend": jax.default_backend(), "prompt_len": p, "group_size": g,
+                    "kl_coef": kl, "steps": steps, "points": list(done.values()),
+                    "fits": {name: {"x": x_name, **by_q}
+                             for name, (x_name, by_q) in sweeps.items()}}))
+
+
+if __name__ == "__main__":
+  app.run(main)
