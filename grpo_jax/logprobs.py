@@ -13,7 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.models.qwen3 import Qwen3
+from grpo_jax.models.qwen3 import Qwen3, prompts_repeat
 from grpo_jax.sharding import ambient_batch_shards, constrain
 
 
@@ -38,7 +38,8 @@ def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
                                     prompt_mask_NxP: jax.Array, completion_ids_NxT: jax.Array,
                                     temperature: float = 1.0, with_entropy: bool = True,
                                     chunk_tokens: int = 0, remat: bool = False,
-                                    query_block: int = 0):
+                                    query_block: int = 0, prompt_group: int = 1,
+                                    check_prompts: bool = True):
   """Teacher-forced log-probs of each completion token given its left-padded prompt.
 
   The LM head's output is the largest array of every log-prob pass: float32 logits [N, T, V]
@@ -62,6 +63,14 @@ def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
     remat: checkpoint each decoder block (``Qwen3.hidden_states``): for passes that are
       differentiated, trading one more forward for the blocks' stored activations.
     query_block: queries per attention block (``qwen3.blocked_attention``; 0 = all at once).
+    prompt_group: rows come in runs of this many completions of one prompt (GRPO's G,
+      group-major). When every run really repeats one prompt (checked on the device) and
+      ``query_block`` is 0, the pass runs each prompt once (``Qwen3.grouped_hidden_states``);
+      otherwise every row is [prompt; completion]. The same log-probs up to float rounding.
+    check_prompts: with False the caller guarantees that the runs repeat (the grouped pass
+      runs without the check). A differentiated caller makes the check itself, around the
+      whole gradient: under ``jax.grad`` a ``lax.cond`` here would keep the residuals of both
+      branches (measured 1.7x slower than either branch alone on the reference workload).
 
   Returns:
     (logp float32 [N, T]: log pi(completion[t] | prompt, completion[:t]) at ``temperature``,
@@ -69,12 +78,30 @@ def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
   """
   n, p = prompt_ids_NxP.shape
   t = completion_ids_NxT.shape[1]
-  ids = jnp.concatenate([prompt_ids_NxP, completion_ids_NxT], axis=1)
-  mask = jnp.concatenate([prompt_mask_NxP.astype(bool),
-                          jnp.ones(completion_ids_NxT.shape, bool)], axis=1)
-  hidden, _ = model.hidden_states(ids, mask, remat=remat, query_block=query_block)
-  # Position p - 1 + t predicts completion token t.
-  hidden_NxTxD = hidden[:, p - 1: p - 1 + t]
+  g = prompt_group
+
+  def every_row(prompt_ids_NxP, prompt_mask_NxP, completion_ids_NxT):
+    ids = jnp.concatenate([prompt_ids_NxP, completion_ids_NxT], axis=1)
+    mask = jnp.concatenate([prompt_mask_NxP.astype(bool),
+                            jnp.ones(completion_ids_NxT.shape, bool)], axis=1)
+    hidden, _ = model.hidden_states(ids, mask, remat=remat, query_block=query_block)
+    return hidden[:, p - 1: p - 1 + t]  # position p - 1 + t predicts completion token t
+
+  def per_prompt(prompt_ids_NxP, prompt_mask_NxP, completion_ids_NxT):
+    # The last completion token predicts nothing here: it is left out (unless it is the only).
+    hp, hc = model.grouped_hidden_states(prompt_ids_NxP[::g], prompt_mask_NxP[::g],
+                                         completion_ids_NxT[:, :max(t - 1, 1)], g, remat)
+    return jnp.concatenate([jnp.repeat(hp[:, -1:], g, axis=0), hc[:, :t - 1]], axis=1)
+
+  args = (prompt_ids_NxP, prompt_mask_NxP, completion_ids_NxT)
+  if g > 1 and n % g == 0 and query_block == 0:
+    if check_prompts:
+      hidden_NxTxD = jax.lax.cond(prompts_repeat(prompt_ids_NxP, prompt_mask_NxP, g),
+                                  per_prompt, every_row, *args)
+    else:
+      hidden_NxTxD = per_prompt(*args)
+  else:
+    hidden_NxTxD = every_row(*args)
   if 0 < chunk_tokens < n * t:
     return _chunked_logprobs_and_entropy(model, hidden_NxTxD, completion_ids_NxT, temperature,
                                          with_entropy, chunk_tokens)

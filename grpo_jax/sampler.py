@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from grpo_jax import sharding as sharding_lib
-from grpo_jax.models.qwen3 import KVCache, positions_from_mask
+from grpo_jax.models.qwen3 import KVCache, positions_from_mask, prompts_repeat
 from grpo_jax.types import Completions
 
 _NEG_INF = -jnp.inf
@@ -124,20 +124,6 @@ def _in_compute_dtype(params: nnx.State, dtype) -> nnx.State:
   """
   return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
                       params)
-
-
-def prompts_repeat(prompt_ids_NxP: jax.Array, prompt_mask_NxP: jax.Array,
-                   group: int) -> jax.Array:
-  """True when rows come in runs of ``group`` copies of one prompt (bool scalar).
-
-  False when N is not a multiple of ``group``.
-  """
-  n, p = prompt_ids_NxP.shape
-  if group <= 1 or n % group:
-    return jnp.asarray(group == 1)
-  ids = prompt_ids_NxP.reshape(n // group, group, p)
-  mask = prompt_mask_NxP.astype(bool).reshape(n // group, group, p)
-  return jnp.all((ids == ids[:, :1]) & (mask == mask[:, :1]))
 
 
 def _prefill(model, prompt_ids_NxP, prompt_mask_NxP, size: int, group: int):

@@ -38,6 +38,7 @@ from grpo_jax.replay import ReplayState
 from grpo_jax.replay import method as replay_method
 from grpo_jax import sharding as sharding_lib
 from grpo_jax.sharding import constrain
+from grpo_jax.models.qwen3 import prompts_repeat
 from grpo_jax.types import Rollout, TrainState
 
 
@@ -45,6 +46,7 @@ SIGNALS = ("score", "success")
 _REPLAY_KEY = 0x7265706C  # folded into the step key for a replay method's own sampling
 PROX_PASSES = ("replayed", "all")
 REMAT = ("none", "layer")
+SHUFFLES = ("groups", "rows")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +79,13 @@ class StepConfig:
     query_block: queries per attention block in every log-prob pass (0 = all at once): bounds
       the [rows, heads, block, P + T] attention scores held at a time
       (``qwen3.blocked_attention``).
+    shuffle: how an epoch's rows are dealt into minibatches: "groups" (whole groups of G rows
+      at a time, so each minibatch holds complete groups, as verl counts its PPO minibatches
+      in prompts; falls back to "rows" when the rows are not a multiple of G times the
+      minibatches) or "rows" (every row on its own).
+    shared_prompts: every log-prob pass runs each prompt once for its G group-major rows when
+      they repeat one prompt (``logprobs.completion_logprobs_and_entropy``'s
+      ``prompt_group``); False always runs [prompt; completion] per row.
   """
 
   group_size: int
@@ -93,8 +102,12 @@ class StepConfig:
   logprob_chunk: int = 0
   remat: str = "none"
   query_block: int = 0
+  shuffle: str = "groups"
+  shared_prompts: bool = True
 
   def __post_init__(self):
+    if self.shuffle not in SHUFFLES:
+      raise ValueError(f"shuffle must be one of {SHUFFLES}, got {self.shuffle!r}")
     for name in ("reward_signal", "effective_signal"):
       if getattr(self, name) not in SIGNALS:
         raise ValueError(f"{name} must be one of {SIGNALS}, got {getattr(self, name)!r}")
@@ -120,13 +133,34 @@ def init_train_state(params, tx: optax.GradientTransformation, mesh=None) -> Tra
   return jax.jit(init, out_shardings=shardings, donate_argnums=0)(params)
 
 
-def _policy_logprobs(graphdef, params, batch, temperature, with_entropy, chunk_tokens=0,
-                     remat=False, query_block=0):
+def _policy_logprobs(graphdef, params, batch, config: StepConfig, with_entropy: bool = False,
+                     remat: bool = False, grouped: bool | None = None):
+  """Log-probs (and entropy) of ``batch``'s completions; ``grouped`` None checks the prompts.
+
+  ``grouped`` True runs the shared-prompt pass unchecked, False the per-row pass, None decides
+  on the device (``logprobs.completion_logprobs_and_entropy``).
+  """
   model = nnx.merge(graphdef, params)
+  group = config.group_size if config.shared_prompts and grouped is not False else 1
   return logprobs_lib.completion_logprobs_and_entropy(
       model, batch["prompt_ids_NxP"], batch["prompt_mask_NxP"], batch["completion_ids_NxT"],
-      temperature, with_entropy, chunk_tokens=chunk_tokens, remat=remat,
-      query_block=query_block)
+      config.temperature, with_entropy, chunk_tokens=config.logprob_chunk, remat=remat,
+      query_block=config.query_block, prompt_group=group, check_prompts=grouped is None)
+
+
+def _grouped_pass_possible(rows: int, config: StepConfig) -> bool:
+  """Whether a pass over ``rows`` rows may run grouped (static; the prompts are checked too)."""
+  g = config.group_size
+  return config.shared_prompts and g > 1 and rows % g == 0 and config.query_block == 0
+
+
+def _epoch_order(key, rows: int, config: StepConfig) -> jax.Array:
+  """A permutation of the batch's rows for one epoch (``StepConfig.shuffle``)."""
+  g, m = config.group_size, config.num_minibatches
+  if config.shuffle == "groups" and rows % (g * m) == 0:
+    groups = jax.random.permutation(key, rows // g)
+    return (groups[:, None] * g + jnp.arange(g)[None]).reshape(rows)
+  return jax.random.permutation(key, rows)
 
 
 def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config: StepConfig,
@@ -162,8 +196,7 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
 
   def start_logp(rows: Rollout) -> jax.Array:
     """log pi_prox: the policy at the start of the step, no gradient."""
-    logp, _ = _policy_logprobs(graphdef, start_params, _rows_batch(rows), c.temperature, False,
-                               c.logprob_chunk, query_block=c.query_block)
+    logp, _ = _policy_logprobs(graphdef, start_params, _rows_batch(rows), c)
     return jax.lax.stop_gradient(logp)
 
   # Replay, through the method interface (replay/method.py): evict, compose; insert comes last.
@@ -219,22 +252,26 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
 
   use_kl = c.loss.kl_coef > 0
   if use_kl:
-    ref_logp, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(ref_params), batch,
-                                   c.temperature, False, c.logprob_chunk,
-                                   query_block=c.query_block)
+    ref_logp, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(ref_params), batch, c)
     batch["ref_logp_NxT"] = jax.lax.stop_gradient(ref_logp)
 
-  def loss_fn(params, mb):
-    logp, entropy = _policy_logprobs(graphdef, params, mb, c.temperature, c.compute_entropy,
-                                     c.logprob_chunk, remat=c.remat == "layer",
-                                     query_block=c.query_block)
+  def loss_fn(params, mb, grouped):
+    logp, entropy = _policy_logprobs(graphdef, params, mb, c, c.compute_entropy,
+                                     remat=c.remat == "layer", grouped=grouped)
     return losses.policy_loss(logp, mb["prox_logp_NxT"], mb["behaviour_logp_NxT"],
                               mb["advantages_N"], mb["mask_NxT"], c.loss,
                               ref_logp_NxT=mb.get("ref_logp_NxT"), entropy_NxT=entropy)
 
   def minibatch_update(carry, mb):
     params, opt_state = carry
-    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+    grad_fn = lambda grouped: functools.partial(
+        jax.value_and_grad(loss_fn, has_aux=True), grouped=grouped)
+    if _grouped_pass_possible(mb["completion_ids_NxT"].shape[0], c):
+      # The check around the whole gradient, so that each branch is a plain forward+backward.
+      repeat = prompts_repeat(mb["prompt_ids_NxP"], mb["prompt_mask_NxP"], c.group_size)
+      (loss, aux), grads = jax.lax.cond(repeat, grad_fn(True), grad_fn(False), params, mb)
+    else:
+      (loss, aux), grads = grad_fn(False)(params, mb)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     out = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
@@ -246,7 +283,7 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
     return (params, opt_state), out
 
   def epoch(carry, key):
-    perm = jax.random.permutation(key, rows)
+    perm = _epoch_order(key, rows, c)
     # Under a mesh each minibatch's rows are split like the batch (the scan runs over the
     # unsplit minibatch axis).
     shaped = jax.tree.map(

@@ -59,7 +59,7 @@ def lm_head_flops(config: ModelConfig, positions: int) -> int:
 
 
 def forward_flops(config: ModelConfig, rows: int, prompt_len: int, completion_len: int, *,
-                  lm_head_positions: int) -> int:
+                  lm_head_positions: int, prompt_group: int = 1) -> int:
   """Model FLOPs of one teacher-forced forward pass over ``rows`` rows of P + T tokens.
 
   The pass of ``logprobs.completion_logprobs_and_entropy``: all S = P + T tokens through the L
@@ -73,10 +73,21 @@ def forward_flops(config: ModelConfig, rows: int, prompt_len: int, completion_le
     prompt_len: P.
     completion_len: T.
     lm_head_positions: positions per row the LM head is applied at.
+    prompt_group: > 1 counts the grouped pass (``Qwen3.grouped_hidden_states``): rows / group
+      prompts of P tokens attending causally (P x P), and per row T' = T - 1 completion tokens
+      (the last predicts nothing and is left out; T' = 1 when T = 1) attending to P + T' keys.
 
   Returns:
     FLOPs (2 per multiply-add) of the whole batch.
   """
+  if prompt_group > 1 and rows % prompt_group == 0:
+    p, tc = prompt_len, max(completion_len - 1, 1)
+    prompts = rows // prompt_group * (p * matmul_flops_per_token(config)
+                                      + attention_flops(config, p, p))
+    completions = rows * (tc * matmul_flops_per_token(config)
+                          + attention_flops(config, tc, p + tc)
+                          + lm_head_flops(config, lm_head_positions))
+    return prompts + completions
   s = prompt_len + completion_len
   per_row = (s * matmul_flops_per_token(config) + attention_flops(config, s, s)
              + lm_head_flops(config, lm_head_positions))
@@ -84,14 +95,14 @@ def forward_flops(config: ModelConfig, rows: int, prompt_len: int, completion_le
 
 
 def train_flops(config: ModelConfig, rows: int, prompt_len: int, completion_len: int, *,
-                lm_head_positions: int) -> int:
+                lm_head_positions: int, prompt_group: int = 1) -> int:
   """Model FLOPs of a differentiated pass: forward + backward = 3 x ``forward_flops``."""
   return 3 * forward_flops(config, rows, prompt_len, completion_len,
-                           lm_head_positions=lm_head_positions)
+                           lm_head_positions=lm_head_positions, prompt_group=prompt_group)
 
 
 def generation_flops(config: ModelConfig, rows: int, prompt_len: int,
-                     completion_len: int) -> int:
+                     completion_len: int, prompt_group: int = 1) -> int:
   """Model FLOPs of ``sampler.sample`` drawing ``completion_len`` tokens for ``rows`` rows.
 
   Prefill: the P prompt tokens through the L blocks, each attending to the cache's P + T slots
@@ -105,21 +116,25 @@ def generation_flops(config: ModelConfig, rows: int, prompt_len: int,
     rows: N.
     prompt_len: P.
     completion_len: T.
+    prompt_group: > 1 counts the shared prefill (``SamplingConfig.prompt_group``): rows /
+      group prompts are prefilled.
 
   Returns:
     FLOPs (2 per multiply-add) of the whole batch.
   """
   p, t = prompt_len, completion_len
+  prefilled = rows // prompt_group if rows % prompt_group == 0 else rows
   slots = p + t
   prefill = (p * matmul_flops_per_token(config) + attention_flops(config, p, slots)
              + lm_head_flops(config, 1))
   decode_step = (matmul_flops_per_token(config) + attention_flops(config, 1, slots)
                  + lm_head_flops(config, 1))
-  return rows * (prefill + (t - 1) * decode_step)
+  return prefilled * prefill + rows * (t - 1) * decode_step
 
 
 def step_phases(config: ModelConfig, rows: int, prompt_len: int, completion_len: int,
-                kl: bool, prox_pass: bool, epochs: int = 1) -> dict[str, int]:
+                kl: bool, prox_pass: bool, epochs: int = 1,
+                prompt_group: int = 1) -> dict[str, int]:
   """Model FLOPs of one GRPO step on ``rows`` fresh rollouts, by phase.
 
   The phases of ``step.train_step`` (without replayed rows), LM head at the T completion
@@ -133,18 +148,21 @@ def step_phases(config: ModelConfig, rows: int, prompt_len: int, completion_len:
     kl: a KL coefficient > 0 (one no-grad pass of the reference model).
     prox_pass: one no-grad pass of the start-of-step policy (``prox_pass="all"``).
     epochs: passes over the batch, each a forward + backward of every row.
+    prompt_group: > 1 counts the shared-prompt prefill and log-prob passes (rows are groups
+      of this many completions of one prompt).
 
   Returns:
     {"generation", "reference", "prox", "forward_backward"} -> FLOPs (0 for a skipped pass);
     their sum is the step's.
   """
   shape = (config, rows, prompt_len, completion_len)
-  forward = forward_flops(*shape, lm_head_positions=completion_len)
+  kw = dict(lm_head_positions=completion_len, prompt_group=prompt_group)
+  forward = forward_flops(*shape, **kw)
   return {
-      "generation": generation_flops(*shape),
+      "generation": generation_flops(*shape, prompt_group=prompt_group),
       "reference": forward if kl else 0,
       "prox": forward if prox_pass else 0,
-      "forward_backward": epochs * train_flops(*shape, lm_head_positions=completion_len),
+      "forward_backward": epochs * train_flops(*shape, **kw),
   }
 
 

@@ -68,6 +68,9 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                            "compute dtype (parameters stay float32)")
 _PHASES = flags.DEFINE_bool("phases", True, "time generation, one log-prob pass and one "
                             "forward + backward separately; model FLOPs and utilisation")
+_SHARED = flags.DEFINE_bool("shared_prompts", True, "run each prompt once for its G rows in the "
+                            "sampler's prefill and every log-prob pass (the default of the "
+                            "train loop); --noshared_prompts: every row [prompt; completion]")
 _PEAK_SIZE = flags.DEFINE_integer("peak_size", 2048, "--phases: matrix side of the measured "
                                   "GEMM peak")
 
@@ -84,14 +87,15 @@ def main(argv):
   b, g, p, t = _PROMPTS.value, _GROUP.value, _PROMPT_LEN.value, _COMPLETION_LEN.value
   n = b * g
   sample = sampler_lib.make_sampler(graphdef, sampler_lib.SamplingConfig(
-      max_new_tokens=t, eos_ids=(-1,), pad_id=0, temperature=1.0))
+      max_new_tokens=t, eos_ids=(-1,), pad_id=0, temperature=1.0,
+      prompt_group=g if _SHARED.value else 1))
   tx = optax.adamw(1e-5)
   ref_params = jax.tree.map(jnp.copy, params)
   runs = {}
   for method in _METHODS.value:
     replay_method, capacity = _replay_method(method, b, g)
     config = step_lib.StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value),
-                                 replay=replay_method)
+                                 replay=replay_method, shared_prompts=_SHARED.value)
     runs[method] = dict(
         config=config, step=step_lib.make_train_step(graphdef, tx, config),
         state=step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),
@@ -189,7 +193,7 @@ def phase_report(graphdef, params, config: ModelConfig, rollout: Rollout, gen_s:
 
   def logp(params, batch):
     # pylint: disable-next=protected-access
-    return step_lib._policy_logprobs(graphdef, params, batch, 1.0, False)[0]
+    return step_lib._policy_logprobs(graphdef, params, batch, step_config)[0]
 
   def masked_mean_logp(params, batch):
     return jnp.sum(logp(params, batch) * mask_NxT) / jnp.maximum(jnp.sum(mask_NxT), 1.0)
@@ -201,15 +205,17 @@ def phase_report(graphdef, params, config: ModelConfig, rollout: Rollout, gen_s:
                                  repeats),
   }
   shape = (config, n, p, t)
+  # The FLOPs the passes compute: fewer with shared prompts (counted as run, not as before).
+  group = step_config.group_size if step_config.shared_prompts else 1
   step_flops = flops_lib.step_phases(*shape, kl=step_config.loss.kl_coef > 0,
                                      prox_pass=step_config.prox_pass == "all",
-                                     epochs=step_config.num_epochs)
+                                     epochs=step_config.num_epochs, prompt_group=group)
   gen_flops = step_flops["generation"]
   train_flops = sum(v for k, v in step_flops.items() if k != "generation")
   model_flops = {
       "gen": gen_flops,
-      "logprob": flops_lib.forward_flops(*shape, lm_head_positions=t),
-      "fwd_bwd": flops_lib.train_flops(*shape, lm_head_positions=t),
+      "logprob": flops_lib.forward_flops(*shape, lm_head_positions=t, prompt_group=group),
+      "fwd_bwd": flops_lib.train_flops(*shape, lm_head_positions=t, prompt_group=group),
       "train": train_flops,
       "step": gen_flops + train_flops,
   }

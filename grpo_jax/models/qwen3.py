@@ -142,6 +142,22 @@ def positions_from_mask(mask_BxT: jax.Array) -> jax.Array:
   return jnp.maximum(jnp.cumsum(mask_BxT.astype(jnp.int32), axis=-1) - 1, 0)
 
 
+def prompts_repeat(prompt_ids_NxP: jax.Array, prompt_mask_NxP: jax.Array,
+                   group: int) -> jax.Array:
+  """True when rows come in runs of ``group`` copies of one prompt (bool scalar, on device).
+
+  GRPO's batches are group-major (G rollouts of each prompt in a row); the sampler's prefill
+  and the grouped log-prob pass (``Qwen3.grouped_hidden_states``) then need the prompt once
+  per run. False when N is not a multiple of ``group``; True for ``group`` 1.
+  """
+  n, p = prompt_ids_NxP.shape
+  if group <= 1 or n % group:
+    return jnp.asarray(group <= 1)
+  ids = prompt_ids_NxP.reshape(n // group, group, p)
+  mask = prompt_mask_NxP.astype(bool).reshape(n // group, group, p)
+  return jnp.all((ids == ids[:, :1]) & (mask == mask[:, :1]))
+
+
 def rope(x_BxTxNxDh: jax.Array, positions_BxT: jax.Array, theta: float) -> jax.Array:
   """Rotary embedding in the rotate-half layout (first half pairs with second half)."""
   dh = x_BxTxNxDh.shape[-1]
@@ -242,6 +258,39 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **kw)
       self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **kw)
 
+  def _qkv(self, x_BxTxD, positions_BxT):
+    """Queries [B, T, K, G, Dh], keys and values [B, T, K, Dh], normed and rotated."""
+    c = self.config
+    b, t, _ = x_BxTxD.shape
+    if _fuse(x_BxTxD):
+      q, k, v = fused_dense(x_BxTxD, (self.q_proj, self.k_proj, self.v_proj))
+    else:
+      q, k, v = self.q_proj(x_BxTxD), self.k_proj(x_BxTxD), self.v_proj(x_BxTxD)
+    q = q.reshape(b, t, c.num_heads, c.head_dim)
+    k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
+    v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
+    if c.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q = rope(q, positions_BxT, c.rope_theta)
+    k = rope(k, positions_BxT, c.rope_theta)
+    groups = c.num_heads // c.num_kv_heads
+    return q.reshape(b, t, c.num_kv_heads, groups, c.head_dim), k, v
+
+  def grouped(self, xp_BxPxD, xc_NxTxD, positions_BxP, positions_NxT, prompt_mask_BxP,
+              group: int):
+    """Attention of B prompts and of their N = B * group continuations (``grouped_attention``).
+
+    Returns:
+      (prompt outputs [B, P, D], continuation outputs [N, T, D]).
+    """
+    c = self.config
+    qp, kp, vp = self._qkv(xp_BxPxD, positions_BxP)
+    qc, kc, vc = self._qkv(xc_NxTxD, positions_NxT)
+    out_p, out_c = grouped_attention(qp, kp.astype(qp.dtype), vp, qc, kc.astype(qc.dtype), vc,
+                                     prompt_mask_BxP, group)
+    flat = lambda o: o.reshape(o.shape[:2] + (c.num_heads * c.head_dim,))
+    return self.o_proj(flat(out_p)), self.o_proj(flat(out_c))
+
   def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, kv=None, index=None,
                query_block: int = 0):
     """Attends the T new tokens to themselves, or to the S cache slots when ``kv`` is given.
@@ -257,19 +306,7 @@ class Attention(nnx.Module):
     """
     c = self.config
     b, t, _ = x_BxTxD.shape
-    if _fuse(x_BxTxD):
-      q, k, v = fused_dense(x_BxTxD, (self.q_proj, self.k_proj, self.v_proj))
-    else:
-      q, k, v = self.q_proj(x_BxTxD), self.k_proj(x_BxTxD), self.v_proj(x_BxTxD)
-    q = q.reshape(b, t, c.num_heads, c.head_dim)
-    k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
-    v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
-    if c.qk_norm:
-      q, k = self.q_norm(q), self.k_norm(k)
-    q = rope(q, positions_BxT, c.rope_theta)
-    k = rope(k, positions_BxT, c.rope_theta)
-    groups = c.num_heads // c.num_kv_heads
-    q_BxTxKxGxDh = q.reshape(b, t, c.num_kv_heads, groups, c.head_dim)
+    q_BxTxKxGxDh, k, v = self._qkv(x_BxTxD, positions_BxT)
     if kv is not None:
       # New keys [B, T, K, Dh] -> [B, K, Dh, T] and values -> [B, K, T, Dh], written at slot
       # ``index`` of the cache's own layout (KVCache).
@@ -282,9 +319,10 @@ class Attention(nnx.Module):
       else:
         out = cached_attention(q_BxTxKxGxDh, k, v, mask_BxTxS)
     elif 0 < query_block < t:
-      out = blocked_attention(q_BxTxKxGxDh, k.astype(q.dtype), v, mask_BxTxS, query_block)
+      out = blocked_attention(q_BxTxKxGxDh, k.astype(q_BxTxKxGxDh.dtype), v, mask_BxTxS,
+                              query_block)
     else:
-      out = attention(q_BxTxKxGxDh, k.astype(q.dtype), v, mask_BxTxS)
+      out = attention(q_BxTxKxGxDh, k.astype(q_BxTxKxGxDh.dtype), v, mask_BxTxS)
     return self.o_proj(out.reshape(b, t, c.num_heads * c.head_dim)), (k, v)
 
 
@@ -300,6 +338,41 @@ def attention(q_BxTxKxGxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS):
   scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASK_VALUE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxDh.dtype)
   return jnp.einsum("bkgts,bskd->btkgd", probs, v_BxSxKxDh)
+
+
+def grouped_attention(qp_BxPxKxGxDh, kp_BxPxKxDh, vp_BxPxKxDh, qc_NxTxKxGxDh, kc_NxTxKxDh,
+                      vc_NxTxKxDh, prompt_mask_BxP, group: int):
+  """``attention`` over B prompts, each continued by ``group`` rows (N = B * group).
+
+  Row i of the continuations follows prompt i // group. Prompt tokens attend causally to their
+  prompt's real tokens; continuation tokens attend to every real token of their prompt and
+  causally to their own row: the same sets of keys, and the same float32 softmax, as
+  ``attention`` over the N rows of [prompt; continuation], but each prompt's queries, keys and
+  values are computed once instead of ``group`` times. The continuation softmax runs over the
+  P prompt keys and T own keys together (one [N, K, G, T, P + T] score array, as before).
+
+  Returns:
+    (prompt outputs [B, P, K, G, Dh], continuation outputs [N, T, K, G, Dh]), values' dtype.
+  """
+  b, p = prompt_mask_BxP.shape
+  n, t, k, g, dh = qc_NxTxKxGxDh.shape
+  prompt_mask_BxP = prompt_mask_BxP.astype(bool)
+  causal = lambda size: jnp.tril(jnp.ones((size, size), bool))
+  out_p = attention(qp_BxPxKxGxDh, kp_BxPxKxDh, vp_BxPxKxDh,
+                    causal(p)[None] & prompt_mask_BxP[:, None, :])
+  qc = qc_NxTxKxGxDh.reshape(b, group, t, k, g, dh)
+  scores_p = jnp.einsum("bjtkgd,bskd->bjkgts", qc, kp_BxPxKxDh,
+                        preferred_element_type=jnp.float32) * (dh ** -0.5)
+  scores_p = jnp.where(prompt_mask_BxP[:, None, None, None, None, :], scores_p, _MASK_VALUE)
+  scores_c = jnp.einsum("ntkgd,nskd->nkgts", qc_NxTxKxGxDh, kc_NxTxKxDh,
+                        preferred_element_type=jnp.float32) * (dh ** -0.5)
+  scores_c = jnp.where(causal(t), scores_c, _MASK_VALUE)
+  scores = jnp.concatenate([scores_p.reshape(n, k, g, t, p), scores_c], axis=-1)
+  probs = jax.nn.softmax(scores, axis=-1).astype(vc_NxTxKxDh.dtype)
+  probs_p = probs[..., :p].reshape(b, group, k, g, t, p)
+  out_c = (jnp.einsum("bjkgts,bskd->bjtkgd", probs_p, vp_BxPxKxDh).reshape(n, t, k, g, dh)
+           + jnp.einsum("nkgts,nskd->ntkgd", probs[..., p:], vc_NxTxKxDh))
+  return out_p, out_c
 
 
 def blocked_attention(q_BxTxKxGxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS, block: int):
@@ -408,6 +481,17 @@ class DecoderLayer(nnx.Module):
     return x + self.mlp(self.post_attention_layernorm(x)), kv
 
 
+def _grouped_block(layer: DecoderLayer, xp_BxPxD, xc_NxTxD, positions_BxP, positions_NxT,
+                   prompt_mask_BxP, group: int):
+  """One decoder block over B prompts and their N continuations (``Attention.grouped``)."""
+  hp, hc = layer.self_attn.grouped(layer.input_layernorm(xp_BxPxD),
+                                   layer.input_layernorm(xc_NxTxD), positions_BxP,
+                                   positions_NxT, prompt_mask_BxP, group)
+  xp_BxPxD, xc_NxTxD = xp_BxPxD + hp, xc_NxTxD + hc
+  mlp = lambda x: x + layer.mlp(layer.post_attention_layernorm(x))
+  return mlp(xp_BxPxD), mlp(xc_NxTxD)
+
+
 def _remat_block(layer: DecoderLayer, x_BxTxD, positions_BxT, mask_BxTxS, query_block: int):
   """One decoder block under ``jax.checkpoint``: only its input is saved for the backward pass.
 
@@ -512,6 +596,48 @@ class Qwen3(nnx.Module):
     if cache is not None:
       cache = KVCache(k=tuple(new_k), v=tuple(new_v), key_mask_BxS=key_mask, index=index + t)
     return x, cache
+
+  def grouped_hidden_states(self, prompt_ids_BxP, prompt_mask_BxP, completion_ids_NxT,
+                            group: int, remat: bool = False):
+    """Final-norm hidden states of B prompts and of N = B * group completions that follow them.
+
+    The teacher-forced pass of GRPO's group-major batches without repeating the prompts:
+    completion row i continues prompt i // group. The values are those of ``hidden_states``
+    over the N rows [prompt i // group; completion i] (same keys, positions and masks; float
+    rounding may differ), at (B * P + N * T) / (N * (P + T)) of the token work of the
+    projections and MLPs (README: Step speed).
+
+    Args:
+      prompt_ids_BxP: int32 prompts, left padded (every row has a real token).
+      prompt_mask_BxP: True for real prompt tokens.
+      completion_ids_NxT: int32 tokens after each prompt (all attended to, causally).
+      group: completions per prompt.
+      remat: checkpoint each decoder block (as ``hidden_states``).
+
+    Returns:
+      (prompt hidden [B, P, D], completion hidden [N, T, D]) in the compute dtype.
+    """
+    prompt_mask_BxP = prompt_mask_BxP.astype(bool)
+    t = completion_ids_NxT.shape[1]
+    positions_BxP = positions_from_mask(prompt_mask_BxP)
+    first_N = jnp.repeat(jnp.sum(prompt_mask_BxP, axis=-1, dtype=jnp.int32), group)
+    positions_NxT = first_N[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+    residual = lambda x: constrain(x, ("batch", None, None))
+    xp, xc = residual(self.embed(prompt_ids_BxP)), residual(self.embed(completion_ids_NxT))
+    for layer in self.layers:
+      if remat:
+        graphdef, params = nnx.split(layer)
+
+        def block(params, xp, xc, graphdef=graphdef):
+          return _grouped_block(nnx.merge(graphdef, params), xp, xc, positions_BxP,
+                                positions_NxT, prompt_mask_BxP, group)
+
+        xp, xc = jax.checkpoint(block)(params, xp, xc)
+      else:
+        xp, xc = _grouped_block(layer, xp, xc, positions_BxP, positions_NxT, prompt_mask_BxP,
+                                group)
+      xp, xc = residual(xp), residual(xc)
+    return self.norm(xp), self.norm(xc)
 
   def embed(self, input_ids_BxT: jax.Array) -> jax.Array:
     """Token embeddings [B, T, D] in the compute dtype (``nnx.Embed``'s lookup).
