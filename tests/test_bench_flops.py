@@ -65,6 +65,24 @@ def test_generation_flops_by_hand():
   assert flops.generation_flops(HAND, 2, 2, 1) == 2464
 
 
+def test_shared_prompt_flops_by_hand():
+  # Rows 4 in 2 groups of 2, P = 2, T = 3. Grouped log-prob pass: 2 prompts of 2 tokens,
+  # 2 * 480 = 960 + 2 x 2 attention 4 * 32 = 128 -> 1088 each, 2176 for both; per row
+  # T' = T - 1 = 2 completion tokens: 2 * 480 = 960 + 2 queries x (2 + 2) keys * 32 = 256 +
+  # head at T = 3 positions 240 = 1456, 4 rows 5824. Total 2176 + 5824 = 8000.
+  assert flops.forward_flops(HAND, 4, 2, 3, lm_head_positions=3, prompt_group=2) == 8000
+  # (per row unshared: 4 * 3440 = 13760)
+  assert flops.forward_flops(HAND, 4, 2, 3, lm_head_positions=3) == 13760
+  assert flops.train_flops(HAND, 4, 2, 3, lm_head_positions=3, prompt_group=2) == 24000
+  # Rows not a multiple of the group: counted per row.
+  assert flops.forward_flops(HAND, 3, 2, 3, lm_head_positions=3, prompt_group=2) == 3 * 3440
+  # Generation: prefill of 2 prompts (1360 each) + 4 rows x 1440 decode = 2720 + 5760 = 8480.
+  assert flops.generation_flops(HAND, 4, 2, 3, prompt_group=2) == 8480
+  phases = flops.step_phases(HAND, 4, 2, 3, kl=True, prox_pass=False, prompt_group=2)
+  assert phases == {"generation": 8480, "reference": 8000, "prox": 0,
+                    "forward_backward": 24000}
+
+
 def test_step_phases_by_hand():
   phases = flops.step_phases(HAND, 2, 2, 3, kl=True, prox_pass=True, epochs=2)
   # Reference and prox: one forward each (6880); 2 epochs of forward + backward: 2 * 20640.

@@ -186,8 +186,12 @@ def test_entropy_bonus_switch(split, tiny_qwen3):
   assert float(m["entropy"]) > 0.1  # a real distribution, not a zero placeholder
 
 
-def test_minibatch_epoch_loop_equals_a_reference_loop(split, tiny_qwen3):
+@pytest.mark.parametrize("shuffle", ["groups", "rows"])
+def test_minibatch_epoch_loop_equals_a_reference_loop(split, tiny_qwen3, shuffle):
   """M = 2 minibatches x E = 2 epochs against a plain-Python loop over the same permutations.
+
+  ``shuffle="groups"`` deals whole groups (a permutation of the B groups, each expanded to
+  its G rows; the step then runs its shared-prompt passes), ``"rows"`` single rows.
 
   pi_prox stays the start-of-step policy in every minibatch (here the behaviour log-probs, fresh
   rows), every field is permuted with the same indices, and with a large SGD step the clip is
@@ -198,8 +202,10 @@ def test_minibatch_epoch_loop_equals_a_reference_loop(split, tiny_qwen3):
   m_, e_ = 2, 2
   tx = optax.sgd(3.0)
   loss_cfg = losses.LossConfig()
-  config = step_lib.StepConfig(group_size=G, num_minibatches=m_, num_epochs=e_, loss=loss_cfg)
+  config = step_lib.StepConfig(group_size=G, num_minibatches=m_, num_epochs=e_, loss=loss_cfg,
+                               shuffle=shuffle)
   rollout = _rollout(split, MIXED, shift=SHIFT_N)
+  assert B % m_ == 0  # whole groups split evenly, so "groups" does not fall back to rows
   fn = step_lib.make_train_step(graphdef, tx, config)
   rng = jax.random.key(3)
   state, _, m = fn(step_lib.init_train_state(_copy(params), tx), init_replay(0, G, P, T),
@@ -212,7 +218,10 @@ def test_minibatch_epoch_loop_equals_a_reference_loop(split, tiny_qwen3):
   seen_losses, clip_fracs = [], []
   keys = jax.random.split(jax.random.fold_in(rng, 0), e_)
   for key in keys:
-    perm = np.asarray(jax.random.permutation(key, n))
+    if shuffle == "groups":  # group j -> rows j*G .. j*G + G - 1, in the permuted order
+      perm = (np.asarray(jax.random.permutation(key, B))[:, None] * G + np.arange(G)).ravel()
+    else:
+      perm = np.asarray(jax.random.permutation(key, n))
     for rows in np.split(perm, m_):
       def loss_fn(q, rows=rows):
         logp = completion_logprobs(nnx.merge(graphdef, q), rollout.prompt_ids_NxP[rows],

@@ -1,0 +1,147 @@
+"""Shared-prompt passes: each prompt of a group-major batch computed once, same numbers.
+
+The sampler's prefill (``SamplingConfig.prompt_group``), the teacher-forced log-prob pass
+(``Qwen3.grouped_hidden_states`` via ``prompt_group``) and the train step (``shared_prompts``)
+must give what the per-row passes give, and fall back to them when the rows do not repeat.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from grpo_jax import losses
+from grpo_jax import sampler as sampler_lib
+from grpo_jax import step as step_lib
+from grpo_jax.logprobs import completion_logprobs_and_entropy
+from grpo_jax.models.qwen3 import prompts_repeat
+from grpo_jax.replay import init_replay
+from grpo_jax.types import Rollout
+
+B, G, P, T = 3, 4, 6, 5
+N = B * G
+
+
+@pytest.fixture(scope="module")
+def batch():
+  """Group-major prompts (prompt i // G in row i), left padded 0, 2 and 5 tokens."""
+  rng = np.random.RandomState(0)
+  ids = rng.randint(6, 128, (B, P)).astype(np.int32)
+  mask = np.ones((B, P), bool)
+  mask[1, :2] = False
+  mask[2, :5] = False  # one real token
+  ids[~mask] = 0
+  completion = rng.randint(6, 128, (N, T)).astype(np.int32)
+  weights = rng.randn(N, T).astype(np.float32)
+  return (jnp.asarray(np.repeat(ids, G, 0)), jnp.asarray(np.repeat(mask, G, 0)),
+          jnp.asarray(completion), jnp.asarray(weights))
+
+
+def _broken(batch):
+  """The batch with one row's prompt changed: the runs no longer repeat."""
+  ids = np.asarray(batch[0]).copy()
+  ids[G + 1, -1] += 1
+  return (jnp.asarray(ids),) + batch[1:]
+
+
+def test_prompts_repeat(batch):
+  ids, mask = batch[0], batch[1]
+  assert bool(prompts_repeat(ids, mask, G))
+  assert bool(prompts_repeat(ids, mask, 1))
+  assert not bool(prompts_repeat(_broken(batch)[0], mask, G))
+  # Same ids, different padding in one row of a run.
+  other_mask = np.asarray(mask).copy()
+  other_mask[0, 0] = False
+  assert not bool(prompts_repeat(ids, jnp.asarray(other_mask), G))
+  assert not bool(prompts_repeat(ids[:N - 1], mask[:N - 1], G))  # N not a multiple of G
+
+
+@pytest.fixture(scope="module")
+def logprob_runs(split, batch):
+  """{(group, broken, check): (logp, entropy, grads)} in one jit."""
+  graphdef, params = split
+  keys = [(1, False, True), (G, False, True), (G, False, False), (1, True, True),
+          (G, True, True)]
+
+  def run(params):
+    out = []
+    for group, broken, check in keys:
+      ids, mask, completion, w = _broken(batch) if broken else batch
+
+      def loss(params):
+        logp, ent = completion_logprobs_and_entropy(
+            nnx.merge(graphdef, params), ids, mask, completion, 0.7, True,
+            prompt_group=group, check_prompts=check)
+        return jnp.sum(logp * w) + 0.1 * jnp.sum(ent * w), (logp, ent)
+
+      (_, (logp, ent)), grads = jax.value_and_grad(loss, has_aux=True)(params)
+      out.append((logp, ent, grads))
+    return out
+
+  return dict(zip(keys, jax.jit(run)(params)))
+
+
+def _max_rel(a, b):
+  return max(float(jnp.max(jnp.abs(x - y)) / (jnp.max(jnp.abs(x)) + 1e-12))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_grouped_logprobs_entropy_and_gradients_equal_per_row(logprob_runs, check):
+  plain, grouped = logprob_runs[(1, False, True)], logprob_runs[(G, False, check)]
+  # float32 sums in another order: agreement to a few ulps of the O(5) log-probs, while a
+  # wrong key set, position or mask changes them by O(0.1) or more.
+  np.testing.assert_allclose(grouped[0], plain[0], atol=2e-5)
+  np.testing.assert_allclose(grouped[1], plain[1], atol=2e-5)
+  assert _max_rel(grouped[2], plain[2]) < 1e-4
+
+
+def test_rows_that_do_not_repeat_fall_back_to_the_per_row_pass(logprob_runs):
+  plain, checked = logprob_runs[(1, True, True)], logprob_runs[(G, True, True)]
+  np.testing.assert_array_equal(checked[0], plain[0])  # the same pass, bit for bit
+  # and the changed row really differs from the unbroken batch's
+  assert float(jnp.max(jnp.abs(plain[0][G + 1] - logprob_runs[(1, False, True)][0][G + 1]))) > 1e-3
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_shared_prefill_samples_the_same_tokens(split, batch, broken):
+  graphdef, params = split
+  ids, mask = (_broken(batch) if broken else batch)[:2]
+  outs = []
+  for group in (1, G):
+    config = sampler_lib.SamplingConfig(max_new_tokens=T, eos_ids=(5,), pad_id=0,
+                                        temperature=1.0, prompt_group=group)
+    outs.append(sampler_lib.make_sampler(graphdef, config)(params, ids, mask,
+                                                           jax.random.key(4)))
+  np.testing.assert_array_equal(outs[1].tokens_NxT, outs[0].tokens_NxT)
+  np.testing.assert_array_equal(outs[1].lengths_N, outs[0].lengths_N)
+  np.testing.assert_allclose(outs[1].logp_NxT, outs[0].logp_NxT, atol=2e-5)
+
+
+def test_train_step_with_shared_prompts_equals_per_row(split, batch):
+  """Two minibatches of whole groups, one update each: same parameters and metrics."""
+  graphdef, params = split
+  ids, mask, completion, _ = batch
+  rng = np.random.RandomState(1)
+  success = np.tile([True, False, True, True], B)  # every group mixed
+  rollout = Rollout(prompt_ids_NxP=ids, prompt_mask_NxP=mask, completion_ids_NxT=completion,
+                    completion_mask_NxT=jnp.asarray(rng.rand(N, T) < 0.8),
+                    behaviour_logp_NxT=jnp.asarray(-rng.rand(N, T) * 4, jnp.float32),
+                    scores_N=jnp.asarray(success, jnp.float32), success_N=jnp.asarray(success),
+                    prompt_id_N=jnp.repeat(jnp.arange(B), G), version_N=jnp.zeros(N, jnp.int32))
+  tx = optax.sgd(0.5)  # updates linear in the gradients (Adam would magnify ~0 ones)
+  results = []
+  for shared in (False, True):
+    config = step_lib.StepConfig(group_size=G, num_minibatches=B, shared_prompts=shared,
+                                 loss=losses.LossConfig(kl_coef=0.05))
+    fn = step_lib.make_train_step(graphdef, tx, config)
+    state = step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx)
+    results.append(fn(state, init_replay(0, G, P, T), rollout, jax.tree.map(jnp.copy, params),
+                      jax.random.key(0)))
+  (plain, _, m_plain), (shared, _, m_shared) = results
+  update = lambda new: jax.tree.map(lambda a, b: a - b, new.params, params)
+  assert _max_rel(update(shared), update(plain)) < 1e-4
+  for k in ("loss", "kl_ref", "grad_norm"):
+    assert float(m_shared[k]) == pytest.approx(float(m_plain[k]), rel=1e-4, abs=1e-6), k
