@@ -60,6 +60,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.reward_signal = "success"
   # What a group must vary on to be "effective" (POPO refill, GRPO-filter): the accuracy signal.
   c.rl.effective_signal = "success"
+  c.rl.shuffle = "groups"  # minibatches of whole groups (verl's convention) | rows
+  c.rl.shared_prompts = True  # log-prob passes and prefill run each prompt once per group
   c.rl.prox_pass = "auto"  # pi_prox pass: replayed rows | all rows | auto (all unless float32)
   c.rl.logprob_chunk = 1024  # completion positions per LM-head block: bounds [block, V] logits
   c.rl.clip_low = 0.2  # PPO eps_low
@@ -148,7 +150,7 @@ def apply_presets(c: ml_collections.ConfigDict, arg: str | None,
   file accepts: the common ones and the file's ``own`` (already applied by the file)."""
   known = {"smoke": _smoke, "countdown_hard": _countdown_hard,
            "mopps": _selector("mopps"), "dps": _selector("dps"), "qwen3_0p6b": _qwen3("0.6B"), "qwen3_1p7b": _qwen3("1.7B"),
-           "qwen3_4b": _qwen3("4B"), "qwen3_8b": _qwen3("8B"), "gsm8k": _gsm8k}
+           "qwen3_4b": _qwen3("4B"), "qwen3_8b": _qwen3("8B"), "gsm8k": _gsm8k, "bf16": _bf16}
   for name in filter(None, (arg or "").split(",")):
     if name.startswith("pool=") and name[5:].isdigit():
       c.task.train_size = int(name[5:])  # a finite training set of that many problems
@@ -168,6 +170,11 @@ def _smoke(c):
   c.allocation.probes = min(c.allocation.probes, 2)  # sara: probes fit the group of 2
   c.eval.update(every=2, num_prompts=2, k=2)
   c.checkpoint.every = 1
+
+
+def _bf16(c):
+  """bfloat16 matmuls with float32 parameters, Adam moments, softmax and losses."""
+  c.model.update(param_dtype="float32", dtype="bfloat16")
 
 
 def _qwen3(size):

@@ -74,6 +74,10 @@ def validate(config, *, weights: bool = True) -> None:
          f"{rl.estimator!r}; known: {', '.join(advantages.ADVANTAGE_ESTIMATORS)}")
   for f in ("reward_signal", "effective_signal"):
     _check(rl[f] in step.SIGNALS, f"rl.{f}", f"{rl[f]!r}; known: {', '.join(step.SIGNALS)}")
+  _check(rl.get("shuffle", "groups") in step.SHUFFLES, "rl.shuffle",
+         f"{rl.get('shuffle')!r}; known: {', '.join(step.SHUFFLES)}")
+  _check(isinstance(rl.get("shared_prompts", True), bool), "rl.shared_prompts",
+         f"{rl.get('shared_prompts')!r} must be true or false")
   _check(rl.prox_pass in ("auto",) + step.PROX_PASSES, "rl.prox_pass",
          f"{rl.prox_pass!r}; known: auto, {', '.join(step.PROX_PASSES)}")
   _check(rl.logprob_chunk >= 0, "rl.logprob_chunk", f"{rl.logprob_chunk} must be >= 0")
