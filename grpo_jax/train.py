@@ -270,6 +270,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
     skips = skips + 1 if values.get("skipped") else 0
     limit = config.rl.max_consecutive_skips
     if limit and skips >= limit:
+      if "timing" not in pending:  # fetched before its evaluation: the step ends here
+        pending["timing"], pending["cumulative"] = close_window(), dict(timers)
+      _log_step(writer, bar, pending, last_eval, config, tokens_at_start)
       save(pending["step"])
       raise TrainingStopped(
           f"{skips} consecutive steps skipped for a non-finite loss or gradient (last: step "
