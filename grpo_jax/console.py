@@ -13,6 +13,8 @@ import sys
 
 import numpy as np
 
+from grpo_jax import metrics as metrics_lib
+
 _THIRD_PARTY = ("jax", "orbax", "absl", "etils", "tensorflow", "transformers", "h5py")
 
 
@@ -47,6 +49,10 @@ def eval_line(step: int, evaluation: dict, rollouts: int, k: int) -> str:
   parts += [f"len {evaluation['eval/mean_length']:.1f}",
             f"constant {evaluation['eval/constant_fraction']:.2f}", f"rollouts {rollouts:,}"]
   return "  ".join(parts)
+
+
+# Runs logged before the step was split into metrics.PHASES recorded only these four.
+_TIME_REQUIRED = ("generation", "update", "evaluation", "checkpoint")
 
 
 def _minutes(seconds: float) -> str:
@@ -99,9 +105,9 @@ def summary(records: list[dict], k: int, paths: dict, total_steps: int,
     lines.append(f"  rollouts {last.get('rollouts', 0):,}   completion tokens "
                  f"{last.get('completion_tokens', 0):,}   reward errors "
                  f"{last.get('reward_errors', 0)}")
-    parts = [(name, last.get(f"time_{name}_s")) for name in
-             ("generation", "update", "evaluation", "checkpoint")]
-    if all(v is not None for _, v in parts):
+    parts = [(name, last.get(f"time_{name}_s")) for name in metrics_lib.PHASES]
+    if all(last.get(f"time_{name}_s") is not None for name in _TIME_REQUIRED):
+      parts = [(name, v) for name, v in parts if v is not None]  # older runs: the four only
       total = sum(v for _, v in parts)
       lines.append(f"  time {_minutes(total)}: " + ", ".join(
           f"{name} {_minutes(v)}" for name, v in parts))

@@ -8,9 +8,11 @@ process. The JSONL file is the record every tool here reads (``read_metrics``, `
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import time
 
 _LOG = logging.getLogger(__name__)
 
@@ -43,8 +45,16 @@ class MetricWriter:
     self._file.write(json.dumps({"step": int(step), **clean}) + "\n")
     self._file.flush()
     if self._tb is not None:
-      for k, v in clean.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
+      scalars = [(k, v) for k, v in clean.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
+      try:  # one event holding every scalar: one queue put, not one per scalar (~50 a step)
+        from tensorboardX import summary as tb_summary  # pylint: disable=g-import-not-at-top
+        from tensorboardX.proto.summary_pb2 import Summary  # pylint: disable=g-import-not-at-top
+        values = [value for k, v in scalars for value in tb_summary.scalar(k, v).value]
+        file_writer = self._tb._get_file_writer()  # pylint: disable=protected-access
+        file_writer.add_summary(Summary(value=values), int(step))
+      except (ImportError, AttributeError):  # another tensorboardX: one event per scalar
+        for k, v in scalars:
           self._tb.add_scalar(k, v, int(step))
 
   def close(self):
@@ -66,6 +76,52 @@ class NullWriter:
 
   def close(self):
     pass
+
+
+# Phases of one training step, timed on the host (``PhaseTimer``) and recorded per step
+# as ``time/<phase>_s`` (plus ``time/step_s``, the step's wall time) and cumulatively as
+# ``time_<phase>_s``. A step's window runs from the end of the previous step's to the end of its
+# own evaluation and checkpoint, so the windows tile the loop and the phases add up to
+# ``time/step_s``. Device work is counted where the host waits for it, which is right after it
+# is dispatched in each phase: "generation" is the sampler call and the fetch of its output,
+# "update" the train step's dispatch and ``block_until_ready``.
+PHASES = (
+    "prompts",     # prompt selection, rendering and tokenisation
+    "generation",  # the jitted sampler, and the wait for its tokens on the host
+    "scoring",     # detokenising, the verifier, the overlong penalty, host rows
+    "assembly",    # the selector's update, the [B * G] batch put on the device, row stats
+    "update",      # the jitted train step, up to its new state being ready
+    "metrics",     # the previous step's device metrics fetched and written (JSONL, TB, bar)
+    "evaluation",  # held-out evaluation after the step, when due
+    "checkpoint",  # the orbax save after the step, when due
+    "other",       # whatever no phase timed (keys, counters, loop control)
+)
+
+
+class PhaseTimer:
+  """Host wall-clock seconds per named phase of the training loop, accumulated until ``take``.
+
+  Phases are timed where they happen (``with timer.phase("scoring"): ...``) and must not nest:
+  each second belongs to one phase, so a step's phases add up to at most its wall time. The
+  clock is the host's: device work counts where the host waits for it (a ``device_get`` or
+  ``block_until_ready`` inside the phase), not where it is dispatched.
+  """
+
+  def __init__(self):
+    self.seconds: dict[str, float] = {}
+
+  @contextlib.contextmanager
+  def phase(self, name: str):
+    t0 = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+  def take(self) -> dict[str, float]:
+    """The seconds accumulated since the last ``take`` (and starts again from zero)."""
+    out, self.seconds = self.seconds, {}
+    return out
 
 
 def read_metrics(workdir: str) -> list[dict]:

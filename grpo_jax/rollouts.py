@@ -80,19 +80,23 @@ class PromptStream:
     skipped_now = 0
     in_a_row = 0  # consecutive skips: max_skips bounds these, not the call's total
     while len(out) < n:
-      problem = self.problem(self.position)
-      text = self.render(problem)
-      if self.fits(text):
-        out.append((self.position, problem, text))
-        in_a_row = 0
-      else:
-        self.skipped += 1
-        skipped_now += 1
-        in_a_row += 1
-        if in_a_row > max_skips:
-          raise ValueError(f"more than {max_skips} consecutive prompts are longer than "
-                           f"rollout.prompt_len={self.prompt_len}: raise it")
-      self.position += 1
+      # As many positions as prompts are still needed, rendered and measured in one tokenizer
+      # call; taken in order, so exactly the positions a one-by-one scan would read.
+      problems = [self.problem(i) for i in range(self.position, self.position + n - len(out))]
+      texts = [self.render(problem) for problem in problems]
+      lengths = tokenization.prompt_lengths(self.tokenizer, texts)
+      for problem, text, length in zip(problems, texts, lengths):
+        if length <= self.prompt_len:
+          out.append((self.position, problem, text))
+          in_a_row = 0
+        else:
+          self.skipped += 1
+          skipped_now += 1
+          in_a_row += 1
+          if in_a_row > max_skips:
+            raise ValueError(f"more than {max_skips} consecutive prompts are longer than "
+                             f"rollout.prompt_len={self.prompt_len}: raise it")
+        self.position += 1
     if skipped_now:
       _LOG.warning("skipped %d prompt(s) longer than %d tokens (%d so far)", skipped_now,
                    self.prompt_len, self.skipped)

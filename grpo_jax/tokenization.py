@@ -73,7 +73,11 @@ def encode_prompts(tokenizer, texts: Sequence[str], length: int) -> tuple[np.nda
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
   ids = np.full((len(texts), length), pad_id, np.int32)
   mask = np.zeros((len(texts), length), bool)
-  for i, row in enumerate(tokenizer(list(texts), add_special_tokens=False)["input_ids"]):
+  # Each distinct text is tokenised once: a round repeats every prompt G times (an evaluation
+  # k times), and a text's tokens do not depend on the other texts of the call.
+  unique = list(dict.fromkeys(texts))
+  encoded = dict(zip(unique, tokenizer(unique, add_special_tokens=False)["input_ids"]))
+  for i, row in enumerate(encoded[text] for text in texts):
     if len(row) > length:
       raise PromptTooLongError(f"prompt {i} has {len(row)} tokens, more than the prompt length "
                                f"{length}: raise the prompt length or shorten the template "

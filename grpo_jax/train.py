@@ -40,8 +40,6 @@ from grpo_jax import tokenization
 from grpo_jax.models import CheckpointError, from_pretrained
 from grpo_jax.tasks import countdown
 
-
-
 def define_flags():
   """The CLI flags; defined only when run as a program, so importing this module is free."""
   config_flags.DEFINE_config_file("config", None, "RL config file, e.g. configs/grpo.py.")
@@ -167,7 +165,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   sample_fn = sampler_lib.make_sampler(graphdef, sampler_lib.sampling_config_for(
       tokenizer, r.completion_len, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
       model_path=config.model.path), mesh)
-  allocator = allocation.make_allocator(config, sample_fn, tokenizer, task, stream)
+  timer = metrics_lib.PhaseTimer()  # this step's phases; the allocator times its own on it
+  allocator = allocation.make_allocator(config, sample_fn, tokenizer, task, stream, timer)
   host = {"rollouts": 0, "completion_tokens": 0, "reward_errors": 0}
 
   # Only now, after every input has been checked, is anything written.
@@ -196,7 +195,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   writer = (metrics_lib.MetricWriter if sharding_lib.is_primary() else metrics_lib.NullWriter)(
       workdir)
   paths["tensorboard"] = writer.tensorboard_dir
-  timers = dict.fromkeys(("generation", "update", "evaluation", "checkpoint"), 0.0)
+  timers = dict.fromkeys(metrics_lib.PHASES, 0.0)  # cumulative seconds, restarts included
   if start:
     start, (state, replay, saved) = _restore_newest_readable(ckpt, state, replay)
     host.update({key: saved[key] for key in host})
@@ -217,77 +216,114 @@ def train_and_evaluate(config, workdir: str) -> dict:
   base_key = jax.random.key(config.seed)
 
   def evaluate_now(step):
-    t0 = time.time()
-    result = _evaluate(config, graphdef, state.params, tokenizer, task, eval_problems, render,
+    with timer.phase("evaluation"):
+      return _evaluate(config, graphdef, state.params, tokenizer, task, eval_problems, render,
                        mesh)
-    timers["evaluation"] += time.time() - t0
+
+  def write_eval(step, result):
     writer.write(step, {**result, "rollouts": host["rollouts"]})
     console.say(console.eval_line(step, result, host["rollouts"], k))
-    return result
 
-  last_eval = evaluate_now(0) if start == 0 else {}
+  last_eval = {}
+  if start == 0:
+    last_eval = evaluate_now(0)
+    write_eval(0, last_eval)
+  for name, seconds in timer.take().items():  # the first evaluation belongs to no step
+    timers[name] += seconds
   try:
     from tqdm import tqdm  # pylint: disable=g-import-not-at-top
     bar = tqdm(total=config.total_steps, initial=start, dynamic_ncols=True, leave=False,
                file=sys.stdout, disable=not sharding_lib.is_primary())
   except ImportError:
     bar = None
-  pending = None  # metrics of the previous step, fetched one step late
+  pending = None  # the last step's record: its device metrics are fetched one step late
   t_start, tokens_at_start = time.time(), host["completion_tokens"]
+  window = [time.perf_counter()]  # when the current step's time window opened
   stop = _StopSignals()
   skips = 0  # consecutive steps the device skipped for a non-finite loss or gradient
 
   def save(done):
-    t0 = time.time()
-    ckpt.save(done, state, replay, {**host, "allocator": allocator.state_dict(),
-                                    "prompts_skipped": stream.skipped, "seed": config.seed})
-    timers["checkpoint"] += time.time() - t0
+    with timer.phase("checkpoint"):
+      ckpt.save(done, state, replay, {**host, "allocator": allocator.state_dict(),
+                                      "prompts_skipped": stream.skipped, "seed": config.seed})
 
-  def flush(pending):
+  def close_window() -> dict:
+    """Ends the current step's time window: its per-phase seconds (``time/<phase>_s``, "other"
+    being whatever no phase timed) and wall time, added to the run's cumulative ``timers``."""
+    now = time.perf_counter()
+    seconds = timer.take()
+    step_s = now - window[0]
+    window[0] = now
+    seconds["other"] = max(step_s - sum(seconds.values()), 0.0)
+    for name, v in seconds.items():
+      timers[name] = timers.get(name, 0.0) + v
+    return {"time/step_s": step_s, **{f"time/{name}_s": seconds.get(name, 0.0)
+                                      for name in metrics_lib.PHASES}}
+
+  def fetch(pending):
+    """The step's device metrics (waited for here); stops the run after too many skips."""
     nonlocal skips
-    skipped = _log_step(writer, bar, *pending, last_eval, config, t_start, tokens_at_start)
-    skips = skips + 1 if skipped else 0
+    if pending["values"] is not None:
+      return
+    pending["values"] = values = {key: float(v)
+                                  for key, v in jax.device_get(pending["metrics"]).items()}
+    skips = skips + 1 if values.get("skipped") else 0
     limit = config.rl.max_consecutive_skips
     if limit and skips >= limit:
-      save(pending[0])
+      if "timing" not in pending:  # fetched before its evaluation: the step ends here
+        pending["timing"], pending["cumulative"] = close_window(), dict(timers)
+      _log_step(writer, bar, pending, last_eval, config, tokens_at_start)
+      save(pending["step"])
       raise TrainingStopped(
           f"{skips} consecutive steps skipped for a non-finite loss or gradient (last: step "
-          f"{pending[0]}); parameters, optimiser state and buffer are those of the last good "
-          f"step, saved in {ckpt.directory} at step {pending[0]}. Check the rewards and the "
-          "learning rate (rl.max_consecutive_skips sets this limit; 0 never stops).")
+          f"{pending['step']}); parameters, optimiser state and buffer are those of the last "
+          f"good step, saved in {ckpt.directory} at step {pending['step']}. Check the rewards "
+          "and the learning rate (rl.max_consecutive_skips sets this limit; 0 never stops).")
+
+  def flush(pending):
+    """Fetches (if not yet) and writes the step's record; its time window must be closed."""
+    fetch(pending)
+    _log_step(writer, bar, pending, last_eval, config, tokens_at_start)
 
   try:
     for step in range(start, config.total_steps):
       key = jax.random.fold_in(base_key, step)
-      t0 = time.time()
       rollouts_before = host["rollouts"]
-      # B complete groups, however the allocator spent its rollouts (allocation/allocator.py).
+      # B complete groups, however the allocator spent its rollouts (allocation/allocator.py);
+      # it times its phases (prompts, generation, scoring, assembly) on ``timer``.
       rollout, stats = allocator.collect(state.params, step, jax.random.fold_in(key, 0))
-      t1 = time.time()
-      timers["generation"] += t1 - t0
       for name in host:
         host[name] += stats[name]
-      state, replay, step_metrics = train_step(state, replay, rollout, ref_params,
-                                               jax.random.fold_in(key, 1))
-      # Generation needs the new parameters anyway, so waiting here costs no overlap and lets the
-      # summary split the time honestly.
-      jax.block_until_ready(state.step)
-      timers["update"] += time.time() - t1
-      if pending is not None:
-        flush(pending)
-      pending = (step + 1, step_metrics, stats, dict(host), dict(timers))
+      with timer.phase("update"):
+        state, replay, step_metrics = train_step(state, replay, rollout, ref_params,
+                                                 jax.random.fold_in(key, 1))
+        # Generation needs the new parameters anyway, so waiting here costs no overlap and lets
+        # the phases split the time honestly: "update" is dispatch plus the device's work.
+        jax.block_until_ready(state.step)
+      if pending is not None:  # the previous step's record, its metrics long computed
+        with timer.phase("metrics"):
+          flush(pending)
       done = step + 1
+      pending = {"step": done, "metrics": step_metrics, "stats": stats, "host": dict(host),
+                 "wall_s": max(time.time() - t_start, 1e-9), "values": None}
       spent = bool(budget) and host["rollouts"] >= budget
       last = done == config.total_steps or spent
       every = config.eval.every_rollouts
+      evaluation = None
       if (every and host["rollouts"] // every > rollouts_before // every) or last or (
           not every and done % config.eval.every == 0):
-        flush(pending)
-        pending = None
-        last_eval = evaluate_now(done)
+        with timer.phase("metrics"):
+          fetch(pending)  # a run stopped for non-finite steps stops before evaluating
+        evaluation = evaluate_now(done)
       saved_now = done % config.checkpoint.every == 0 or last
       if saved_now:
         save(done)
+      pending["timing"], pending["cumulative"] = close_window(), dict(timers)
+      if evaluation is not None:  # the step's record, then its evaluation's
+        flush(pending)
+        pending = None
+        last_eval = evaluation
+        write_eval(done, evaluation)
       if last:
         break
       if stop.signal is not None:
@@ -427,21 +463,24 @@ def _report_paths(workdir: str, write: bool = False) -> dict:
   return {"report": out} if os.path.isdir(out) else {}
 
 
-def _log_step(writer, bar, step, step_metrics, stats, host_then, timers_then, last_eval, config,
-              t_start, tokens_at_start):
-  """Writes one step's metrics (device values fetched now, one step after they were made)."""
-  values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-  elapsed = max(time.time() - t_start, 1e-9)
+def _log_step(writer, bar, pending, last_eval, config, tokens_at_start):
+  """Writes one step's record (its device metrics already fetched, one step after they were
+  made) and moves the progress bar."""
+  values, host_then, stats = pending["values"], pending["host"], pending["stats"]
+  step, elapsed = pending["step"], pending["wall_s"]
   record = {**values, "rollouts": host_then["rollouts"],
             "completion_tokens": host_then["completion_tokens"],
             "reward_errors": host_then["reward_errors"],
             "truncated_fraction": stats["truncated_fraction"],
             **{k: v for k, v in stats.items() if k.startswith("alloc/")},
             "tokens_per_s": (host_then["completion_tokens"] - tokens_at_start) / elapsed,
-            # Seconds since this process's loop started (evaluations included; not resumed).
+            # Seconds since this process's loop started, at the end of this step's update
+            # (earlier evaluations included; not resumed).
             "wall_s": elapsed,
-            # Cumulative over the run, restarts included: where the time went.
-            **{f"time_{name}_s": v for name, v in timers_then.items()}}
+            # This step's time window (metrics.PHASES; time/step_s is its wall time)...
+            **pending["timing"],
+            # ... and the run's cumulative seconds per phase, restarts included.
+            **{f"time_{name}_s": v for name, v in pending["cumulative"].items()}}
   if step % config.log_every == 0 or values.get("skipped"):
     writer.write(step, record)
   if bar is not None:
@@ -451,7 +490,6 @@ def _log_step(writer, bar, step, step_metrics, stats, host_then, timers_then, la
                     rollouts=host_then["rollouts"], tok_s=f"{record['tokens_per_s']:.0f}",
                     refresh=False)
     bar.refresh()
-  return bool(values.get("skipped"))
 
 
 def main(argv):

@@ -40,8 +40,9 @@ def test_cli_smoke_terminal_metrics_and_checkpoints(smoke_run):
                      r"constant [\d.]+  rollouts [\d,]+$", proc.stdout, re.M)
   assert evals == ["0", "2"]
   assert "grpo_jax: run complete at step 2/2" in proc.stdout
-  assert re.search(r"^  time \d+ s: generation \d+ s, update \d+ s, evaluation \d+ s, "
-                   r"checkpoint \d+ s$", proc.stdout, re.M)
+  assert re.search(r"^  time \d+ s: prompts \d+ s, generation \d+ s, scoring \d+ s, "
+                   r"assembly \d+ s, update \d+ s, metrics \d+ s, evaluation \d+ s, "
+                   r"checkpoint \d+ s, other \d+ s$", proc.stdout, re.M)
   assert f"checkpoints  {workdir}" in proc.stdout
   records = metrics.read_metrics(os.fspath(workdir))
   steps = [r for r in records if "loss" in r]
@@ -58,6 +59,43 @@ def test_cli_smoke_terminal_metrics_and_checkpoints(smoke_run):
   assert f"grpo_jax: {workdir} is complete (2/2 steps); nothing to do." in again.stdout
   summary = lambda text: text[text.index("grpo_jax: run complete"):].splitlines()[:4]
   assert summary(again.stdout) == summary(proc.stdout)
+
+
+def test_step_records_split_the_step_time_into_phases(smoke_run):
+  """Each step record has the seconds of every phase (metrics.PHASES): non-negative, adding up
+  to at most the step's wall time; the cumulative ``time_<phase>_s`` are their running sums."""
+  workdir, _ = smoke_run
+  steps = [r for r in metrics.read_metrics(os.fspath(workdir)) if "loss" in r]
+  assert len(steps) == 2
+  for r in steps:
+    phases = [r[f"time/{name}_s"] for name in metrics.PHASES]
+    assert all(v >= 0 for v in phases), r
+    assert 0 < sum(phases) <= r["time/step_s"] * (1 + 1e-9) + 1e-9
+    # The device work was waited for in the phases that ran it.
+    assert r["time/generation_s"] > 0 and r["time/update_s"] > 0
+    assert r["time/checkpoint_s"] > 0  # smoke: checkpoint.every = 1
+  # Step 2 was evaluated (the last step): the evaluation is in its window, not step 1's.
+  assert steps[0]["time/evaluation_s"] == 0 < steps[1]["time/evaluation_s"]
+  for name in metrics.PHASES:
+    total = steps[0][f"time/{name}_s"] + steps[1][f"time/{name}_s"]
+    first_eval = steps[0][f"time_{name}_s"] - steps[0][f"time/{name}_s"]  # step 0's evaluation
+    assert steps[1][f"time_{name}_s"] == pytest.approx(first_eval + total, abs=1e-9)
+  # The loop's wall time bounds the steps' windows (the first evaluation is in neither).
+  assert sum(r["time/step_s"] for r in steps) <= steps[1]["wall_s"] + steps[1][
+      "time/evaluation_s"] + steps[1]["time/checkpoint_s"] + 1.0
+
+
+def test_phase_timer_accumulates_until_taken():
+  timer = metrics.PhaseTimer()
+  for _ in range(2):
+    with timer.phase("scoring"):
+      pass
+  with pytest.raises(KeyError):
+    with timer.phase("update"):
+      raise KeyError("the phase is timed even when it raises")
+  seconds = timer.take()
+  assert set(seconds) == {"scoring", "update"} and all(v >= 0 for v in seconds.values())
+  assert timer.take() == {}
 
 
 def test_report_of_the_smoke_run(smoke_run, tmp_path):

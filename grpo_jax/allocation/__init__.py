@@ -15,14 +15,15 @@ from grpo_jax.allocation.selectors import (SELECTORS, DpsSelector, MoppsSelector
 METHODS = ("uniform", "dynamic_sampling", "sara")
 
 
-def make_allocator(config, sample_fn, tokenizer, task, stream) -> Allocator:
-  """The allocator described by ``config.allocation`` (validated by grpo_jax.configuration)."""
+def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None) -> Allocator:
+  """The allocator described by ``config.allocation`` (validated by grpo_jax.configuration);
+  its phases are timed on ``timer`` (a ``metrics.PhaseTimer``; a private one when None)."""
   a, r = config.allocation, config.rollout
   selector = make_selector(a.selector, stream, size=pool_size(task, config.task.train_size),
                            ratio=a.candidates_ratio, decay=a.decay, seed=config.seed)
   sampler = RoundSampler(sample_fn, tokenizer, task, slots=r.batch_prompts * r.group_size,
                          prompt_len=r.prompt_len, overlong_buffer=config.rl.overlong_buffer,
-                         overlong_factor=config.rl.overlong_penalty)
+                         overlong_factor=config.rl.overlong_penalty, timer=timer)
   shape = dict(num_groups=r.batch_prompts, group_size=r.group_size,
                effective_signal=config.rl.effective_signal)
   if a.method == "dynamic_sampling":

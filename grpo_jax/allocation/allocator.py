@@ -24,6 +24,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from grpo_jax import metrics as metrics_lib
 from grpo_jax.allocation import rounds as rounds_lib
 
 
@@ -37,6 +38,8 @@ class Allocator:
     self.selector, self.sampler = selector, sampler
     self.num_groups, self.group_size = num_groups, group_size
     self.effective_signal = effective_signal
+    # The round sampler's timer: prompt selection and batch assembly are timed on it too.
+    self.timer = getattr(sampler, "timer", None) or metrics_lib.PhaseTimer()
 
   def collect(self, params, step: int, rng):
     """(Rollout of B complete groups on the device, stats dict) for train step ``step``."""
@@ -65,6 +68,10 @@ class Allocator:
       rounds: rounds run.
       extra: more ``alloc/`` metrics.
     """
+    with self.timer.phase("assembly"):
+      return self._finish_timed(groups, generated, touched, step, rounds, extra)
+
+  def _finish_timed(self, groups, generated, touched, step, rounds, extra):
     self.selector.observe([(p.index, int(np.sum(r.success_R)), len(r)) for p, r in touched])
     rows = rounds_lib.Rows.concat(generated)
     if groups:
@@ -92,7 +99,8 @@ class FullGroups(Allocator):
   name = "uniform"
 
   def collect(self, params, step: int, rng):
-    prompts = self.selector.draw(self.num_groups)
+    with self.timer.phase("prompts"):
+      prompts = self.selector.draw(self.num_groups)
     per_prompt, _ = self.sampler.run(params, [(p, self.group_size) for p in prompts],
                                      self.round_key(rng, 0))
     groups = list(zip(prompts, per_prompt))

@@ -38,7 +38,8 @@ class DynamicSampling(allocator_lib.Allocator):
     taken = set()
     r = 0
     while len(kept) < self.num_groups and r < self.max_rounds:
-      prompts = self.selector.draw(self.num_groups, exclude=taken)
+      with self.timer.phase("prompts"):
+        prompts = self.selector.draw(self.num_groups, exclude=taken)
       taken.update(p.index for p in prompts)
       per_prompt, _ = self.sampler.run(params, [(p, self.group_size) for p in prompts],
                                        self.round_key(rng, r))

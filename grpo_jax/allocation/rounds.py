@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax import metrics as metrics_lib
 from grpo_jax import rollouts as rollouts_lib
 from grpo_jax import tokenization
 from grpo_jax.types import Rollout
@@ -96,13 +97,17 @@ class RoundSampler:
     slots: S, rows per round (B * G).
     prompt_len: P.
     overlong_buffer, overlong_factor: DAPO's soft overlong penalty (0 disables).
+    timer: ``metrics.PhaseTimer`` the round's phases are timed on: "prompts" (tokenising),
+      "generation" (the sampler call and the wait for its output), "scoring" (decoding, the
+      verifier, the host rows); a private one when None.
   """
 
   def __init__(self, sample_fn, tokenizer, task, *, slots: int, prompt_len: int,
-               overlong_buffer: int = 0, overlong_factor: float = 1.0):
+               overlong_buffer: int = 0, overlong_factor: float = 1.0, timer=None):
     self.sample_fn, self.tokenizer, self.task = sample_fn, tokenizer, task
     self.slots, self.prompt_len = slots, prompt_len
     self.overlong_buffer, self.overlong_factor = overlong_buffer, overlong_factor
+    self.timer = timer if timer is not None else metrics_lib.PhaseTimer()
     self.rounds = 0  # rounds run by this object (for tests and metrics)
 
   def run(self, params, requests, rng, spare=None) -> tuple[list[Rows], list]:
@@ -137,25 +142,28 @@ class RoundSampler:
       raise ValueError("a round needs at least one request")
     texts = [p.text for p in layout] + [filler.text] * free
     problems = [p.problem for p in layout]
-    ids, mask = tokenization.encode_prompts(self.tokenizer, texts, self.prompt_len)
-    out = self.sample_fn(params, ids, mask, rng)
-    tokens, comp_mask, logp, lengths, truncated = jax.device_get(
-        (out.tokens_NxT, out.mask_NxT, out.logp_NxT, out.lengths_N, out.truncated_N))
+    with self.timer.phase("prompts"):
+      ids, mask = tokenization.encode_prompts(self.tokenizer, texts, self.prompt_len)
+    with self.timer.phase("generation"):
+      out = self.sample_fn(params, ids, mask, rng)
+      tokens, comp_mask, logp, lengths, truncated = jax.device_get(
+          (out.tokens_NxT, out.mask_NxT, out.logp_NxT, out.lengths_N, out.truncated_N))
     self.rounds += 1
-    n = len(layout)  # the free tail is sampled but never decoded or scored
-    tokens, comp_mask, logp = tokens[:n], comp_mask[:n], logp[:n]
-    lengths, truncated = lengths[:n], truncated[:n]
-    completions = tokenization.decode_completions(self.tokenizer, tokens, comp_mask)
-    scores, errors = rollouts_lib.score_completions(self.task, completions, problems)
-    success = np.array([self.task.is_success(s) for s in scores], bool)
-    scores = scores + rollouts_lib.overlong_penalty(
-        lengths, truncated, tokens.shape[1], self.overlong_buffer,
-        self.overlong_factor).astype(np.float32)
-    rows = Rows(prompt_ids_RxP=ids[:n], prompt_mask_RxP=mask[:n], tokens_RxT=tokens,
-                mask_RxT=comp_mask, logp_RxT=logp, scores_R=scores, success_R=success,
-                lengths_R=lengths, truncated_R=truncated, errors_R=errors, texts=completions)
-    bounds = np.cumsum([0] + counts + [c for _, c in extra])
-    parts = [rows.take(np.arange(bounds[i], bounds[i + 1])) for i in range(len(bounds) - 1)]
+    with self.timer.phase("scoring"):
+      n = len(layout)  # the free tail is sampled but never decoded or scored
+      tokens, comp_mask, logp = tokens[:n], comp_mask[:n], logp[:n]
+      lengths, truncated = lengths[:n], truncated[:n]
+      completions = tokenization.decode_completions(self.tokenizer, tokens, comp_mask)
+      scores, errors = rollouts_lib.score_completions(self.task, completions, problems)
+      success = np.array([self.task.is_success(s) for s in scores], bool)
+      scores = scores + rollouts_lib.overlong_penalty(
+          lengths, truncated, tokens.shape[1], self.overlong_buffer,
+          self.overlong_factor).astype(np.float32)
+      rows = Rows(prompt_ids_RxP=ids[:n], prompt_mask_RxP=mask[:n], tokens_RxT=tokens,
+                  mask_RxT=comp_mask, logp_RxT=logp, scores_R=scores, success_R=success,
+                  lengths_R=lengths, truncated_R=truncated, errors_R=errors, texts=completions)
+      bounds = np.cumsum([0] + counts + [c for _, c in extra])
+      parts = [rows.take(np.arange(bounds[i], bounds[i + 1])) for i in range(len(bounds) - 1)]
     return parts[:len(counts)], list(zip(fitted, parts[len(counts):]))
 
 

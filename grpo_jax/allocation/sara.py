@@ -157,7 +157,8 @@ class Sara(allocator_lib.Allocator):
       new = 0
       if r < self.max_rounds - 1 and len(committed) < b:
         new = self._new_prompts(b - len(committed), len(undecided), free)
-      fresh = [_Prompt(p) for p in self.selector.draw(new, exclude=taken)] if new else []
+      with self.timer.phase("prompts"):
+        fresh = [_Prompt(p) for p in self.selector.draw(new, exclude=taken)] if new else []
       taken.update(f.prompt.index for f in fresh)
       touched += fresh
       requests += [(f, k) for f in fresh]
