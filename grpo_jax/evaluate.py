@@ -105,8 +105,9 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
   Returns:
     ``group_metrics`` of the successes, plus mean_score and truncated_fraction.
   """
+  # Each batch holds whole groups of k copies of a prompt: prefilled once per prompt.
   config = sampler_lib.sampling_config_for(tokenizer, completion_len, temperature=temperature,
-                                           model_path=model_path)
+                                           model_path=model_path, prompt_group=k)
   sample = cached_sampler(graphdef, config, mesh)
   render = render or task.prompt
   prompts = [render(p) for p in problems for _ in range(k)]

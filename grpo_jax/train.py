@@ -114,7 +114,9 @@ def step_config(config) -> step_lib.StepConfig:
       num_minibatches=config.rl.num_minibatches, num_epochs=config.rl.num_epochs,
       temperature=config.rollout.temperature, compute_entropy=config.rl.entropy_coef > 0,
       replay=configuration.replay_config(config), logprob_chunk=config.rl.logprob_chunk,
-      remat=config.model.remat, query_block=config.model.query_block)
+      remat=config.model.remat, query_block=config.model.query_block,
+      shuffle=config.rl.get("shuffle", "groups"),
+      shared_prompts=config.rl.get("shared_prompts", True))
 
 
 def _evaluate(config, graphdef, params, tokenizer, task, problems, render, mesh=None) -> dict:
@@ -164,7 +166,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
                                      train_size=config.task.train_size)
   sample_fn = sampler_lib.make_sampler(graphdef, sampler_lib.sampling_config_for(
       tokenizer, r.completion_len, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-      model_path=config.model.path), mesh)
+      model_path=config.model.path,
+      prompt_group=r.group_size if config.rl.get("shared_prompts", True) else 1), mesh)
   timer = metrics_lib.PhaseTimer()  # this step's phases; the allocator times its own on it
   allocator = allocation.make_allocator(config, sample_fn, tokenizer, task, stream, timer)
   host = {"rollouts": 0, "completion_tokens": 0, "reward_errors": 0}
