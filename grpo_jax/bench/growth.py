@@ -113,7 +113,7 @@ def measure(graphdef, params, rows: int, prompt_len: int, completion_len: int,
                         jnp.int32)
   mask_NxP = jnp.ones((n, p), bool)
   sample = sampler_lib.make_sampler(graphdef, sampler_lib.SamplingConfig(
-      max_new_tokens=t, eos_ids=(-1,), pad_id=0, temperature=1.0))
+      max_new_tokens=t, eos_ids=(-1,), pad_id=0, temperature=1.0, prompt_group=g))
   sampler = sample.lower(params, ids_NxP, mask_NxP, jax.random.key(0)).compile()
   outs = []
 
@@ -142,7 +142,8 @@ def measure(graphdef, params, rows: int, prompt_len: int, completion_len: int,
     return metrics
 
   train_s = _median_seconds(train, repeats)
-  gflop = sum(flops_lib.step_phases(config, n, p, t, kl=kl_coef > 0, prox_pass=False).values())
+  gflop = sum(flops_lib.step_phases(config, n, p, t, kl=kl_coef > 0, prox_pass=False,
+                                    prompt_group=g).values())
   return {"rows": n, "T": t, "gen_s": gen_s, "train_s": train_s,
           "sampler_bytes": peak_bytes(sampler), "step_bytes": peak_bytes(step),
           "step_gflop": gflop / 1e9}
