@@ -191,9 +191,13 @@ def phase_report(graphdef, params, config: ModelConfig, rollout: Rollout, gen_s:
            "completion_ids_NxT": rollout.completion_ids_NxT}
   mask_NxT = rollout.completion_mask_NxT.astype(jnp.float32)
 
+  # The bench's prompts repeat by construction: the pass the step takes, without its check
+  # (the step makes the check around the whole gradient, not inside it).
+  grouped = step_config.shared_prompts
+
   def logp(params, batch):
     # pylint: disable-next=protected-access
-    return step_lib._policy_logprobs(graphdef, params, batch, step_config)[0]
+    return step_lib._policy_logprobs(graphdef, params, batch, step_config, grouped=grouped)[0]
 
   def masked_mean_logp(params, batch):
     return jnp.sum(logp(params, batch) * mask_NxT) / jnp.maximum(jnp.sum(mask_NxT), 1.0)

@@ -421,8 +421,9 @@ def cached_attention(q_BxTxKxGxDh, k_BxKxDhxS, v_BxKxSxDh, mask_BxTxS):
   scores = jnp.einsum("btkgd,bkds->bkgts", q_BxTxKxGxDh.astype(jnp.float32),
                       k_BxKxDhxS.astype(jnp.float32)) * (head_dim ** -0.5)
   scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxKxSxDh.dtype)
-  out = jnp.einsum("bkgts,bksd->btkgd", probs, v_BxKxSxDh, preferred_element_type=jnp.float32)
+  # Probabilities rounded to the values' dtype (as ``attention``), the product in float32.
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxKxSxDh.dtype).astype(jnp.float32)
+  out = jnp.einsum("bkgts,bksd->btkgd", probs, v_BxKxSxDh.astype(jnp.float32))
   return out.astype(v_BxKxSxDh.dtype)
 
 
