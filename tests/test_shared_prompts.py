@@ -145,3 +145,24 @@ def test_train_step_with_shared_prompts_equals_per_row(split, batch):
   assert _max_rel(update(shared), update(plain)) < 1e-4
   for k in ("loss", "kl_ref", "grad_norm"):
     assert float(m_shared[k]) == pytest.approx(float(m_plain[k]), rel=1e-4, abs=1e-6), k
+
+
+def test_bfloat16_sampler_and_grouped_pass_run_and_track_float32(data_dir, batch):
+  """bf16 matmuls through the cached decode and the grouped pass (XLA:CPU lacks some bf16 dot
+  forms: a bf16 x bf16 -> f32 product in the cache's attention failed to run once)."""
+  import os  # pylint: disable=g-import-not-at-top
+  from grpo_jax.models import from_pretrained  # pylint: disable=g-import-not-at-top
+  bf16 = from_pretrained(os.fspath(data_dir / "tiny_qwen3"), dtype="bfloat16")
+  graphdef, params = nnx.split(bf16)
+  ids, mask = batch[:2]
+  config = sampler_lib.SamplingConfig(max_new_tokens=T, eos_ids=(5,), pad_id=0,
+                                      temperature=1.0, prompt_group=G)
+  out = sampler_lib.make_sampler(graphdef, config)(params, ids, mask, jax.random.key(2))
+  logp = jax.jit(lambda p: completion_logprobs_and_entropy(
+      nnx.merge(graphdef, p), ids, mask, out.tokens_NxT, prompt_group=G)[0])(params)
+  m = np.asarray(out.mask_NxT)
+  # The sampler's cached bf16 attention and the teacher-forced bf16 pass round differently
+  # (hence rl.prox_pass=all under bf16); both follow the same model: log-probs of O(-5) agree
+  # to a few 0.1, where a wiring bug gives errors of their own size.
+  assert m.sum() > 0
+  assert float(np.max(np.abs(np.asarray(logp)[m] - np.asarray(out.logp_NxT)[m]))) < 0.5
