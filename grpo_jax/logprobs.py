@@ -64,8 +64,8 @@ def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
       differentiated, trading one more forward for the blocks' stored activations.
     query_block: queries per attention block (``qwen3.blocked_attention``; 0 = all at once).
     prompt_group: rows come in runs of this many completions of one prompt (GRPO's G,
-      group-major). When every run really repeats one prompt (checked on the device) and
-      ``query_block`` is 0, the pass runs each prompt once (``Qwen3.grouped_hidden_states``);
+      group-major). When every run really repeats one prompt (checked on the device), the
+      pass runs each prompt once (``Qwen3.grouped_hidden_states``);
       otherwise every row is [prompt; completion]. The same log-probs up to float rounding.
     check_prompts: with False the caller guarantees that the runs repeat (the grouped pass
       runs without the check). A differentiated caller makes the check itself, around the
@@ -90,11 +90,12 @@ def completion_logprobs_and_entropy(model: Qwen3, prompt_ids_NxP: jax.Array,
   def per_prompt(prompt_ids_NxP, prompt_mask_NxP, completion_ids_NxT):
     # The last completion token predicts nothing here: it is left out (unless it is the only).
     hp, hc = model.grouped_hidden_states(prompt_ids_NxP[::g], prompt_mask_NxP[::g],
-                                         completion_ids_NxT[:, :max(t - 1, 1)], g, remat)
+                                         completion_ids_NxT[:, :max(t - 1, 1)], g, remat,
+                                         query_block)
     return jnp.concatenate([jnp.repeat(hp[:, -1:], g, axis=0), hc[:, :t - 1]], axis=1)
 
   args = (prompt_ids_NxP, prompt_mask_NxP, completion_ids_NxT)
-  if g > 1 and n % g == 0 and query_block == 0:
+  if g > 1 and n % g == 0:
     if check_prompts:
       hidden_NxTxD = jax.lax.cond(prompts_repeat(prompt_ids_NxP, prompt_mask_NxP, g),
                                   per_prompt, every_row, *args)

@@ -151,7 +151,7 @@ def _policy_logprobs(graphdef, params, batch, config: StepConfig, with_entropy: 
 def _grouped_pass_possible(rows: int, config: StepConfig) -> bool:
   """Whether a pass over ``rows`` rows may run grouped (static; the prompts are checked too)."""
   g = config.group_size
-  return config.shared_prompts and g > 1 and rows % g == 0 and config.query_block == 0
+  return config.shared_prompts and g > 1 and rows % g == 0
 
 
 def _epoch_order(key, rows: int, config: StepConfig) -> jax.Array:

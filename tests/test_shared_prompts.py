@@ -98,6 +98,26 @@ def test_grouped_logprobs_entropy_and_gradients_equal_per_row(logprob_runs, chec
   assert _max_rel(grouped[2], plain[2]) < 1e-4
 
 
+@pytest.mark.parametrize("query_block,remat", [(2, False), (3, True)])
+def test_grouped_pass_with_query_blocks_and_remat(split, batch, logprob_runs, query_block, remat):
+  """Queries in blocks (3 leaves a padded block of the T' = 4 completion queries; both split
+  the P = 6 prompt queries) and per-layer remat: the per-row pass's log-probs and gradients."""
+  graphdef, params = split
+  ids, mask, completion, w = batch
+
+  def loss(params):
+    logp, ent = completion_logprobs_and_entropy(
+        nnx.merge(graphdef, params), ids, mask, completion, 0.7, True, remat=remat,
+        query_block=query_block, prompt_group=G, check_prompts=False)
+    return jnp.sum(logp * w) + 0.1 * jnp.sum(ent * w), (logp, ent)
+
+  (_, (logp, ent)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+  plain = logprob_runs[(1, False, True)]
+  np.testing.assert_allclose(logp, plain[0], atol=2e-5)
+  np.testing.assert_allclose(ent, plain[1], atol=2e-5)
+  assert _max_rel(grads, plain[2]) < 1e-4
+
+
 def test_rows_that_do_not_repeat_fall_back_to_the_per_row_pass(logprob_runs):
   plain, checked = logprob_runs[(1, True, True)], logprob_runs[(G, True, True)]
   np.testing.assert_array_equal(checked[0], plain[0])  # the same pass, bit for bit

@@ -277,7 +277,7 @@ class Attention(nnx.Module):
     return q.reshape(b, t, c.num_kv_heads, groups, c.head_dim), k, v
 
   def grouped(self, xp_BxPxD, xc_NxTxD, positions_BxP, positions_NxT, prompt_mask_BxP,
-              group: int):
+              group: int, query_block: int = 0):
     """Attention of B prompts and of their N = B * group continuations (``grouped_attention``).
 
     Returns:
@@ -287,7 +287,7 @@ class Attention(nnx.Module):
     qp, kp, vp = self._qkv(xp_BxPxD, positions_BxP)
     qc, kc, vc = self._qkv(xc_NxTxD, positions_NxT)
     out_p, out_c = grouped_attention(qp, kp.astype(qp.dtype), vp, qc, kc.astype(qc.dtype), vc,
-                                     prompt_mask_BxP, group)
+                                     prompt_mask_BxP, group, query_block)
     flat = lambda o: o.reshape(o.shape[:2] + (c.num_heads * c.head_dim,))
     return self.o_proj(flat(out_p)), self.o_proj(flat(out_c))
 
@@ -341,7 +341,7 @@ def attention(q_BxTxKxGxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS):
 
 
 def grouped_attention(qp_BxPxKxGxDh, kp_BxPxKxDh, vp_BxPxKxDh, qc_NxTxKxGxDh, kc_NxTxKxDh,
-                      vc_NxTxKxDh, prompt_mask_BxP, group: int):
+                      vc_NxTxKxDh, prompt_mask_BxP, group: int, query_block: int = 0):
   """``attention`` over B prompts, each continued by ``group`` rows (N = B * group).
 
   Row i of the continuations follows prompt i // group. Prompt tokens attend causally to their
@@ -350,29 +350,60 @@ def grouped_attention(qp_BxPxKxGxDh, kp_BxPxKxDh, vp_BxPxKxDh, qc_NxTxKxGxDh, kc
   ``attention`` over the N rows of [prompt; continuation], but each prompt's queries, keys and
   values are computed once instead of ``group`` times. The continuation softmax runs over the
   P prompt keys and T own keys together (one [N, K, G, T, P + T] score array, as before).
+  ``query_block > 0`` runs both parts ``query_block`` queries at a time, each block
+  rematerialised (as ``blocked_attention``): [N, K, G, query_block, P + T] scores at a time.
 
   Returns:
     (prompt outputs [B, P, K, G, Dh], continuation outputs [N, T, K, G, Dh]), values' dtype.
   """
   b, p = prompt_mask_BxP.shape
-  n, t, k, g, dh = qc_NxTxKxGxDh.shape
+  n, t = qc_NxTxKxGxDh.shape[:2]
   prompt_mask_BxP = prompt_mask_BxP.astype(bool)
   causal = lambda size: jnp.tril(jnp.ones((size, size), bool))
-  out_p = attention(qp_BxPxKxGxDh, kp_BxPxKxDh, vp_BxPxKxDh,
-                    causal(p)[None] & prompt_mask_BxP[:, None, :])
-  qc = qc_NxTxKxGxDh.reshape(b, group, t, k, g, dh)
+  mask_pp = causal(p)[None] & prompt_mask_BxP[:, None, :]
+  if 0 < query_block < p:
+    out_p = blocked_attention(qp_BxPxKxGxDh, kp_BxPxKxDh, vp_BxPxKxDh, mask_pp, query_block)
+  else:
+    out_p = attention(qp_BxPxKxGxDh, kp_BxPxKxDh, vp_BxPxKxDh, mask_pp)
+  attend = lambda q, causal_QxT: _continuation_attention(
+      q, kp_BxPxKxDh, vp_BxPxKxDh, kc_NxTxKxDh, vc_NxTxKxDh, prompt_mask_BxP, causal_QxT, group)
+  if not 0 < query_block < t:
+    return out_p, attend(qc_NxTxKxGxDh, causal(t))
+  num_blocks = -(-t // query_block)
+  pad = num_blocks * query_block - t
+  # Padding queries (zero, with no key of their own row) attend to the prompt and are dropped.
+  q = jnp.pad(qc_NxTxKxGxDh, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
+  rows = jnp.pad(causal(t), ((0, pad), (0, 0)))
+  q_blocks = jnp.swapaxes(q.reshape((n, num_blocks, query_block) + q.shape[2:]), 0, 1)
+  out = jax.lax.map(jax.checkpoint(lambda xs: attend(*xs)),
+                    (q_blocks, rows.reshape(num_blocks, query_block, t)))
+  out = jnp.swapaxes(out, 0, 1).reshape((n, num_blocks * query_block) + out.shape[3:])
+  return out_p, out[:, :t]
+
+
+def _continuation_attention(qc_NxQxKxGxDh, kp_BxPxKxDh, vp_BxPxKxDh, kc_NxTxKxDh, vc_NxTxKxDh,
+                            prompt_mask_BxP, causal_QxT, group: int):
+  """Q continuation queries per row over their prompt's P keys and their row's T keys.
+
+  ``causal_QxT`` says which of the row's own T keys each query sees.
+
+  Returns:
+    [N, Q, K, G, Dh] in the values' dtype.
+  """
+  b, p = prompt_mask_BxP.shape
+  n, q, k, g, dh = qc_NxQxKxGxDh.shape
+  qc = qc_NxQxKxGxDh.reshape(b, group, q, k, g, dh)
   scores_p = jnp.einsum("bjtkgd,bskd->bjkgts", qc, kp_BxPxKxDh,
                         preferred_element_type=jnp.float32) * (dh ** -0.5)
   scores_p = jnp.where(prompt_mask_BxP[:, None, None, None, None, :], scores_p, _MASK_VALUE)
-  scores_c = jnp.einsum("ntkgd,nskd->nkgts", qc_NxTxKxGxDh, kc_NxTxKxDh,
+  scores_c = jnp.einsum("ntkgd,nskd->nkgts", qc_NxQxKxGxDh, kc_NxTxKxDh,
                         preferred_element_type=jnp.float32) * (dh ** -0.5)
-  scores_c = jnp.where(causal(t), scores_c, _MASK_VALUE)
-  scores = jnp.concatenate([scores_p.reshape(n, k, g, t, p), scores_c], axis=-1)
+  scores_c = jnp.where(causal_QxT, scores_c, _MASK_VALUE)
+  scores = jnp.concatenate([scores_p.reshape(n, k, g, q, p), scores_c], axis=-1)
   probs = jax.nn.softmax(scores, axis=-1).astype(vc_NxTxKxDh.dtype)
-  probs_p = probs[..., :p].reshape(b, group, k, g, t, p)
-  out_c = (jnp.einsum("bjkgts,bskd->bjtkgd", probs_p, vp_BxPxKxDh).reshape(n, t, k, g, dh)
-           + jnp.einsum("nkgts,nskd->ntkgd", probs[..., p:], vc_NxTxKxDh))
-  return out_p, out_c
+  probs_p = probs[..., :p].reshape(b, group, k, g, q, p)
+  return (jnp.einsum("bjkgts,bskd->bjtkgd", probs_p, vp_BxPxKxDh).reshape(n, q, k, g, dh)
+          + jnp.einsum("nkgts,nskd->ntkgd", probs[..., p:], vc_NxTxKxDh))
 
 
 def blocked_attention(q_BxTxKxGxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS, block: int):
@@ -483,11 +514,11 @@ class DecoderLayer(nnx.Module):
 
 
 def _grouped_block(layer: DecoderLayer, xp_BxPxD, xc_NxTxD, positions_BxP, positions_NxT,
-                   prompt_mask_BxP, group: int):
+                   prompt_mask_BxP, group: int, query_block: int = 0):
   """One decoder block over B prompts and their N continuations (``Attention.grouped``)."""
   hp, hc = layer.self_attn.grouped(layer.input_layernorm(xp_BxPxD),
                                    layer.input_layernorm(xc_NxTxD), positions_BxP,
-                                   positions_NxT, prompt_mask_BxP, group)
+                                   positions_NxT, prompt_mask_BxP, group, query_block)
   xp_BxPxD, xc_NxTxD = xp_BxPxD + hp, xc_NxTxD + hc
   mlp = lambda x: x + layer.mlp(layer.post_attention_layernorm(x))
   return mlp(xp_BxPxD), mlp(xc_NxTxD)
@@ -599,7 +630,7 @@ class Qwen3(nnx.Module):
     return x, cache
 
   def grouped_hidden_states(self, prompt_ids_BxP, prompt_mask_BxP, completion_ids_NxT,
-                            group: int, remat: bool = False):
+                            group: int, remat: bool = False, query_block: int = 0):
     """Final-norm hidden states of B prompts and of N = B * group completions that follow them.
 
     The teacher-forced pass of GRPO's group-major batches without repeating the prompts:
@@ -614,6 +645,7 @@ class Qwen3(nnx.Module):
       completion_ids_NxT: int32 tokens after each prompt (all attended to, causally).
       group: completions per prompt.
       remat: checkpoint each decoder block (as ``hidden_states``).
+      query_block: queries per attention block (``grouped_attention``; 0 = all at once).
 
     Returns:
       (prompt hidden [B, P, D], completion hidden [N, T, D]) in the compute dtype.
@@ -631,12 +663,12 @@ class Qwen3(nnx.Module):
 
         def block(params, xp, xc, graphdef=graphdef):
           return _grouped_block(nnx.merge(graphdef, params), xp, xc, positions_BxP,
-                                positions_NxT, prompt_mask_BxP, group)
+                                positions_NxT, prompt_mask_BxP, group, query_block)
 
         xp, xc = jax.checkpoint(block)(params, xp, xc)
       else:
         xp, xc = _grouped_block(layer, xp, xc, positions_BxP, positions_NxT, prompt_mask_BxP,
-                                group)
+                                group, query_block)
       xp, xc = residual(xp), residual(xc)
     return self.norm(xp), self.norm(xc)
 
