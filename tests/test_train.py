@@ -274,7 +274,8 @@ def test_real_model_preset_needs_a_path():
   with pytest.raises(ValueError, match="unknown config preset 'qwen9'"):
     grpo.get_config("qwen9")
   # An unknown preset lists every preset the chosen file accepts, its own included.
-  with pytest.raises(ValueError, match=r"known: align_mu, bf16, countdown_hard, dps, filter, gsm8k, "
+  with pytest.raises(ValueError, match=r"known: align_mu, bf16, countdown_hard, dps, filter, "
+                                       r"gsm8k, "
                                        r"ineff, kl, mopps, pi_old, .*reuse=K, smoke, stale=S, "
                                        r"pool=N"):
     popo.get_config("nope")
