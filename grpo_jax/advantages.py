@@ -8,8 +8,11 @@ Rewards come as [B, G]: B groups (prompts) of G rollouts each. Estimators, by na
 * ``rloo``: r - mean of the other G - 1 rewards = G / (G - 1) * (r - mean) (RLOO,
   Ahmadian et al., arXiv 2402.14740).
 
-A group is *effective* when its success signal is not constant: neither all successes nor all
-failures (POPO, arXiv 2606.01281; DAPO's dynamic-sampling filter, arXiv 2503.14476).
+A group is *effective* when its signal is not constant: neither all successes nor all failures
+(POPO, arXiv 2606.01281; DAPO's dynamic-sampling filter, arXiv 2503.14476). ``effective_groups``
+is the one definition, on the device (the train step) and on the host (the allocators), with
+the tolerance ``EFFECTIVE_TOL`` rather than exact float equality; a group it calls constant
+gets advantage 0 from every estimator, so "effective" and "has a non-zero advantage" agree.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+# Spread (max - min within a group) at or below which a group's signal counts as constant.
+EFFECTIVE_TOL = 1e-6
 
 
 def grpo(rewards_BxG: jax.Array, eps: float = 1e-6) -> jax.Array:
@@ -65,19 +72,23 @@ def group_advantages(rewards_BxG: jax.Array, estimator: str = "grpo",
     raise ValueError(f"group size must be >= 2 for group-relative advantages, "
                      f"got {rewards_BxG.shape[-1]}")
   adv = ADVANTAGE_ESTIMATORS[estimator](rewards_BxG, eps=eps)
-  # A constant group has no signal: its advantages are exactly 0. Without this, the float32
-  # mean of G equal rewards can miss them by one rounding step (~6e-8), which grpo's division
-  # by std + eps = 1e-6 turns into advantages of up to ~0.1 (e.g. G = 8 rewards of 0.7).
-  r = rewards_BxG.astype(jnp.float32)
-  constant_B = jnp.max(r, axis=-1) == jnp.min(r, axis=-1)
-  return jnp.where(constant_B[:, None], 0.0, adv)
+  # A constant group (within EFFECTIVE_TOL) has no signal: its advantages are exactly 0.
+  # Without this, the float32 mean of G equal rewards can miss them by one rounding step
+  # (~6e-8), which grpo's division by std + eps = 1e-6 turns into advantages of up to ~0.1
+  # (e.g. G = 8 rewards of 0.7); and a spread of 1e-7 would give advantages of ~0.05.
+  return jnp.where(effective_groups(rewards_BxG)[:, None], adv, 0.0)
 
 
-def effective_groups(success_BxG: jax.Array, tol: float = 1e-6) -> jax.Array:
-  """bool [B]: the group's success signal varies (not all equal within ``tol``).
+def effective_groups(values_BxG, tol: float = EFFECTIVE_TOL):
+  """bool [B]: the group's signal varies (max - min > ``tol``), never exact float equality.
 
-  Works for bool successes and for continuous scores: a group counts as constant when
-  max - min <= tol, never by exact float equality.
+  The one definition of an effective group, used on the device and on the host: a jax array
+  (or tracer) gives a jax array, a numpy array or list gives a numpy array.
+
+  Args:
+    values_BxG: bool successes or float scores, [B, G] (any leading axes; the last is G).
+    tol: largest spread that still counts as constant.
   """
-  s = success_BxG.astype(jnp.float32)
-  return (jnp.max(s, axis=-1) - jnp.min(s, axis=-1)) > tol
+  xp = jnp if isinstance(values_BxG, jax.Array) else np
+  s = xp.asarray(values_BxG).astype(xp.float32)
+  return (xp.max(s, axis=-1) - xp.min(s, axis=-1)) > tol

@@ -1,6 +1,7 @@
 """Advantage estimators and the effective-group mask, with hand-worked values."""
 
 import hypothesis
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -55,7 +56,9 @@ def test_grpo_eps_added_to_std_not_to_variance():
   #   std + eps:        5e-7 / (7.0710678e-7 + 1e-6) = 5e-7 / 1.7071068e-6 = 0.2928932
   #   sqrt(var + eps):  5e-7 / sqrt(5e-13 + 1e-6)    = 5e-7 / 1.00000025e-3 = 0.0005000
   #   ddof = 0:         5e-7 / (5e-7 + 1e-6)                                 = 0.3333333
-  a = group_advantages(jnp.array([[0.0, 1e-6], [1e-6, 0.0]]), "grpo")
+  # The estimator itself: group_advantages calls a spread of 1e-6 constant (EFFECTIVE_TOL) and
+  # gives it 0, which the next test checks.
+  a = ADVANTAGE_ESTIMATORS["grpo"](jnp.array([[0.0, 1e-6], [1e-6, 0.0]]))
   np.testing.assert_allclose(a, [[-0.2928932, 0.2928932], [0.2928932, -0.2928932]], rtol=1e-4)
 
 
@@ -142,3 +145,27 @@ def test_effective_groups_uses_the_tolerance():
   np.testing.assert_array_equal(effective_groups(scores), [False, True, False])
   # An explicit tolerance above the 0.1 spread makes the second group constant too.
   np.testing.assert_array_equal(effective_groups(scores, tol=0.2), [False, False, False])
+
+
+def test_one_definition_of_effective_on_host_and_device():
+  """Scores 0 and 1e-9 (distinct in float32) are one constant group on the device (the train
+  step's mask), on the host (the allocators' ``rounds.is_effective``) and in the advantages (all
+  0); a 0.1 spread is effective everywhere. Mutation: the host's old exact comparison
+  (``values != values[0]``) calls the first group effective."""
+  from grpo_jax.allocation import rounds  # pylint: disable=g-import-not-at-top
+  scores = np.array([[0.0, 1e-9, 0.0, 1e-9], [0.0, 0.1, 0.0, 0.0]], np.float32)
+  assert scores[0, 1] != scores[0, 0]
+  device = np.asarray(jax.jit(effective_groups)(jnp.asarray(scores)))
+  host = [rounds.is_effective(rounds.Rows(
+      prompt_ids_RxP=np.zeros((4, 1), np.int32), prompt_mask_RxP=np.ones((4, 1), bool),
+      tokens_RxT=np.zeros((4, 1), np.int32), mask_RxT=np.ones((4, 1), bool),
+      logp_RxT=np.zeros((4, 1), np.float32), scores_R=row, success_R=row >= 1.0,
+      lengths_R=np.ones(4, np.int32), truncated_R=np.zeros(4, bool),
+      errors_R=np.zeros(4, bool), texts=[""] * 4), "score") for row in scores]
+  assert device.tolist() == host == [False, True]
+  assert effective_groups(scores).tolist() == [False, True]  # numpy in, numpy out
+  adv = np.asarray(group_advantages(jnp.asarray(scores), "grpo"))
+  # Group 0 is constant: 0 everywhere (with exact equality it would be (1e-9 - 5e-10) /
+  # (5.8e-10 + 1e-6) ~ 5e-4 per row). Group 1: mean 0.025, unbiased std 0.05 -> 1.5 / -0.5.
+  np.testing.assert_array_equal(adv[0], 0.0)
+  np.testing.assert_allclose(adv[1], [-0.5, 1.5, -0.5, -0.5], rtol=1e-4)

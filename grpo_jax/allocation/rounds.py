@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax import advantages as advantages_lib
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import rollouts as rollouts_lib
 from grpo_jax import tokenization
@@ -211,9 +212,10 @@ def assemble(groups: list[tuple[Prompt, Rows]], num_groups: int, group_size: int
 
 
 def is_effective(rows: Rows, signal: str) -> bool:
-  """The group's rewards are not all equal on ``signal`` ("success" or "score")."""
+  """The group's rewards are not all equal on ``signal`` ("success" or "score"): the train
+  step's definition (``advantages.effective_groups``, with its tolerance) on the host."""
   values = rows.success_R if signal == "success" else rows.scores_R
-  return bool(np.any(values != values[0]))
+  return bool(advantages_lib.effective_groups(np.asarray(values)[None])[0])
 
 
 def row_stats(rows: Rows) -> dict:
