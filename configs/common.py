@@ -103,6 +103,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.allocation.method = "uniform"  # rollouts per prompt: uniform | dynamic_sampling (DAPO) | sara
   c.allocation.selector = "stream"  # which prompts: stream (data order) | mopps | dps
   c.allocation.max_rounds = 10  # dynamic_sampling / sara: generation rounds (B*G slots) per step
+  # dynamic_sampling: prompts per generation batch, in multiples of B (DAPO: 3, i.e. 3 rounds of B
+  # prompts x G before the kept groups are counted); the step ends after the batch that fills B
+  c.allocation.oversample = 1
   c.allocation.probes = 4  # sara: K rollouts before the first commit / abandon decision
   c.allocation.tau_lo = 0.45  # sara: abandon when P(effective group) <= tau_lo
   c.allocation.tau_hi = 0.9  # sara: commit (complete the group) when P(effective) >= tau_hi

@@ -2,8 +2,9 @@
 
 Clip-higher (0.2 / 0.28), token-mean loss, no KL, the soft overlong penalty measured in
 tokens (R_len = 0 up to T - buffer, then falls linearly to -1 at T, and -1 when truncated),
-and dynamic sampling: full groups of fresh prompts, round after round, keeping only the
-effective ones until B are kept or 10 rounds have run (every generated rollout is counted).
+and dynamic sampling: generation batches of 3 x B fresh prompts (3 rounds of B prompts x G),
+keeping only the effective groups, until a batch brings the kept ones to B (extras are dropped)
+or 10 batches (30 rounds) have run; every generated rollout is counted.
 
     python -m grpo_jax.train --config=configs/dapo.py --workdir=runs/dapo
 """
@@ -24,5 +25,6 @@ def get_config(arg: str | None = None):
   c.rl.overlong_buffer = 4  # L_cache in tokens: the last 4 of the 16-token budget are penalised
   c.rl.overlong_penalty = 1.0  # penalty factor
   c.allocation.method = "dynamic_sampling"  # DS: keep effective groups only
-  c.allocation.max_rounds = 10  # DAPO's cap on generation batches per step
+  c.allocation.oversample = 3  # DAPO's generation batch: 3 x B prompts (3 rounds of B x G)
+  c.allocation.max_rounds = 30  # DAPO's cap of 10 generation batches per step, in rounds
   return common.apply_presets(c, arg)

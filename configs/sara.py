@@ -16,7 +16,9 @@ def get_config(arg: str | None = None):
   c.rl.estimator = "grpo"
   c.allocation.method = "sara"
   c.allocation.probes = 4  # K
-  c.allocation.tau_lo = 0.45  # abandon after 4 agreeing probes (P_eff = 0.44 with Beta(1,1))
+  # Abandon after 4 agreeing probes at G = 8 (P_eff = 1 - 5/9 = 0.44 with Beta(1,1)); at
+  # G = 16 only after 9 agreeing rollouts (1 - 10/17 = 0.41; see grpo_jax/allocation/sara.py)
+  c.allocation.tau_lo = 0.45
   c.allocation.tau_hi = 0.9  # commit: with a fresh Beta(1,1) prior, as soon as probes disagree
   c.allocation.max_rounds = 10
   return common.apply_presets(c, arg)

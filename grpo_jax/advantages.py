@@ -75,8 +75,11 @@ def group_advantages(rewards_BxG: jax.Array, estimator: str = "grpo",
   # A constant group (within EFFECTIVE_TOL) has no signal: its advantages are exactly 0.
   # Without this, the float32 mean of G equal rewards can miss them by one rounding step
   # (~6e-8), which grpo's division by std + eps = 1e-6 turns into advantages of up to ~0.1
-  # (e.g. G = 8 rewards of 0.7); and a spread of 1e-7 would give advantages of ~0.05.
-  return jnp.where(effective_groups(rewards_BxG)[:, None], adv, 0.0)
+  # (e.g. G = 8 rewards of 0.7); and a spread of 1e-7 would give advantages of ~0.05. A NaN
+  # reward is not constant: its NaN advantages reach the train step's non-finite guard.
+  r = jnp.asarray(rewards_BxG).astype(jnp.float32)
+  constant_B = jnp.max(r, axis=-1) - jnp.min(r, axis=-1) <= EFFECTIVE_TOL
+  return jnp.where(constant_B[:, None], 0.0, adv)
 
 
 def effective_groups(values_BxG, tol: float = EFFECTIVE_TOL):

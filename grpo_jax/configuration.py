@@ -140,6 +140,11 @@ def _validate_allocation(config) -> None:
   _check(a.selector in allocation.SELECTORS, "allocation.selector",
          f"{a.selector!r}; known: {', '.join(allocation.SELECTORS)}")
   _check(a.max_rounds >= 2, "allocation.max_rounds", f"{a.max_rounds} must be >= 2")
+  _check(isinstance(a.oversample, int) and a.oversample >= 1, "allocation.oversample",
+         f"{a.oversample!r} must be an integer >= 1 (generation batches of oversample x B prompts)")
+  _check(a.method != "dynamic_sampling" or a.oversample <= a.max_rounds, "allocation.oversample",
+         f"{a.oversample} must be <= allocation.max_rounds={a.max_rounds} (one generation batch "
+         "is oversample rounds)")
   _check(a.method != "sara" or 1 <= a.probes <= config.rollout.group_size, "allocation.probes",
          f"{a.probes} must be in [1, group_size={config.rollout.group_size}]")
   _check(0.0 <= a.tau_lo < a.tau_hi <= 1.0, "allocation.tau_lo",

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from grpo_jax import keys
 from grpo_jax import sampler as sampler_lib
 from grpo_jax import sharding
 from grpo_jax import tokenization
@@ -81,7 +82,8 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
   Every sampler batch has the same number of rows, ``min(rows_per_batch, k * len(problems))``
   (``rows_per_batch`` first rounded down to a multiple of k, at least k; the last batch is
   padded with repeats), so the sampler compiles once per distinct size and a small evaluation
-  does not pay for padding. Token t of a row is drawn with ``fold_in(key, t)`` and uniforms
+  does not pay for padding. The batch starting at row i samples with ``keys.evaluation_batch(seed,
+  i)``; token t of a row is drawn with ``fold_in(that key, t)`` and uniforms
   of shape [rows, 1], whose first rows do not depend on the row count (threefry is
   partitionable by default), so the size does not change the results.
 
@@ -123,7 +125,7 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
     real = len(chunk)
     chunk = chunk + [chunk[-1]] * (rows_per_batch - real)
     ids, mask = tokenization.encode_prompts(tokenizer, chunk, prompt_len)
-    out = sample(params, ids, mask, jax.random.fold_in(jax.random.key(seed), start))
+    out = sample(params, ids, mask, keys.evaluation_batch(seed, start))
     out = jax.device_get(out)
     texts = tokenization.decode_completions(tokenizer, out.tokens_NxT[:real], out.mask_NxT[:real])
     scores += [task.score(t, p) for t, p in zip(texts, owners[start:start + real])]

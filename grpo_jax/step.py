@@ -32,6 +32,7 @@ import optax
 from flax import nnx
 
 from grpo_jax import advantages as advantages_lib
+from grpo_jax import keys
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 from grpo_jax.replay import ReplayState
@@ -43,7 +44,6 @@ from grpo_jax.types import Rollout, TrainState
 
 
 SIGNALS = ("score", "success")
-_REPLAY_KEY = 0x7265706C  # folded into the step key for a replay method's own sampling
 PROX_PASSES = ("replayed", "all")
 REMAT = ("none", "layer")
 SHUFFLES = ("groups", "rows")
@@ -174,7 +174,8 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
     replay: ReplayState (donated; passed through at capacity 0).
     rollout: the fresh Rollout, N = B * G rows, group-major.
     ref_params: frozen reference parameters (ignored when the KL coefficient is 0).
-    rng: key for minibatch shuffling, folded with the step.
+    rng: the step's update key (``keys.update``): parent of the replay method's key and of the
+      minibatch shuffles, each folded with the state's step (``keys.py``).
 
   Returns:
     (new TrainState, new ReplayState, dict of float32 scalar metrics).
@@ -189,9 +190,8 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   adv_BxG = advantages_lib.group_advantages(signal(c.reward_signal).reshape(b, g), c.estimator)
   effective_B = advantages_lib.effective_groups(signal(c.effective_signal).reshape(b, g))
   fresh = jax.tree.map(lambda x: x.reshape((b, g) + x.shape[1:]), rollout)
-  step_key = jax.random.fold_in(rng, state.step)
   ctx = replay_method.StepContext(fresh=fresh, advantages_BxG=adv_BxG, effective_B=effective_B,
-                                  step=state.step, rng=jax.random.fold_in(step_key, _REPLAY_KEY))
+                                  step=state.step, rng=keys.replay(rng, state.step))
   start_params = jax.lax.stop_gradient(state.params)
 
   def start_logp(rows: Rollout) -> jax.Array:
@@ -211,38 +211,52 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   rows = mixed.num_rows
   replayed_N = comp.replayed_N
 
+  mu_NxT = mixed.behaviour_logp_NxT
   batch = _rows_batch(mixed)
   batch.update({
       "mask_NxT": comp.loss_mask_NxT,
-      "behaviour_logp_NxT": mixed.behaviour_logp_NxT,
+      "behaviour_logp_NxT": mu_NxT,
       # Fresh rows: the proximal policy (params at the start of the step) is the behaviour one.
-      "prox_logp_NxT": mixed.behaviour_logp_NxT,
+      "prox_logp_NxT": mu_NxT,
       "advantages_N": comp.advantages_N,
   })
-  # Which rows take pi_prox from the start-of-step policy (the others keep pi_prox = mu):
-  # replayed rows unless the objective clips around mu; every row with prox_pass="all".
+  # log pi_prox by row: fresh rows keep mu unless prox_pass="all" (then the start-of-step pass,
+  # so rho starts at 1 exactly and w = pi_prox / mu corrects the sampler/trainer mismatch);
+  # replayed rows take the start-of-step policy (decoupled, pi_old: the method's own pass when
+  # it made one) or, clipped around their behaviour policy (align_mu), the stored pi_gen: the
+  # trainer's log-probs at generation, which is mu itself in float32 and mu without the
+  # sampler/trainer mismatch under bfloat16 (the behaviour weight keeps mu).
   replay_prox = replaying and rc.objective != "align_mu"  # static
-  from_start_N = replayed_N if replay_prox else jnp.zeros_like(replayed_N)
+  full = None
+  if c.prox_pass == "all" or (replay_prox and comp.prox_logp_NxT is None):
+    full = start_logp(mixed)  # one no-grad pass over the batch
+  prox = mu_NxT if full is None or c.prox_pass != "all" else full
+  if replaying:
+    if replay_prox:
+      replayed_prox = full if comp.prox_logp_NxT is None else comp.prox_logp_NxT
+    else:
+      replayed_prox = comp.gen_logp_NxT
+    prox = jnp.where(replayed_N[:, None], replayed_prox, prox)
+  batch["prox_logp_NxT"] = prox
   if c.prox_pass == "all":
-    from_start_N = from_start_N | ~replayed_N
-  if replay_prox or c.prox_pass == "all":
-    prox = comp.prox_logp_NxT  # the method's own pass, when it made one (replayed rows)
-    if prox is None or c.prox_pass == "all":
-      full = start_logp(mixed)  # one no-grad pass over the batch
-      prox = full if prox is None else jnp.where(replayed_N[:, None], prox, full)
-    batch["prox_logp_NxT"] = jnp.where(from_start_N[:, None], prox, mixed.behaviour_logp_NxT)
-    if c.prox_pass == "all":
-      fresh_tok = (batch["mask_NxT"] & ~replayed_N[:, None]).astype(jnp.float32)
-      extra_metrics["fresh_logp_mismatch"] = (
-          jnp.sum(jnp.abs(prox - mixed.behaviour_logp_NxT) * fresh_tok)
-          / jnp.maximum(jnp.sum(fresh_tok), 1.0))
+    fresh_tok = (batch["mask_NxT"] & ~replayed_N[:, None]).astype(jnp.float32)
+    extra_metrics["fresh_logp_mismatch"] = (
+        jnp.sum(jnp.abs(full - mu_NxT) * fresh_tok) / jnp.maximum(jnp.sum(fresh_tok), 1.0))
+    # What this step's rows store as pi_gen: the pass over the fresh rows at their places in
+    # the batch (rows 0..N-1; POPO's replaced ineffective groups are not in the batch and keep
+    # mu, which matters only for POPO-ineff, whose stored ineffective groups have advantage 0).
+    fresh_gen = jnp.where(replayed_N[:n, None], rollout.behaviour_logp_NxT, full[:n])
+    ctx = ctx.replace(gen_logp_BxGxT=fresh_gen.reshape(fresh.behaviour_logp_NxT.shape))
   if replaying:
     if rc.objective == "pi_old":
       # Replayed rows as if the current policy had sampled them: mu := pi_prox, so w = 1.
       batch["behaviour_logp_NxT"] = jnp.where(replayed_N[:, None], batch["prox_logp_NxT"],
                                               batch["behaviour_logp_NxT"])
-    extra_metrics.update(_replay_metrics(batch, replayed_N, mixed.version_N, state.step,
-                                         c.loss))
+    # The loss pass measures how far pi_theta is from each replayed row's pi_gen.
+    batch["replay_gen_logp_NxT"] = comp.gen_logp_NxT
+    batch["replayed_N"] = replayed_N
+    extra_metrics.update(_replay_age_metrics(batch["mask_NxT"], replayed_N, mixed.version_N,
+                                             state.step))
     extra_metrics.update(comp.metrics)
   adv_N = batch["advantages_N"]
   if c.effective_signal != c.reward_signal:
@@ -258,9 +272,12 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   def loss_fn(params, mb, grouped):
     logp, entropy = _policy_logprobs(graphdef, params, mb, c, c.compute_entropy,
                                      remat=c.remat == "layer", grouped=grouped)
-    return losses.policy_loss(logp, mb["prox_logp_NxT"], mb["behaviour_logp_NxT"],
-                              mb["advantages_N"], mb["mask_NxT"], c.loss,
-                              ref_logp_NxT=mb.get("ref_logp_NxT"), entropy_NxT=entropy)
+    loss, aux = losses.policy_loss(logp, mb["prox_logp_NxT"], mb["behaviour_logp_NxT"],
+                                   mb["advantages_N"], mb["mask_NxT"], c.loss,
+                                   ref_logp_NxT=mb.get("ref_logp_NxT"), entropy_NxT=entropy)
+    if replaying:
+      aux.update(_replay_drift_sums(logp, mb, c.loss.is_cap))
+    return loss, aux
 
   def minibatch_update(carry, mb):
     params, opt_state = carry
@@ -292,22 +309,31 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
             (None, "batch")), batch)
     return jax.lax.scan(minibatch_update, carry, shaped)
 
-  keys = jax.random.split(step_key, c.num_epochs)
-  (params, opt_state), per_update = jax.lax.scan(epoch, (state.params, state.opt_state), keys)
+  (params, opt_state), per_update = jax.lax.scan(
+      epoch, (state.params, state.opt_state), keys.shuffle(rng, state.step, c.num_epochs))
 
-  mask = rollout.completion_mask_NxT
-  metrics = {k: jnp.mean(v) for k, v in per_update.items()}
+  metrics = {k: jnp.mean(v) for k, v in per_update.items() if not k.startswith("_")}
+  if replaying:
+    metrics.update(_replay_drift_metrics(per_update))
+  # Averages over what is real: the fresh rows (and groups) with at least one completion token
+  # (an allocator's empty groups are padding), and the update batch's rows that count in the
+  # loss (masked replay slots, dropped groups and padding do not).
+  fresh_row_N = jnp.any(rollout.completion_mask_NxT, axis=-1)
+  fresh_group_B = jnp.any(fresh_row_N.reshape(b, g), axis=-1)
+  loss_row_N = jnp.any(batch["mask_NxT"], axis=-1)
+  lengths_N = jnp.sum(rollout.completion_mask_NxT, axis=-1).astype(jnp.float32)
   metrics.update(
       grad_norm_max=jnp.max(per_update["grad_norm"]),
       **({"learning_rate": per_update["learning_rate"][-1, -1]}
          if "learning_rate" in per_update else {}),
-      reward_mean=jnp.mean(rollout.scores_N),
-      success_mean=jnp.mean(rollout.success_N.astype(jnp.float32)),
-      effective_fraction=jnp.mean(effective_B.astype(jnp.float32)),
-      advantage_abs_mean=jnp.mean(jnp.abs(adv_N)),
-      completion_length_mean=jnp.mean(jnp.sum(mask, axis=-1).astype(jnp.float32)),
-      # Fraction of the batch's rows whose advantage is non-zero: the rows that teach.
-      nonzero_advantage_fraction=jnp.mean((jnp.abs(adv_N) > 1e-8).astype(jnp.float32)),
+      reward_mean=_mean_over(rollout.scores_N, fresh_row_N),
+      success_mean=_mean_over(rollout.success_N, fresh_row_N),
+      effective_fraction=_mean_over(effective_B, fresh_group_B),
+      advantage_abs_mean=_mean_over(jnp.abs(adv_N), loss_row_N),
+      completion_length_mean=_mean_over(lengths_N, fresh_row_N),
+      # Fraction of the loss's rows whose advantage is non-zero: the rows that teach.
+      nonzero_advantage_fraction=_mean_over(jnp.abs(adv_N) > 1e-8, loss_row_N),
+      loss_rows=jnp.sum(loss_row_N.astype(jnp.float32)),
   )
   # After selection and the update: nothing is replayed in the step that produced it.
   replay, insert_metrics = rc.after_update(ctx, replay, comp)
@@ -335,26 +361,48 @@ def _rows_batch(rows: Rollout) -> dict:
           "completion_ids_NxT": rows.completion_ids_NxT}
 
 
-def _replay_metrics(batch, replayed_N, version_N, step, loss_config) -> dict:
-  """Replay diagnostics: rows replayed, their age, drift and behaviour weights."""
-  tok = batch["mask_NxT"] & replayed_N[:, None]
-  tok_f = tok.astype(jnp.float32)
-  count = jnp.maximum(jnp.sum(tok_f), 1.0)
-  log_w = batch["prox_logp_NxT"] - batch["behaviour_logp_NxT"]
-  w, capped = losses.behaviour_weight(batch["prox_logp_NxT"], batch["behaviour_logp_NxT"],
-                                      loss_config)
-  used_N = replayed_N & jnp.any(batch["mask_NxT"], axis=-1)
+def _mean_over(x: jax.Array, where: jax.Array) -> jax.Array:
+  """Mean of ``x`` over the entries where ``where`` (0 when there are none), float32."""
+  w = where.astype(jnp.float32)
+  return jnp.sum(x.astype(jnp.float32) * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def _replay_age_metrics(mask_NxT, replayed_N, version_N, step) -> dict:
+  """Rows replayed in the loss and their age in train steps (step - version)."""
+  used_N = replayed_N & jnp.any(mask_NxT, axis=-1)
   age_N = (step - version_N).astype(jnp.float32)
-  num = jnp.sum(used_N.astype(jnp.float32))
-  return {
-      "replay_rows": num,
-      "replay_age_mean": jnp.sum(jnp.where(used_N, age_N, 0.0)) / jnp.maximum(num, 1.0),
-      "replay_age_max": jnp.max(jnp.where(used_N, age_N, 0.0)),
-      "replay_drift": jnp.sum(jnp.square(log_w) * tok_f) / count,
-      "replay_is_weight_mean": jnp.sum(w * tok_f) / count,
-      "replay_is_weight_max": jnp.max(jnp.where(tok, w, 0.0)),
-      "replay_is_capped_frac": jnp.sum(capped * tok_f) / count,
-  }
+  return {"replay_rows": jnp.sum(used_N.astype(jnp.float32)),
+          "replay_age_mean": _mean_over(age_N, used_N),
+          "replay_age_max": jnp.max(jnp.where(used_N, age_N, 0.0))}
+
+
+def _replay_drift_sums(logp_NxT, mb, is_cap: float) -> dict:
+  """Per-update sums over the minibatch's replayed tokens of the policy's divergence from each
+  row's pi_gen, from the loss pass's own log pi_theta (whatever the objective sets pi_prox and
+  mu to): ``_sum/`` keys are summed and ``_max/`` keys maxed over the updates, then divided by
+  ``_replay_drift_metrics``."""
+  tok = mb["mask_NxT"] & mb["replayed_N"][:, None]
+  tok_f = tok.astype(jnp.float32)
+  log_r = jax.lax.stop_gradient(logp_NxT.astype(jnp.float32)) - mb["replay_gen_logp_NxT"]
+  r = jnp.exp(jnp.clip(log_r, -20.0, 20.0))
+  return {"_sum/replay_tokens": jnp.sum(tok_f),
+          "_sum/replay_sq_log_ratio": jnp.sum(jnp.square(log_r) * tok_f),
+          "_sum/replay_ratio": jnp.sum(r * tok_f),
+          "_sum/replay_over_cap": jnp.sum((r > is_cap) * tok_f),
+          "_max/replay_ratio": jnp.max(jnp.where(tok, r, 0.0))}
+
+
+def _replay_drift_metrics(per_update: dict) -> dict:
+  """Replay diagnostics over every update's replayed tokens (``_replay_drift_sums``):
+  replay_drift = mean (log pi_theta - log pi_gen)^2; replay_is_weight_mean / max = pi_theta /
+  pi_gen, the importance weight of the policy being trained against the one that generated
+  the row (pi_gen = mu in float32); replay_is_capped_frac = share of those above ``is_cap``."""
+  tokens = jnp.maximum(jnp.sum(per_update["_sum/replay_tokens"]), 1.0)
+  total = lambda name: jnp.sum(per_update[f"_sum/{name}"]) / tokens
+  return {"replay_drift": total("replay_sq_log_ratio"),
+          "replay_is_weight_mean": total("replay_ratio"),
+          "replay_is_weight_max": jnp.max(per_update["_max/replay_ratio"]),
+          "replay_is_capped_frac": total("replay_over_cap")}
 
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,

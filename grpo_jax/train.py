@@ -29,6 +29,7 @@ from grpo_jax import checkpoint as checkpoint_lib
 from grpo_jax import configuration
 from grpo_jax import console
 from grpo_jax import evaluate as evaluate_lib
+from grpo_jax import keys
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import report
 from grpo_jax import replay as replay_lib
@@ -216,7 +217,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
       None if mesh is None else sharding_lib.step_shardings(mesh, state, replay, ref_params))
   eval_problems = task.eval_problems(config.eval.num_prompts)
   render = stream.render
-  base_key = jax.random.key(config.seed)
 
   def evaluate_now(step):
     with timer.phase("evaluation"):
@@ -290,16 +290,16 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   try:
     for step in range(start, config.total_steps):
-      key = jax.random.fold_in(base_key, step)
+      key = keys.train_step_key(config.seed, step)
       rollouts_before = host["rollouts"]
       # B complete groups, however the allocator spent its rollouts (allocation/allocator.py);
       # it times its phases (prompts, generation, scoring, assembly) on ``timer``.
-      rollout, stats = allocator.collect(state.params, step, jax.random.fold_in(key, 0))
+      rollout, stats = allocator.collect(state.params, step, keys.generation(key))
       for name in host:
         host[name] += stats[name]
       with timer.phase("update"):
         state, replay, step_metrics = train_step(state, replay, rollout, ref_params,
-                                                 jax.random.fold_in(key, 1))
+                                                 keys.update(key))
         # Generation needs the new parameters anyway, so waiting here costs no overlap and lets
         # the phases split the time honestly: "update" is dispatch plus the device's work.
         jax.block_until_ready(state.step)

@@ -45,14 +45,16 @@ def _run(split, replay_cfg, rollout, replay, loss=losses.LossConfig(), lr=1e-2, 
 
 def _buffer_with(split, scores, version=0, shift=0.0):
   """A buffer of capacity 4 holding both groups of one earlier rollout (entries 0, 1), with
-  STORED_ADV as their frozen advantages and log mu shifted by ``shift``."""
+  STORED_ADV as their frozen advantages and log mu shifted by ``shift`` (pi_gen with it: in
+  float32 the trainer's log-probs at generation are mu, as if an older policy had sampled)."""
   rollout = _rollout(split, scores, seed=9)
   fresh = jax.tree.map(lambda x: x.reshape((B, G) + x.shape[1:]), rollout)
   replay = replay_lib.init_replay(4, G, P, T)
   replay = replay_lib.insert(replay, fresh, jnp.asarray(STORED_ADV), jnp.ones(B, bool), version)
   if shift:
     shifted = replay.rollouts.behaviour_logp_NxT + shift * replay.rollouts.completion_mask_NxT
-    replay = replay.replace(rollouts=replay.rollouts.replace(behaviour_logp_NxT=shifted))
+    replay = replay.replace(rollouts=replay.rollouts.replace(behaviour_logp_NxT=shifted),
+                            gen_logp_CxExT=jnp.copy(shifted))
   return replay, rollout
 
 
@@ -121,8 +123,12 @@ def test_each_objective_equals_a_hand_composed_loss(split, tiny_qwen3, objective
   adv = jnp.asarray(A0 + STORED_ADV[1].tolist())
   expected, _ = losses.policy_loss(logp, prox, beh, adv, cmask, loss_cfg)
   assert float(m["loss"]) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
-  weight = {"decoupled": np.exp(0.5), "pi_old": 1.0, "align_mu": 1.0}[objective]
-  assert float(m["replay_is_weight_mean"]) == pytest.approx(weight, rel=1e-3)
+  # The diagnostics read the loss pass against pi_gen whatever the objective: pi_theta / mu =
+  # e^0.5 = 1.6487 and (log pi_theta - log mu)^2 = 0.25 on every replayed token, under all three
+  # (they read 1 and 0 under pi_old and align_mu when they compared pi_prox with mu).
+  assert float(m["replay_is_weight_mean"]) == pytest.approx(np.exp(0.5), rel=1e-3)
+  assert float(m["replay_drift"]) == pytest.approx(0.25, rel=1e-3)
+  assert float(m["replay_is_weight_max"]) == pytest.approx(np.exp(0.5), rel=1e-3)
   others = [o for o in method_lib.OBJECTIVES if o != objective]
   for other in others:  # the three compositions really differ on this batch
     p2, b2 = {"decoupled": (teacher_prox, mu), "pi_old": (teacher_prox, teacher_prox),

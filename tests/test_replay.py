@@ -137,8 +137,7 @@ def test_staleness_and_drift_and_proportional_priorities():
   # distance 1 with the more recent (version 2) first.
   idx, ok = replay_lib.select(replay, 3, "staleness", step=4, staleness=3)
   assert list(np.asarray(idx)) == [1, 2, 0] and bool(ok.all())
-  replay = replay.replace(drift_C=jnp.asarray([0.3, 0.1, 0.4, 0.2]))
-  idx, _ = replay_lib.select(replay, 2, "lowest_drift")
+  idx, _ = replay_lib.select(replay, 2, "lowest_kl", score_C=jnp.asarray([0.3, 0.1, 0.4, 0.2]))
   assert list(np.asarray(idx)) == [1, 3]
   # Proportional with one zero score: that entry is never chosen; asking for 4 gives 3 valid.
   score = jnp.asarray([1.0, 0.0, 2.0, 3.0])
@@ -152,8 +151,10 @@ def test_select_pads_when_fewer_entries_exist_and_gather_layout():
                    jnp.int32(0))
   idx, ok = replay_lib.select(replay, 4, "recency")
   np.testing.assert_array_equal(ok, [True, True, False, False])
-  rows, adv = replay_lib.gather(replay, idx[:2])
+  rows, adv, gen = replay_lib.gather(replay, idx[:2])
   assert rows.prompt_ids_NxP.shape == (2 * E, P) and adv.shape == (2 * E,)
+  # No trainer log-probs given at insertion: they default to the entries' log mu.
+  np.testing.assert_array_equal(gen, rows.behaviour_logp_NxT)
   np.testing.assert_array_equal(rows.prompt_id_N, [8, 8, 7, 7])  # most recent first
   with pytest.raises(ValueError, match="unknown replay priority"):
     replay_lib.select(replay, 1, "newest")
@@ -168,7 +169,7 @@ def test_capacity_zero_is_a_no_op_and_bytes_are_fixed():
   full = replay_lib.init_replay(C, E, P, T)
   # Per rollout: P ids 4*3 + P mask 1*3 + T ids 4*2 + T mask 1*2 + T logp 4*2 + score 4 +
   # success 1 + prompt id 4 + version 4 = 12+3+8+2+8+4+1+4+4 = 46 bytes; x E=2 -> 92, plus
-  # advantages 2*4 = 8 -> 100 per entry, plus version, inserted, use count, drift, headroom
-  # 4+4+4+4+4 and valid 1 = 21 per entry -> 121; C=5 -> 605, plus write_pos and num_inserted
-  # 8 -> 613.
-  assert full.nbytes == 613
+  # advantages 2*4 = 8 and trainer log-probs at generation E*T*4 = 16 -> 116 per entry, plus
+  # version, inserted, use count, drift, headroom 4+4+4+4+4 and valid 1 = 21 per entry -> 137;
+  # C=5 -> 685, plus write_pos and num_inserted 8 -> 693.
+  assert full.nbytes == 693

@@ -229,19 +229,21 @@ def _raw_config():
       live = _live(after, C)
       # Every priority returns min(k, live entries): proportional scores are all positive.
       v["selected_count"] = _count(_count(ok) != jnp.minimum(RAW_K, _count(live)))
-      # Recency: nothing live and left out is newer than what was returned; lowest drift:
-      # nothing live and left out has a lower drift.
-      index, drift = after["index"], after["drift"]
+      # Recency: nothing live and left out is newer than what was returned; lowest KL:
+      # no live slot left out has a lower score than a chosen one.
+      index = after["index"]
       chosen = jnp.zeros_like(live).at[jnp.where(ok, ids, live.shape[0])].set(True, mode="drop")
       left = live & ~chosen
       min_of = lambda x, m: jnp.min(jnp.where(m, x, jnp.iinfo(jnp.int32).max))
       newest_left = jnp.max(jnp.where(left, index, -1))
-      highest_drift = jnp.max(jnp.where(chosen, drift, -jnp.inf))
-      lowest_left = jnp.min(jnp.where(left, drift, jnp.inf))
-      name = jnp.asarray([replay_lib.PRIORITIES.index(p) for p in ("recency", "lowest_drift")])
+      chosen_C = jnp.zeros((C,), bool).at[jnp.where(ok, idx, C)].set(True, mode="drop")
+      left_C = out.valid_C & ~chosen_C
+      highest_chosen = jnp.max(jnp.where(chosen_C, score_C, -jnp.inf))
+      lowest_left = jnp.min(jnp.where(left_C, score_C, jnp.inf))
+      name = jnp.asarray([replay_lib.PRIORITIES.index(p) for p in ("recency", "lowest_kl")])
       v["selected_order"] = _count(
           ((prio == name[0]) & (newest_left > min_of(index, chosen)) & jnp.any(chosen)) |
-          ((prio == name[1]) & (lowest_left < highest_drift)))
+          ((prio == name[1]) & (lowest_left < highest_chosen)))
       drift_K = jax.random.uniform(k_drift, (RAW_K,))
       out = replay_lib.mark_used(out, idx, ok, drift_K)
       return out, step, _shadow_use(after, jnp.maximum(ids, 0), ok, drift_K), v, _count(ok)

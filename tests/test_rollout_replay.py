@@ -102,8 +102,10 @@ def test_composition_ages_and_warmup_against_a_python_model(advs, tau_max, warmu
           assert a == live[int(i)][1]
     np.testing.assert_array_equal(np.asarray(comp.loss_mask_NxT[n:]).any(-1),
                                   np.asarray(comp.replayed_N[n:]))
-    assert float(m["replay_inserted"]) == sum(1 for a in adv if insert == "all" or a != 0)
-    stored += [(100 * step + j, step, a) for j, a in enumerate(adv) if insert == "all" or a != 0]
+    # Every group is effective here (_ops), so "effective" stores every rollout, as "all".
+    kept = lambda a: insert in ("all", "effective") or a != 0
+    assert float(m["replay_inserted"]) == sum(1 for a in adv if kept(a))
+    stored += [(100 * step + j, step, a) for j, a in enumerate(adv) if kept(a)]
 
 
 def test_high_priority_entries_are_drawn_more_often():
@@ -169,5 +171,13 @@ def test_config_validation():
   with pytest.raises(ValueError, match="objective"):
     rollout_lib.RolloutReplayConfig(objective="coupled")
   with pytest.raises(ValueError, match="insert"):
-    rollout_lib.RolloutReplayConfig(insert="effective")
+    rollout_lib.RolloutReplayConfig(insert="survivors")
+  with pytest.raises(ValueError, match="age_unit"):
+    rollout_lib.RolloutReplayConfig(age_unit="epochs")
+  # 10 updates with 4 per train step: replayable while at most 2 train steps old; 3 updates
+  # with 4 per step would replay nothing, which is refused.
+  assert rollout_lib.RolloutReplayConfig(tau_max=10, age_unit="updates",
+                                         updates_per_step=4).max_age_steps == 2
+  with pytest.raises(ValueError, match="less than one train step"):
+    rollout_lib.RolloutReplayConfig(tau_max=3, age_unit="updates", updates_per_step=4)
   assert rollout_lib.RolloutReplayConfig(rho=0.5).extra_rows(256, 8) == 128

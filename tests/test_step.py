@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from grpo_jax import advantages, losses, sampler as sampler_lib, step as step_lib, train
+from grpo_jax import keys as grpo_keys
 from grpo_jax.logprobs import completion_logprobs, completion_logprobs_and_entropy
 from grpo_jax.replay import init_replay
 from grpo_jax.types import Rollout
@@ -200,7 +201,11 @@ def test_minibatch_epoch_loop_equals_a_reference_loop(split, tiny_qwen3, shuffle
   """
   graphdef, params = split
   m_, e_ = 2, 2
-  tx = optax.sgd(3.0)
+  # SGD at 0.3 already puts 50-80% of the later minibatches' tokens outside the clip. A larger
+  # step (3.0 before) makes the trajectory chaotic: a float32 rounding difference between the
+  # jitted step and this eager loop moves a token across a clip boundary, whose gradient then
+  # differs discontinuously, and the parameters part by 0.03-0.6 relative after 4 updates.
+  tx = optax.sgd(0.3)
   loss_cfg = losses.LossConfig()
   config = step_lib.StepConfig(group_size=G, num_minibatches=m_, num_epochs=e_, loss=loss_cfg,
                                shuffle=shuffle)
@@ -216,8 +221,10 @@ def test_minibatch_epoch_loop_equals_a_reference_loop(split, tiny_qwen3, shuffle
   p = _copy(params)
   opt_state = tx.init(p)
   seen_losses, clip_fracs = [], []
-  keys = jax.random.split(jax.random.fold_in(rng, 0), e_)
-  for key in keys:
+  # keys.shuffle(rng, step 0, 2): the step's epoch keys, by hand.
+  shuffle_keys = jax.random.split(
+      jax.random.fold_in(jax.random.fold_in(rng, 0), grpo_keys.SHUFFLE), e_)
+  for key in shuffle_keys:
     if shuffle == "groups":  # group j -> rows j*G .. j*G + G - 1, in the permuted order
       perm = (np.asarray(jax.random.permutation(key, B))[:, None] * G + np.arange(G)).ravel()
     else:

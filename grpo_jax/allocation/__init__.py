@@ -27,7 +27,8 @@ def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None) -> Al
   shape = dict(num_groups=r.batch_prompts, group_size=r.group_size,
                effective_signal=config.rl.effective_signal)
   if a.method == "dynamic_sampling":
-    return DynamicSampling(selector, sampler, max_rounds=a.max_rounds, **shape)
+    return DynamicSampling(selector, sampler, max_rounds=a.max_rounds, oversample=a.oversample,
+                           **shape)
   if a.method == "sara":
     return Sara(selector, sampler, probes=a.probes, tau_lo=a.tau_lo, tau_hi=a.tau_hi,
                 alpha0=a.alpha0, beta0=a.beta0, max_rounds=a.max_rounds, seed=config.seed,

@@ -21,9 +21,9 @@ touched, empty groups, and for SARA the abandonment and wrong-abandonment counts
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 
+from grpo_jax import keys
 from grpo_jax import metrics as metrics_lib
 from grpo_jax.allocation import rounds as rounds_lib
 
@@ -47,9 +47,23 @@ class Allocator:
 
   @staticmethod
   def round_key(rng, r: int):
-    """Round r's key: the step's generation key itself for round 0 (so uniform allocation draws
-    exactly what one sampler call on the step key draws), then folded with r."""
-    return rng if r == 0 else jax.random.fold_in(rng, r)
+    """Round r's sampler key, folded from the step's generation key for every round (the
+    sampler folds a call's key with each token position, so a call's key must never be
+    another round's: ``keys.py``)."""
+    return keys.round_key(rng, r)
+
+  def _draw(self, n: int, taken: set) -> list:
+    """n prompts not drawn yet this step; fewer (or none) when the selector runs dry."""
+    with self.timer.phase("prompts"):
+      try:
+        return self.selector.draw(n, exclude=taken)
+      except ValueError:
+        # A pool selector (MoPPS, DPS: a finite ``size``) raises once every prompt is taken or
+        # too long; after the step's first draw that only means this step's pool is spent. A
+        # stream's error (a long run of over-long prompts) is a real one.
+        if not taken or getattr(self.selector, "size", None) is None:
+          raise
+        return []
 
   def state_dict(self) -> dict:
     return {"selector": self.selector.state_dict()}

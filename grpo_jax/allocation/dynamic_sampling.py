@@ -1,12 +1,19 @@
 """DAPO dynamic sampling (Yu et al., arXiv 2503.14476, §3.2): over-sample and filter.
 
-Each round draws B fresh prompts and samples a full group of G for each; only *effective*
-groups (rewards not all equal on ``rl.effective_signal``: DAPO filters on accuracy) are kept,
-and rounds continue until B are kept or ``max_rounds`` rounds have run (DAPO's cap on
-generation batches). Effective groups beyond B are dropped, as in DAPO. Every generated
-rollout is counted, kept or not. A step that hits the cap trains on the groups it has, the
-remaining slots being empty groups (``rounds.py``): the update sees fewer groups, never an
-ineffective one.
+DAPO generates in *generation batches* of 3 x B prompts, keeps only the *effective* groups
+(rewards not all equal on ``rl.effective_signal``: DAPO filters on accuracy) and generates
+another batch until B are kept, at most 10 batches a step. Here a generation batch is
+``oversample`` rounds (each B fresh prompts x G rollouts, one fixed-shape sampler call), every
+prompt of a step drawn once (no repeats within the step), and the kept count is checked after
+each whole batch: a batch always runs to its end, so it may keep more than needed. Steps stop
+after the batch that brings B effective groups, after ``max_rounds`` rounds (a cap that may cut
+the last batch short: DAPO's 10 batches of 3 x B are ``oversample = 3``, ``max_rounds = 30``),
+or when the selector runs dry. ``oversample = 1`` checks after every round.
+
+Effective groups beyond B are dropped, as in DAPO (the first B in draw order are kept;
+``alloc/effective_dropped`` counts the rest). Every generated rollout is counted, kept or not.
+A step that hits the cap trains on the groups it has, the remaining slots being empty groups
+(``rounds.py``): the update sees fewer groups, never an ineffective one.
 """
 
 from __future__ import annotations
@@ -16,39 +23,56 @@ from grpo_jax.allocation import rounds as rounds_lib
 
 
 class DynamicSampling(allocator_lib.Allocator):
-  """Full groups of fresh prompts, round after round, keeping the effective ones.
+  """Full groups of fresh prompts, batch after batch, keeping the effective ones.
 
   Args:
     selector, sampler, num_groups, group_size, effective_signal: see ``Allocator``.
     max_rounds: generation rounds per step at most (each B prompts x G rollouts).
+    oversample: rounds per generation batch (its prompts are oversample x B); the kept groups
+      are counted after each batch.
   """
 
   name = "dynamic_sampling"
 
   def __init__(self, selector, sampler, *, num_groups: int, group_size: int,
-               effective_signal: str = "success", max_rounds: int = 10):
+               effective_signal: str = "success", max_rounds: int = 10, oversample: int = 1):
     super().__init__(selector, sampler, num_groups=num_groups, group_size=group_size,
                      effective_signal=effective_signal)
     if max_rounds < 1:
       raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
-    self.max_rounds = max_rounds
+    if not 1 <= oversample <= max_rounds:
+      raise ValueError(f"oversample must be in [1, max_rounds={max_rounds}], got {oversample}")
+    self.max_rounds, self.oversample = max_rounds, oversample
 
   def collect(self, params, step: int, rng):
+    b = self.num_groups
     kept, touched, generated = [], [], []
     taken = set()
-    r = 0
-    while len(kept) < self.num_groups and r < self.max_rounds:
-      with self.timer.phase("prompts"):
-        prompts = self.selector.draw(self.num_groups, exclude=taken)
-      taken.update(p.index for p in prompts)
-      per_prompt, _ = self.sampler.run(params, [(p, self.group_size) for p in prompts],
-                                       self.round_key(rng, r))
-      r += 1
-      generated += per_prompt
-      for prompt, rows in zip(prompts, per_prompt):
-        touched.append((prompt, rows))
-        if len(kept) < self.num_groups and rounds_lib.is_effective(rows,
-                                                                   self.effective_signal):
-          kept.append((prompt, rows))
+    r = batches = effective = 0
+    dry = False
+    while len(kept) < b and r < self.max_rounds and not dry:
+      batch_rounds = 0
+      while batch_rounds < self.oversample and r < self.max_rounds and not dry:
+        prompts = self._draw(self.num_groups, taken)
+        dry = len(prompts) < b  # a selector that returns fewer has no more for this step
+        if not prompts:
+          break
+        taken.update(p.index for p in prompts)
+        per_prompt, _ = self.sampler.run(params, [(p, self.group_size) for p in prompts],
+                                         self.round_key(rng, r))
+        r += 1
+        batch_rounds += 1
+        generated += per_prompt
+        for prompt, rows in zip(prompts, per_prompt):
+          touched.append((prompt, rows))
+          if rounds_lib.is_effective(rows, self.effective_signal):
+            effective += 1
+            if len(kept) < b:
+              kept.append((prompt, rows))
+      batches += bool(batch_rounds)
+    if not touched:
+      raise ValueError("the selector had no prompt for this step")
     return self._finish(kept, generated, touched, step, rounds=r,
-                        extra={"alloc/capped": float(len(kept) < self.num_groups)})
+                        extra={"alloc/capped": float(len(kept) < b),
+                               "alloc/generation_batches": float(batches),
+                               "alloc/effective_dropped": float(effective - len(kept))})

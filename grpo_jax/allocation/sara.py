@@ -11,15 +11,28 @@ of G will be *effective* (not all equal) is, with m = G - n rollouts still to co
 
 (before any rollout, both ways of agreeing count). A prompt gets K probe rollouts, then, round
 by round: **commit** (sample the rest of its group) when P_eff >= tau_hi, **abandon** when
-P_eff <= tau_lo, else one more rollout. With Beta(1, 1) and G = 8, agreeing probes give
-P_eff = 1 - (n + 1) / (G + 1) = 0.67, 0.56, 0.44 after 2, 3, 4 rollouts, so tau_lo = 0.45
-abandons a prompt after K = 4 agreeing probes and commits it as soon as they disagree.
+P_eff <= tau_lo, else one more rollout. With Beta(1, 1), n agreeing rollouts give
+P_eff = 1 - (n + 1) / (G + 1), so tau_lo abandons after n >= (1 - tau_lo)(G + 1) - 1 of them.
+For G = 8 that is 0.67, 0.56, 0.44 after 2, 3, 4: tau_lo = 0.45 abandons a prompt after K = 4
+agreeing probes and commits it as soon as they disagree. The same tau_lo means more rollouts
+for a larger group: for G = 16, P_eff = 1 - 9/17 = 0.47 after 8 agreeing and 1 - 10/17 = 0.41
+after 9, so it abandons after 9 (K = 4 probes, then 5 more rounds of one rollout; abandoning
+after K = 4 needs tau_lo >= 1 - 5/17 = 0.706); for G = 4 after 2 (1 - 3/5 = 0.4).
 
 Abandoning frees budget for new prompts, drawn from the selector (data order, or DPS for
 ``sara:dps``) until B groups are committed and complete or ``max_rounds`` rounds have run.
-Each round, completions go first, then one more rollout for undecided prompts, then K probes
-for as many new prompts as the running commit rate says are needed (never more than fit);
-commits beyond B are not completed (``surplus``). Every rollout of every prompt is counted.
+A round holds S = B * G rows, filled in this order: the completions of committed groups (a
+group gets what fits, the rest next round), one more rollout for each undecided prompt while
+they fit (the rest wait a round), then K probes for as many new prompts as the running commit
+rate says are needed and as whole probe sets fit. Commits beyond B are not completed
+(``surplus``), and once B groups are committed the prompts still undecided are no longer
+sampled (they could only become surplus). Every rollout of every prompt is counted, and the
+step's prompts add up: ``committed + abandoned + surplus + undecided = prompts_touched``, where
+``undecided`` counts the prompts the step left without a decision, dropped after B commits or
+still undecided when ``max_rounds`` ran out. They are neither committed nor abandoned: the
+abandon rate and the running commit rate count decided prompts only. A group committed but not
+complete when the round cap ends the step (``incomplete``) is not trained on; its slot, like
+every missing group, is an empty group.
 
 Posteriors do not carry over between the times a prompt is drawn: each draw starts from
 Beta(alpha0, beta0). The paper's thresholds are set for that prior (the K = 4 arithmetic
@@ -102,7 +115,8 @@ class Sara(allocator_lib.Allocator):
     probes: K, rollouts before the first decision.
     tau_lo, tau_hi: abandon / commit thresholds on P_eff.
     alpha0, beta0: the Beta prior of every draw.
-    max_rounds: generation rounds per step at most; the last one starts no new prompt.
+    max_rounds: generation rounds per step at most; the last one only completes committed
+      groups (no new prompt, no more rollouts for undecided ones).
     seed: seed of the audit sample.
   """
 
@@ -141,24 +155,40 @@ class Sara(allocator_lib.Allocator):
     want = math.ceil(max(needed - undecided * rate, 0.0) / rate)
     return max(0, min(want, free // self.probes))
 
+  def _requests(self, committed, undecided) -> list:
+    """This round's (prompt, count) requests before new probes, at most S rows: completions
+    of committed groups first (a group gets what fits, the rest next round), then one rollout
+    for each undecided prompt while they fit (the rest wait a round)."""
+    room, requests = self.sampler.slots, []
+    for c in committed:
+      # Cannot bind while at most B groups are committed (B * (G - K) < S); it keeps the cap
+      # true by construction.
+      count = min(self.group_size - c.n, room)
+      if count:
+        requests.append((c, count))
+        room -= count
+    requests += [(u, 1) for u in undecided[:room]]
+    return requests
+
   def collect(self, params, step: int, rng):
     b, g, k = self.num_groups, self.group_size, self.probes
-    committed, undecided, abandoned, touched = [], [], [], []
+    committed, undecided, abandoned, dropped, touched = [], [], [], [], []
     audits = []  # (abandoned prompt, its audit rows)
     surplus = 0
     taken = set()
     r = 0
     while r < self.max_rounds:
-      incomplete = [c for c in committed if c.n < g]
-      if len(committed) >= b and not incomplete:
+      if len(committed) >= b and all(c.n == g for c in committed):
         break
-      requests = [(c, g - c.n) for c in incomplete] + [(u, 1) for u in undecided]
+      # The last round completes groups only: one more rollout for an undecided prompt could
+      # at best commit a group that no round is left to complete.
+      last = r == self.max_rounds - 1
+      requests = self._requests(committed, [] if last else undecided)
       free = self.sampler.slots - sum(n for _, n in requests)
       new = 0
-      if r < self.max_rounds - 1 and len(committed) < b:
+      if not last and len(committed) < b:
         new = self._new_prompts(b - len(committed), len(undecided), free)
-      with self.timer.phase("prompts"):
-        fresh = [_Prompt(p) for p in self.selector.draw(new, exclude=taken)] if new else []
+      fresh = [_Prompt(p) for p in self._draw(new, taken)] if new else []
       taken.update(f.prompt.index for f in fresh)
       touched += fresh
       requests += [(f, k) for f in fresh]
@@ -175,7 +205,8 @@ class Sara(allocator_lib.Allocator):
       for (x, _), rows in zip(requests, per_request):
         x.parts.append(rows)
       audits += [(spare[i][0], rows) for i, rows in spare_out]
-      # Decide every prompt that is neither committed nor abandoned.
+      # Decide every prompt that is neither committed nor abandoned (one left waiting for a
+      # slot decides as before: its counts did not move).
       still = []
       for x in undecided + fresh:
         verdict = decide(x.n, x.successes, g, self.tau_lo, self.tau_hi, self.alpha0,
@@ -188,18 +219,24 @@ class Sara(allocator_lib.Allocator):
           abandoned.append(x)
         else:
           still.append(x)
+      if len(committed) >= b:
+        dropped += still  # with B commits they could only become surplus: stop sampling them
+        still = []
       undecided = still
     decided = len(committed) + len(abandoned) + surplus
     if decided:
       self.commit_rate = 0.5 * self.commit_rate + 0.5 * (len(committed) + surplus) / decided
     wrong = sum(rounds_lib.is_effective(rounds_lib.Rows.concat([a.rows, rows]),
                                         self.effective_signal) for a, rows in audits)
+    # A commit the round cap left short of G is not trained on (its rows are still counted).
     groups = [(c.prompt, c.rows) for c in committed if c.n == g]
     return self._finish(
         groups, [x.rows for x in touched], [(x.prompt, x.rows) for x in touched], step,
         rounds=r, extra={"alloc/committed": float(len(committed)),
                          "alloc/abandoned": float(len(abandoned)),
                          "alloc/surplus": float(surplus),
+                         "alloc/undecided": float(len(dropped) + len(undecided)),
+                         "alloc/incomplete": float(len(committed) - len(groups)),
                          "alloc/abandon_rate": len(abandoned) / max(decided, 1),
                          "alloc/audited": float(len(audits)),
                          "alloc/wrong_abandoned": float(wrong),

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from grpo_jax.types import Rollout
 
-PRIORITIES = ("recency", "staleness", "lowest_drift", "proportional")
+PRIORITIES = ("recency", "staleness", "lowest_kl", "proportional")
 
 
 @flax.struct.dataclass
@@ -34,6 +34,11 @@ class ReplayState:
     rollouts: a Rollout whose arrays have shape [C, E, ...] (tokens, masks, behaviour log-probs,
       scores, success, prompt ids, version stamps of each rollout).
     advantages_CxE: advantages frozen at insertion.
+    gen_logp_CxExT: the trainer's log-probs of the entry's tokens at the start of the step that
+      generated it (pi_gen as the train step computes it). Equal to the sampler's log mu
+      (``rollouts.behaviour_logp_NxT``) when the two share numerics (float32, ``prox_pass`` =
+      "replayed"); under bfloat16 (``prox_pass`` = "all") they differ by the sampler/trainer
+      mismatch, and ratios and drift use this one while the behaviour weight keeps mu.
     version_C: policy step that generated the entry.
     inserted_C: value of ``num_inserted`` when the entry was written (insertion order).
     use_count_C: how many times the entry has been replayed.
@@ -46,6 +51,7 @@ class ReplayState:
 
   rollouts: Rollout
   advantages_CxE: jax.Array
+  gen_logp_CxExT: jax.Array
   version_C: jax.Array
   inserted_C: jax.Array
   use_count_C: jax.Array
@@ -79,14 +85,16 @@ def init_replay(capacity: int, entry_size: int, prompt_len: int,
       prompt_id_N=jnp.zeros((c, e), jnp.int32),
       version_N=jnp.zeros((c, e), jnp.int32))
   return ReplayState(rollouts=rollouts, advantages_CxE=jnp.zeros((c, e), jnp.float32),
+                     gen_logp_CxExT=jnp.zeros((c, e, t), jnp.float32),
                      version_C=jnp.zeros((c,), jnp.int32), inserted_C=jnp.zeros((c,), jnp.int32),
                      use_count_C=jnp.zeros((c,), jnp.int32), drift_C=jnp.zeros((c,), jnp.float32),
-                     headroom_C=jnp.zeros((c,), jnp.float32), valid_C=jnp.zeros((c,), bool), write_pos=jnp.zeros((), jnp.int32),
-                     num_inserted=jnp.zeros((), jnp.int32))
+                     headroom_C=jnp.zeros((c,), jnp.float32), valid_C=jnp.zeros((c,), bool),
+                     write_pos=jnp.zeros((), jnp.int32), num_inserted=jnp.zeros((), jnp.int32))
 
 
 def insert(replay: ReplayState, entries: Rollout, advantages_MxE: jax.Array, keep_M: jax.Array,
-           version: jax.Array, headroom_M: jax.Array | None = None) -> ReplayState:
+           version: jax.Array, headroom_M: jax.Array | None = None,
+           gen_logp_MxExT: jax.Array | None = None) -> ReplayState:
   """Writes the kept candidates into the ring in candidate order.
 
   Args:
@@ -96,6 +104,7 @@ def insert(replay: ReplayState, entries: Rollout, advantages_MxE: jax.Array, kee
     keep_M: which candidates to insert (any number, including none or more than C).
     version: int32 policy step that generated them.
     headroom_M: optional initial cached headroom of each candidate (default 0).
+    gen_logp_MxExT: optional trainer log-probs at generation (default: the entries' log mu).
 
   Returns:
     The buffer with the k kept candidates written at write_pos, write_pos + 1, ... (mod C).
@@ -119,6 +128,8 @@ def insert(replay: ReplayState, entries: Rollout, advantages_MxE: jax.Array, kee
   return ReplayState(
       rollouts=jax.tree.map(put, replay.rollouts, entries),
       advantages_CxE=put(replay.advantages_CxE, advantages_MxE),
+      gen_logp_CxExT=put(replay.gen_logp_CxExT, entries.behaviour_logp_NxT
+                         if gen_logp_MxExT is None else gen_logp_MxExT),
       version_C=put(replay.version_C, jnp.full((m,), version, jnp.int32)),
       inserted_C=put(replay.inserted_C, replay.num_inserted + rank_M),
       use_count_C=put(replay.use_count_C, jnp.zeros((m,), jnp.int32)),
@@ -156,7 +167,8 @@ def select(replay: ReplayState, k: int, priority: str, *, step: jax.Array | None
     recency: most recently inserted first (POPO, arXiv 2606.01281).
     staleness: the entries whose version is closest to ``step - staleness``, most recent first
       among ties (the POPO-stale(s) ablation).
-    lowest_drift: smallest last-measured drift first (POPO-KL selects by KL to the policy).
+    lowest_kl: smallest ``score_C`` first, a per-entry divergence measured this step (POPO-KL:
+      the KL(mu || pi_theta) estimate of ``popo.stored_kl``).
     proportional: sampled without replacement with probability proportional to ``score_C``
       (Gumbel top-k; e.g. |A|^alpha of rollout-level prioritised replay).
 
@@ -165,7 +177,7 @@ def select(replay: ReplayState, k: int, priority: str, *, step: jax.Array | None
     k: static number of entries wanted.
     priority: one of PRIORITIES.
     step, staleness: for "staleness".
-    score_C: non-negative scores for "proportional".
+    score_C: non-negative scores for "proportional"; the divergences for "lowest_kl".
     rng: key for "proportional".
 
   Returns:
@@ -189,8 +201,8 @@ def select(replay: ReplayState, k: int, priority: str, *, step: jax.Array | None
     key = jnp.where(live, key, jnp.iinfo(jnp.int32).min)
     valid_key = lambda top: top > jnp.iinfo(jnp.int32).min
   else:
-    if priority == "lowest_drift":
-      key = -replay.drift_C.astype(jnp.float32)
+    if priority == "lowest_kl":
+      key = -score_C.astype(jnp.float32)
     else:
       logits = jnp.log(jnp.maximum(score_C.astype(jnp.float32), 0.0))
       key = jnp.where(jnp.isfinite(logits), logits + jax.random.gumbel(rng, (c,)), -jnp.inf)
@@ -206,10 +218,12 @@ def select(replay: ReplayState, k: int, priority: str, *, step: jax.Array | None
   return idx.astype(jnp.int32), ok
 
 
-def gather(replay: ReplayState, indices_K: jax.Array) -> tuple[Rollout, jax.Array]:
-  """The selected entries as (Rollout [K * E rows], advantages [K * E]), fresh-batch layout."""
+def gather(replay: ReplayState, indices_K: jax.Array) -> tuple[Rollout, jax.Array, jax.Array]:
+  """The selected entries as (Rollout [K * E rows], advantages [K * E], trainer log-probs at
+  generation [K * E, T]), fresh-batch layout."""
   flat = lambda x: x[indices_K].reshape((-1,) + x.shape[2:])
-  return jax.tree.map(flat, replay.rollouts), flat(replay.advantages_CxE)
+  return (jax.tree.map(flat, replay.rollouts), flat(replay.advantages_CxE),
+          flat(replay.gen_logp_CxExT))
 
 
 def mark_used(replay: ReplayState, indices_K: jax.Array, valid_K: jax.Array,

@@ -7,6 +7,8 @@ generation-time log-probs pi_gen, frozen advantages and a cached headroom. Per s
    (``order="fifo"``, the drift-only ablation: the M oldest instead).
 2. One teacher-forced pass over the M candidates at the start-of-step policy gives each its
    drift D = mean (log pi_theta - log pi_gen)^2 and a fresh H; the cache is refreshed with both.
+   pi_gen is the trainer's log-probs at generation (``buffer.ReplayState.gen_logp_CxExT``), so
+   under bfloat16 D measures the policy's movement, not the sampler/trainer mismatch.
 3. Walking the candidates in order, a group is admitted while D <= tau, until K_rep groups
    (``gate=False``, the headroom-only ablation: the first K_rep, no gate).
 4. The update runs on the fresh groups plus the admitted ones (K_rep * G extra rows, masked
@@ -129,8 +131,8 @@ class HeadroomConfig:
     cand = jax.tree.map(lambda x: x[cand_M], replay.rollouts)  # [M, G, ...]
     adv_MxG = replay.advantages_CxE[cand_M]
     logp_MxGxT = logp_fn(jax.tree.map(flat_rows, cand)).reshape(cand.behaviour_logp_NxT.shape)
-    drift_M = jax.vmap(group_drift)(logp_MxGxT, cand.behaviour_logp_NxT,
-                                    cand.completion_mask_NxT)
+    gen_MxGxT = replay.gen_logp_CxExT[cand_M]
+    drift_M = jax.vmap(group_drift)(logp_MxGxT, gen_MxGxT, cand.completion_mask_NxT)
     head_M = jax.vmap(group_headroom)(logp_MxGxT, adv_MxG, cand.completion_mask_NxT)
     passes_M = ok_M & (drift_M <= self.tau) if self.gate else ok_M
     admitted_M = passes_M & (jnp.cumsum(passes_M.astype(jnp.int32)) <= k)
@@ -145,7 +147,8 @@ class HeadroomConfig:
         jnp.sum(w.astype(jnp.float32)), 1.0)
     return fresh_anchored(
         ctx, jax.tree.map(pick, cand), pick(adv_MxG), jnp.repeat(slot_ok_K, g),
-        prox_logp_RxT=pick(logp_MxGxT), selection=(cand_M, ok_M, admitted_M, drift_M, head_M),
+        gen_logp_RxT=pick(gen_MxGxT), prox_logp_RxT=pick(logp_MxGxT),
+        selection=(cand_M, ok_M, admitted_M, drift_M, head_M),
         metrics={
             "headroom_admitted": num_adm,
             "headroom_accept_rate": jnp.sum(passes_M.astype(jnp.float32)) / num_ok,
@@ -170,9 +173,9 @@ class HeadroomConfig:
         drift_C=replay.drift_C.at[slot_M].set(drift_M, mode="drop"))
     replay = buffer.mark_used(replay, cand_M, admitted_M)
     fresh = ctx.fresh
-    head_B = jax.vmap(group_headroom)(fresh.behaviour_logp_NxT, ctx.advantages_BxG,
+    head_B = jax.vmap(group_headroom)(ctx.fresh_gen_logp, ctx.advantages_BxG,
                                       fresh.completion_mask_NxT)
     replay = buffer.insert(replay, fresh, ctx.advantages_BxG, ctx.effective_B, ctx.step,
-                           headroom_M=head_B)
+                           headroom_M=head_B, gen_logp_MxExT=ctx.fresh_gen_logp)
     return replay, {}
 

@@ -53,6 +53,9 @@ class StepContext:
     effective_B: which groups are effective (on the configured signal).
     step: int32 policy step (the version these rollouts carry).
     rng: key for the method's own sampling (e.g. Gumbel top-k priorities).
+    gen_logp_BxGxT: the trainer's log-probs of the fresh tokens at the start of the step, what
+      ``after_update`` stores as an entry's pi_gen (buffer.ReplayState.gen_logp_CxExT); set by
+      the step after its proximal pass. None: the sampler's log mu (same numerics).
   """
 
   fresh: Rollout
@@ -60,6 +63,14 @@ class StepContext:
   effective_B: jax.Array
   step: jax.Array
   rng: jax.Array
+  gen_logp_BxGxT: Optional[jax.Array] = None
+
+  @property
+  def fresh_gen_logp(self) -> jax.Array:
+    """[B, G, T] pi_gen of the fresh rows (log mu when the step has not set it)."""
+    if self.gen_logp_BxGxT is None:
+      return self.fresh.behaviour_logp_NxT
+    return self.gen_logp_BxGxT
 
 
 @flax.struct.dataclass
@@ -71,6 +82,8 @@ class Composition:
     advantages_N: [N + R] advantages (stored ones frozen at insertion on replayed rows).
     loss_mask_NxT: [N + R, T] which tokens count (False on empty or dropped rows).
     replayed_N: bool [N + R], the row comes from the buffer.
+    gen_logp_NxT: [N + R, T] the stored pi_gen of replayed rows (the trainer's log-probs when
+      the entry was generated; ``buffer.ReplayState.gen_logp_CxExT``), log mu on fresh rows.
     prox_logp_NxT: optional [N + R, T] log pi_prox of replayed rows from the method's own pass
       at the start-of-step parameters (None: the step runs the pass when the objective needs it).
     selection: what ``after_update`` needs to know of this step's selection (per method).
@@ -81,6 +94,7 @@ class Composition:
   advantages_N: jax.Array
   loss_mask_NxT: jax.Array
   replayed_N: jax.Array
+  gen_logp_NxT: jax.Array
   prox_logp_NxT: Optional[jax.Array]
   selection: Any
   metrics: dict
@@ -96,31 +110,40 @@ def fresh_composition(ctx: StepContext, mask_BxGxT: jax.Array | None = None,
   """The fresh batch as it is (optionally with another loss mask): no row replayed."""
   mask = ctx.fresh.completion_mask_NxT if mask_BxGxT is None else mask_BxGxT
   n = ctx.advantages_BxG.size
-  return Composition(rollout=jax.tree.map(flat_rows, ctx.fresh),
-                     advantages_N=flat_rows(ctx.advantages_BxG), loss_mask_NxT=flat_rows(mask),
-                     replayed_N=jnp.zeros((n,), bool), prox_logp_NxT=None, selection=None,
+  rows = jax.tree.map(flat_rows, ctx.fresh)
+  return Composition(rollout=rows, advantages_N=flat_rows(ctx.advantages_BxG),
+                     loss_mask_NxT=flat_rows(mask), replayed_N=jnp.zeros((n,), bool),
+                     gen_logp_NxT=rows.behaviour_logp_NxT, prox_logp_NxT=None, selection=None,
                      metrics=metrics or {})
 
 
 def fresh_anchored(ctx: StepContext, stored_R: Rollout, advantages_R: jax.Array,
-                   ok_R: jax.Array, prox_logp_RxT: jax.Array | None = None, selection=None,
-                   metrics: dict | None = None) -> Composition:
+                   ok_R: jax.Array, gen_logp_RxT: jax.Array | None = None,
+                   prox_logp_RxT: jax.Array | None = None, selection=None,
+                   metrics: dict | None = None,
+                   fresh_mask_BxGxT: jax.Array | None = None) -> Composition:
   """All N fresh rows, then R stored rows (a static R): row i of the tail counts only where
   ``ok_R[i]`` (fewer entries than R leave masked rows with advantage 0).
 
   The layout of rollout-level replay (arXiv 2606.04560) and of Headroom-Drift's extra groups
-  (arXiv 2609.03941). ``prox_logp_RxT``: the stored rows' log pi_prox when the method has it.
+  (arXiv 2609.03941). ``gen_logp_RxT``: the stored rows' pi_gen (default: their log mu);
+  ``prox_logp_RxT``: their log pi_prox when the method has it; ``fresh_mask_BxGxT``: another
+  loss mask for the fresh rows (e.g. dropped groups).
   """
   fresh = jax.tree.map(flat_rows, ctx.fresh)
   n = fresh.num_rows
   cat = lambda f, s: jnp.concatenate([f, s.astype(f.dtype)])
   prox = None if prox_logp_RxT is None else cat(fresh.behaviour_logp_NxT, prox_logp_RxT)
+  gen = stored_R.behaviour_logp_NxT if gen_logp_RxT is None else gen_logp_RxT
+  fresh_mask = (fresh.completion_mask_NxT if fresh_mask_BxGxT is None
+                else flat_rows(fresh_mask_BxGxT))
   return Composition(
       rollout=jax.tree.map(cat, fresh, stored_R),
       advantages_N=cat(flat_rows(ctx.advantages_BxG), jnp.where(ok_R, advantages_R, 0.0)),
-      loss_mask_NxT=cat(fresh.completion_mask_NxT, stored_R.completion_mask_NxT & ok_R[:, None]),
-      replayed_N=cat(jnp.zeros((n,), bool), ok_R), prox_logp_NxT=prox, selection=selection,
-      metrics=metrics or {})
+      loss_mask_NxT=cat(fresh_mask, stored_R.completion_mask_NxT & ok_R[:, None]),
+      replayed_N=cat(jnp.zeros((n,), bool), ok_R),
+      gen_logp_NxT=cat(fresh.behaviour_logp_NxT, gen), prox_logp_NxT=prox,
+      selection=selection, metrics=metrics or {})
 
 
 def no_rows(ctx: StepContext, r: int) -> tuple[Rollout, jax.Array, jax.Array]:

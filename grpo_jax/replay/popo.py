@@ -10,11 +10,20 @@ decoupled objective (behaviour weight pi_prox / mu, trust region on pi_theta / p
 losses.py). The paper publishes no equations or code: the open choices (capacity, one-shot or
 repeated reuse, cap of the weight) are config fields (METHODS.md section 1, [R]).
 
+The update batch is the effective fresh groups plus the replayed ones: an ineffective slot
+the buffer cannot fill (fewer live groups than ineffective slots, e.g. early on or on a hard
+task) leaves the loss and its denominators (``unfilled="drop"``, the default), exactly as
+GRPO-filter drops it, so that POPO with an empty buffer *is* GRPO-filter and the POPO vs
+GRPO-filter ablation compares refilling alone. ``unfilled="keep"`` keeps such groups in the
+batch with advantage 0 (counted in the seq-mean and token-mean denominators, shrinking the
+useful gradient by (effective + replayed) / B): the behaviour before 2026-12, for comparison.
+
 Variants, by config: GRPO-filter (``fill="drop"``: ineffective groups leave the loss, nothing
 refills them, and they leave its denominator too: see losses.aggregate), POPO-ineff
 (``insert="all"``: the buffer takes every group), POPO-stale(s)
-(``priority="staleness"``), POPO-KL (``priority="lowest_drift"`` with the drift of every stored
-group measured against the current policy each step), and two objectives for replayed rows
+(``priority="staleness"``), POPO-KL (``priority="lowest_kl"``: the stored groups of smallest
+KL(mu || pi_theta) to the current policy, estimated each step by one teacher-forced pass over
+the buffer; ``stored_kl``), and two objectives for replayed rows
 besides the decoupled one (``objective``, see method.OBJECTIVES): POPO-pi_old ("pi_old": replayed rows
 are treated as if the current policy had sampled them: no behaviour weight, trust region around
 pi_prox) and "align_mu" (the coupled objective: trust region around the behaviour policy,
@@ -31,6 +40,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from grpo_jax import losses
 from grpo_jax.replay import buffer
 from grpo_jax.replay.buffer import ReplayState
 from grpo_jax.replay.method import (Composition, LogpFn, StepContext, flat_rows,
@@ -38,6 +48,7 @@ from grpo_jax.replay.method import (Composition, LogpFn, StepContext, flat_rows,
 
 FILL_MODES = ("replay", "drop")
 INSERT_MODES = ("effective", "all")
+UNFILLED_MODES = ("drop", "keep")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +66,9 @@ class PopoConfig:
     max_age: entries older than this many steps (step - version stamp) are never replayed
       (0 = no limit).
     objective: how replayed rows enter the loss, one of method.OBJECTIVES.
+    unfilled: an ineffective slot left without a stored group: "drop" (out of the loss and its
+      denominators: the batch is effective + replayed groups) or "keep" (in the batch with
+      advantage 0; the behaviour before 2026-12).
   """
 
   fill: str = "replay"
@@ -65,10 +79,13 @@ class PopoConfig:
   max_uses: int = 0
   max_age: int = 0
   objective: str = "decoupled"
+  unfilled: str = "drop"
 
   def __post_init__(self):
     if self.fill not in FILL_MODES:
       raise ValueError(f"fill must be one of {FILL_MODES}, got {self.fill!r}")
+    if self.unfilled not in UNFILLED_MODES:
+      raise ValueError(f"unfilled must be one of {UNFILLED_MODES}, got {self.unfilled!r}")
     if self.insert not in INSERT_MODES:
       raise ValueError(f"insert must be one of {INSERT_MODES}, got {self.insert!r}")
     if self.priority not in buffer.PRIORITIES:
@@ -77,7 +94,7 @@ class PopoConfig:
     if self.priority == "proportional":
       # select() needs a per-entry score and a key for it; whole-group POPO has neither.
       raise ValueError("priority 'proportional' needs per-entry scores, which whole-group "
-                       "replay does not define; use recency, staleness or lowest_drift")
+                       "replay does not define; use recency, staleness or lowest_kl")
     for name in ("staleness", "slots", "max_uses", "max_age"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -101,20 +118,21 @@ class PopoConfig:
     """Fills the ineffective slots of the fresh batch from the buffer (or drops them).
 
     Slot b, the r-th ineffective one in batch order, takes the r-th selected entry while
-    selected entries last. POPO-KL measures every stored group's drift under the current
-    policy first (one teacher-forced pass over the buffer).
+    selected entries last; the ineffective slots left over leave the loss (``unfilled``).
+    POPO-KL measures every stored group's KL to the current policy first (one teacher-forced
+    pass over the buffer).
     """
     fresh, effective_B = ctx.fresh, ctx.effective_B
     b = effective_B.shape[0]
+    drop_ineffective = fresh.completion_mask_NxT & effective_B[:, None, None]
     if self.fill == "drop":
-      return fresh_composition(ctx, fresh.completion_mask_NxT & effective_B[:, None, None])
+      return fresh_composition(ctx, drop_ineffective)
     if not self.replays(replay):
-      return fresh_composition(ctx)
+      return fresh_composition(ctx, drop_ineffective if self.unfilled == "drop" else None)
     k = self.slots or b
-    if self.priority == "lowest_drift":
-      replay = replay.replace(drift_C=stored_drift(replay, logp_fn))
+    kl_C = stored_kl(replay, logp_fn) if self.priority == "lowest_kl" else None
     indices_K, ok_K = buffer.select(replay, k, self.priority, step=ctx.step,
-                                    staleness=self.staleness)
+                                    staleness=self.staleness, score_C=kl_C)
     # Valid selections come first (top-k order), so "r < number valid" is the test.
     rank_B = jnp.cumsum((~effective_B).astype(jnp.int32)) - 1
     replayed_B = ~effective_B & (rank_B < jnp.sum(ok_K.astype(jnp.int32)))
@@ -128,13 +146,20 @@ class PopoConfig:
     rollout = jax.tree.map(pick, fresh, stored)
     used_K = ok_K & (jnp.arange(k) < jnp.sum(replayed_B.astype(jnp.int32)))
     g = fresh.completion_ids_NxT.shape[1]
+    fresh_mask = drop_ineffective if self.unfilled == "drop" else fresh.completion_mask_NxT
+    metrics = {"replay_slots_filled": jnp.sum(replayed_B.astype(jnp.float32)),
+               "replay_slots_unfilled": jnp.sum((~effective_B & ~replayed_B).astype(
+                   jnp.float32))}
+    if kl_C is not None:
+      metrics["replay_kl_selected"] = jnp.sum(jnp.where(used_K, kl_C[indices_K], 0.0)) / (
+          jnp.maximum(jnp.sum(used_K.astype(jnp.float32)), 1.0))
     return Composition(
         rollout=jax.tree.map(flat_rows, rollout),
         advantages_N=flat_rows(pick(ctx.advantages_BxG, replay.advantages_CxE[source_B])),
-        loss_mask_NxT=flat_rows(pick(fresh.completion_mask_NxT, stored.completion_mask_NxT)),
-        replayed_N=jnp.repeat(replayed_B, g), prox_logp_NxT=None,
-        selection=(indices_K, used_K),
-        metrics={"replay_slots_filled": jnp.sum(replayed_B.astype(jnp.float32))})
+        loss_mask_NxT=flat_rows(pick(fresh_mask, stored.completion_mask_NxT)),
+        replayed_N=jnp.repeat(replayed_B, g),
+        gen_logp_NxT=flat_rows(pick(fresh.behaviour_logp_NxT, replay.gen_logp_CxExT[source_B])),
+        prox_logp_NxT=None, selection=(indices_K, used_K), metrics=metrics)
 
   def after_update(self, ctx: StepContext, replay: ReplayState,
                    comp: Composition) -> tuple[ReplayState, dict]:
@@ -143,18 +168,24 @@ class PopoConfig:
       return replay, {}
     replay = buffer.mark_used(replay, *comp.selection)
     keep = ctx.effective_B if self.insert == "effective" else jnp.ones_like(ctx.effective_B)
-    return buffer.insert(replay, ctx.fresh, ctx.advantages_BxG, keep, ctx.step), {}
+    return buffer.insert(replay, ctx.fresh, ctx.advantages_BxG, keep, ctx.step,
+                         gen_logp_MxExT=ctx.fresh_gen_logp), {}
 
 
-def stored_drift(replay: ReplayState, logp_fn: LogpFn) -> jax.Array:
-  """Drift [C] of every stored entry under the current policy (POPO-KL's priority).
+def stored_kl(replay: ReplayState, logp_fn: LogpFn) -> jax.Array:
+  """KL(mu || pi_theta) [C] of every stored entry under the current policy (POPO-KL's priority).
 
-  D = mean over the entry's tokens of (log pi_theta - log mu)^2 (as Headroom-Drift,
-  arXiv 2609.03941, measures compatibility).
+  The entry's tokens were sampled from its behaviour policy mu, so the per-token k3 estimator
+  r - 1 - log r with r = pi_theta / mu (Schulman 2020; unbiased for KL(mu || pi_theta) under
+  mu, and >= 0) averaged over the entry's tokens estimates the KL "to the current policy" that
+  POPO-KL ranks by (arXiv 2606.01281). Unlike the mean squared log-ratio it weighs a token
+  the policy has come to prefer (r > 1) less than one it has come to avoid (r < 1). mu is read
+  as the trainer computed it at generation (``gen_logp_CxExT``), so that under bfloat16 the
+  sampler/trainer mismatch does not rank the entries.
   """
   rows = jax.tree.map(flat_rows, replay.rollouts)
-  sq = jnp.square(logp_fn(rows) - rows.behaviour_logp_NxT)
+  k3 = losses.kl_penalty(flat_rows(replay.gen_logp_CxExT), logp_fn(rows), "k3")
   mask = rows.completion_mask_NxT.astype(jnp.float32)
   c = replay.capacity
-  per_entry = jnp.sum((sq * mask).reshape(c, -1), axis=1)
+  per_entry = jnp.sum((k3 * mask).reshape(c, -1), axis=1)
   return per_entry / jnp.maximum(jnp.sum(mask.reshape(c, -1), axis=1), 1.0)
