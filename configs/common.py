@@ -60,6 +60,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.reward_signal = "success"
   # What a group must vary on to be "effective" (POPO refill, GRPO-filter): the accuracy signal.
   c.rl.effective_signal = "success"
+  # What "score" starts from before the overlong penalty: task (the task's graded score) |
+  # accuracy (+1 success / -1 otherwise: DAPO's rule-based reward)
+  c.rl.score_base = "task"
   c.rl.shuffle = "groups"  # minibatches of whole groups (verl's convention) | rows
   c.rl.shared_prompts = True  # log-prob passes and prefill run each prompt once per group
   c.rl.prox_pass = "auto"  # pi_prox pass: replayed rows | all rows | auto (all unless float32)
@@ -88,12 +91,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.replay.max_uses = 0  # drop an entry after this many replays (1 = one-shot); 0 = no limit
   c.replay.fill = "replay"  # popo: replay (refill ineffective slots) | drop (GRPO-filter)
   c.replay.insert = "effective"  # stored: effective | all (popo); nonzero | all (rollout)
-  c.replay.priority = "recency"  # popo: recency | staleness | lowest_drift (POPO-KL)
+  c.replay.priority = "recency"  # popo: recency | staleness | lowest_kl (POPO-KL)
+  # popo: an ineffective slot the buffer cannot fill: drop (out of the loss, as GRPO-filter) |
+  # keep (in the loss with advantage 0, counted in the denominators: the behaviour before 2026-12)
+  c.replay.unfilled = "drop"
   c.replay.staleness = 0  # popo, priority=staleness: replay groups about this many steps old
   c.replay.slots = 0  # popo: max groups refilled per step (0 = all); headroom: K_rep groups
   c.replay.rho = 0.5  # rollout: replay rows per fresh row (fixed, larger batch)
   c.replay.alpha = 0.5  # rollout: priority exponent of (|A| + 1e-6)
   c.replay.warmup_steps = 20  # rollout: no replay before this train step
+  c.replay.age_unit = "steps"  # rollout: unit of max_age (tau_max): steps | updates (gradient steps)
+  c.replay.drop_ineffective = False  # rollout: fresh groups that are not effective leave the loss
   c.replay.candidates = 16  # headroom: M groups evaluated (teacher-forced) per step
   c.replay.drift_tau = 1e-3  # headroom: admit a group only if its drift D <= tau
   c.replay.gate = True  # headroom: apply the drift gate (False: headroom-only ablation)

@@ -5,7 +5,8 @@ on pi_theta / pi_prox).
     python -m grpo_jax.train --config=configs/popo.py --workdir=runs/popo
 
 Presets of the paper's comparison (combine with the common ones, e.g. ``:kl,smoke``):
-  kl        POPO-KL: replay the stored groups with the lowest drift to the current policy
+  kl        POPO-KL: replay the stored groups with the lowest KL(mu || pi_theta) to the current
+            policy (estimated each step by one teacher-forced pass over the buffer)
   filter    GRPO-filter: drop ineffective groups, no refill, loss over the remaining ones
   ineff     POPO-ineff: buffer and replay without the effective / ineffective distinction
   stale=S   POPO-stale(S): replay groups about S steps old (default 10)
@@ -15,11 +16,14 @@ Presets of the paper's comparison (combine with the common ones, e.g. ``:kl,smok
             (pi_prox := mu), "fully aligning to the behaviour policy"
   reuse=K   a stored group may be replayed K times (default 1: one-shot; 0 = while young
             enough), the setting that limits refills when few groups are effective
+  keep_unfilled  ineffective slots the buffer cannot fill stay in the loss with advantage 0
+            (and in its denominators), the behaviour before 2026-12; by default they leave it,
+            so that POPO with an empty buffer is exactly GRPO-filter
 """
 
 from configs import common
 
-PRESETS = ("kl", "filter", "ineff", "stale=S", "pi_old", "align_mu", "reuse=K")
+PRESETS = ("kl", "filter", "ineff", "stale=S", "pi_old", "align_mu", "reuse=K", "keep_unfilled")
 
 
 def get_config(arg: str | None = None):
@@ -49,7 +53,7 @@ def get_config(arg: str | None = None):
   rest = []
   for name in filter(None, (arg or "").split(",")):
     if name == "kl":
-      c.replay.priority = "lowest_drift"
+      c.replay.priority = "lowest_kl"
     elif name == "filter":
       c.replay.fill, c.replay.capacity = "drop", 0
     elif name == "ineff":
@@ -69,6 +73,8 @@ def get_config(arg: str | None = None):
       c.replay.objective = "align_mu"
     elif name.startswith("reuse="):
       c.replay.max_uses = int(name.split("=")[1])
+    elif name == "keep_unfilled":
+      c.replay.unfilled = "keep"
     else:
       rest.append(name)
   return common.apply_presets(c, ",".join(rest), own=PRESETS)

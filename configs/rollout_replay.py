@@ -1,24 +1,42 @@
 """Rollout-level advantage-prioritised replay (Yoo et al., arXiv 2606.04560).
 
-Single rollouts in the buffer, age eviction after tau_max = 10 train steps, every batch all
-fresh rollouts plus round(0.5 N) replayed ones drawn without replacement with probability
-proportional to (|A| + 1e-6)^0.5, no replay in the first 20 steps; replayed rows keep their
-frozen advantage and their ratio is pi_theta / mu_birth (objective "align_mu").
+Single rollouts in the buffer; every batch is all fresh rollouts plus round(0.5 F) replayed ones
+(F = the fresh rollouts in the loss) drawn without replacement with probability proportional
+to (|A| + 1e-6)^0.5, age eviction after tau_max = 10 before each draw, no replay in the first
+20 steps; replayed rows keep their frozen advantage and their ratio is pi_theta / mu_birth
+(objective "align_mu").
 
     python -m grpo_jax.train --config=configs/rollout_replay.py --workdir=runs/rollout_replay
+    python -m grpo_jax.train --config=configs/rollout_replay.py:paper --workdir=runs/rr_paper
 
-Presets: ``decoupled`` (POPO's objective for replayed rows), plus the common ones.
+Two variants:
+
+* **default (this project's controlled variant)**: the shared GRPO settings of every config
+  (clip 0.2 / 0.2, no dual clip, seq-mean-token-mean, 4 minibatches), every fresh group in the
+  loss, rollouts with |A| > 0 stored, tau_max counted in *train steps* (with 4 minibatches,
+  10 train steps are 40 updates). It differs from ``configs/grpo.py`` by the replay alone.
+* **``:paper`` (faithful to the reference implementation, METHODS.md section 8)**: fresh groups
+  whose rewards do not vary are dropped from the loss (masked: the batch keeps its fixed
+  shape), only the rollouts of the surviving groups enter the buffer, round(rho x survivors)
+  of the R fixed replay slots are filled, token-mean, clip 0.2 / 0.28, dual clip 10, one
+  minibatch per update (one epoch), and tau_max = 10 counted in *gradient steps*. Not taken
+  over: the paper's learning rate 1e-6 and weight decay 0.01 (for Qwen3 at 1.7B-8B; every
+  config here shares lr 3e-5, no weight decay, for the 1M embedded model) and its 30k-entry
+  capacity (here every rollout of the last tau_max + 1 steps fits, so it never binds either).
+
+Presets: ``paper``, ``decoupled`` (POPO's objective for replayed rows), plus the common ones.
 """
 
 from configs import common
 
-PRESETS = ("decoupled",)
+PRESETS = ("paper", "decoupled")
 
 
 def get_config(arg: str | None = None):
   c = common.base_config()
   c.replay.method = "rollout"
-  c.replay.max_age = 10  # tau_max: an entry older than 10 train steps is never replayed
+  c.replay.max_age = 10  # tau_max: an entry older than 10 (age_unit) is never replayed
+  c.replay.age_unit = "steps"
   c.replay.rho = 0.5  # 128 replay rows next to the 256 fresh ones
   c.replay.alpha = 0.5
   c.replay.warmup_steps = 20
@@ -31,7 +49,16 @@ def get_config(arg: str | None = None):
   # 256 + 128 = 384 rows: 4 minibatches of 96.
   rest = []
   for name in filter(None, (arg or "").split(",")):
-    if name == "decoupled":
+    if name == "paper":
+      c.replay.drop_ineffective = True  # zero-variance fresh groups leave the loss
+      c.replay.insert = "effective"  # only the surviving groups' rollouts are stored
+      c.replay.age_unit = "updates"  # tau_max = 10 gradient steps
+      c.rl.num_minibatches = 1  # one update per step (one epoch), as the reference
+      c.rl.num_epochs = 1
+      c.rl.aggregation = "token-mean"
+      c.rl.clip_low, c.rl.clip_high = 0.2, 0.28
+      c.rl.dual_clip = 10.0
+    elif name == "decoupled":
       c.replay.objective = "decoupled"
     else:
       rest.append(name)

@@ -74,6 +74,8 @@ def validate(config, *, weights: bool = True) -> None:
          f"{rl.estimator!r}; known: {', '.join(advantages.ADVANTAGE_ESTIMATORS)}")
   for f in ("reward_signal", "effective_signal"):
     _check(rl[f] in step.SIGNALS, f"rl.{f}", f"{rl[f]!r}; known: {', '.join(step.SIGNALS)}")
+  _check(rl.score_base in allocation.SCORE_BASES, "rl.score_base",
+         f"{rl.score_base!r}; known: {', '.join(allocation.SCORE_BASES)}")
   _check(rl.get("shuffle", "groups") in step.SHUFFLES, "rl.shuffle",
          f"{rl.get('shuffle')!r}; known: {', '.join(step.SHUFFLES)}")
   _check(isinstance(rl.get("shared_prompts", True), bool), "rl.shared_prompts",
@@ -166,11 +168,13 @@ def replay_config(config):
   if p.method == "popo":
     return popo.PopoConfig(fill=p.fill, insert=p.insert, priority=p.priority,
                            staleness=p.staleness, slots=p.slots, max_uses=p.max_uses,
-                           max_age=p.max_age, objective=p.objective)
+                           max_age=p.max_age, objective=p.objective, unfilled=p.unfilled)
   if p.method == "rollout":
-    return rollout.RolloutReplayConfig(tau_max=p.max_age, rho=p.rho, alpha=p.alpha,
-                                       warmup_steps=p.warmup_steps, insert=p.insert,
-                                       max_uses=p.max_uses, objective=p.objective)
+    return rollout.RolloutReplayConfig(
+        tau_max=p.max_age, rho=p.rho, alpha=p.alpha, warmup_steps=p.warmup_steps,
+        insert=p.insert, max_uses=p.max_uses, objective=p.objective,
+        drop_ineffective=p.drop_ineffective, age_unit=p.age_unit,
+        updates_per_step=config.rl.num_minibatches * config.rl.num_epochs)
   if p.method == "headroom":
     return headroom.HeadroomConfig(slots=p.slots, candidates=p.candidates, tau=p.drift_tau,
                                    gate=p.gate, order=p.order, max_age=p.max_age,

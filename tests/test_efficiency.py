@@ -45,17 +45,22 @@ def test_curve_wall_clock_and_table(tmp_path):
   assert lines[4] == "| wall s at the end | | 21 30 / **26** |"
 
 
-def test_aes_row_against_the_grpo_seed_mean():
-  # GRPO seeds end at 0.4 and 0.2 (mean 0.3), lengths 10 and 10; the method's one seed ends at
-  # 0.36 with length 9: dL = 0.1, dAcc = 0.06 / 0.3 = 0.2 -> 0.1 + 0.6 = +0.700. GRPO's own
-  # seeds: 0 + 3 * (1/3) = +1.000 and 0 - 5 * (1/3) = -1.667; mean -0.333, std 1.333.
+def test_aes_rows_against_the_start_and_the_margin_over_grpo():
+  # Every seed starts at accuracy 0.25, length 8 (the shared step-0 evaluation). AES(acc, L)
+  # against it: dL = (8 - L) / 8, dAcc = (acc - 0.25) / 0.25, AES = dL + 3 dAcc (or - 5 |dAcc|).
+  #   grpo seed 0: end 0.4, L 10 -> -0.25 + 3 * 0.6 = +1.550
+  #   grpo seed 1: end 0.2, L 10 -> -0.25 - 5 * 0.2 = -1.250   (mean +0.150, std 1.400)
+  #   x seed 0:    end 0.36, L 9 -> -0.125 + 3 * 0.44 = +1.195
+  # Margins, paired by seed: grpo 0 and 0; x seed 0: 1.195 - 1.550 = -0.355.
   results = {"grpo": {0: [(0, 0, 0.25), (2, 16, 0.4)], 1: [(0, 0, 0.25), (2, 16, 0.2)]},
              "x": {0: [(0, 0, 0.25), (2, 16, 0.36)]}}
   lengths = {"grpo": [[8.0, 10.0], [8.0, 10.0]], "x": [[8.0, 9.0]]}
-  row = efficiency.aes_row(results, lengths)
-  assert row == ("| AES vs grpo (end) | | +1.000 -1.667 / **-0.333** ± 1.333 | "
-                 "+0.700 / **+0.700** ± 0.000 |")
-  assert efficiency.aes_row({"x": results["x"]}, lengths) is None
+  start, margin = efficiency.aes_rows(results, lengths).splitlines()
+  assert start == ("| AES vs the start (end) | | +1.550 -1.250 / **+0.150** ± 1.400 | "
+                   "+1.195 / **+1.195** ± 0.000 |")
+  assert margin == ("| AES margin over grpo (end, paired by seed) | | +0.000 +0.000 / "
+                    "**+0.000** ± 0.000 | -0.355 / **-0.355** ± 0.000 |")
+  assert efficiency.aes_rows({"x": results["x"]}, lengths) is None
 
 
 def test_replay_table_means_over_steps(tmp_path):

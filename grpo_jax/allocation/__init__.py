@@ -7,7 +7,7 @@ stream | mopps | dps).
 
 from grpo_jax.allocation.allocator import Allocator, FullGroups
 from grpo_jax.allocation.dynamic_sampling import DynamicSampling
-from grpo_jax.allocation.rounds import Prompt, RoundSampler, Rows
+from grpo_jax.allocation.rounds import SCORE_BASES, Prompt, RoundSampler, Rows
 from grpo_jax.allocation.sara import Sara, p_effective
 from grpo_jax.allocation.selectors import (SELECTORS, DpsSelector, MoppsSelector,
                                            StreamSelector, make_selector, pool_size)
@@ -23,7 +23,8 @@ def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None) -> Al
                            ratio=a.candidates_ratio, decay=a.decay, seed=config.seed)
   sampler = RoundSampler(sample_fn, tokenizer, task, slots=r.batch_prompts * r.group_size,
                          prompt_len=r.prompt_len, overlong_buffer=config.rl.overlong_buffer,
-                         overlong_factor=config.rl.overlong_penalty, timer=timer)
+                         overlong_factor=config.rl.overlong_penalty,
+                         score_base=config.rl.score_base, timer=timer)
   shape = dict(num_groups=r.batch_prompts, group_size=r.group_size,
                effective_signal=config.rl.effective_signal)
   if a.method == "dynamic_sampling":
@@ -38,5 +39,5 @@ def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None) -> Al
   raise ValueError(f"allocation.method must be one of {METHODS}, got {a.method!r}")
 
 __all__ = ["Allocator", "DpsSelector", "DynamicSampling", "FullGroups", "METHODS",
-           "MoppsSelector", "Prompt", "RoundSampler", "Rows", "SELECTORS", "Sara",
+           "MoppsSelector", "Prompt", "RoundSampler", "Rows", "SCORE_BASES", "SELECTORS", "Sara",
            "StreamSelector", "make_allocator", "make_selector", "p_effective", "pool_size"]

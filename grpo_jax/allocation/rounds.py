@@ -88,6 +88,9 @@ class Rows:
     return len(self.scores_R)
 
 
+SCORE_BASES = ("task", "accuracy")
+
+
 class RoundSampler:
   """Runs rounds of exactly ``slots`` sampled rows and scores them on the host.
 
@@ -98,16 +101,23 @@ class RoundSampler:
     slots: S, rows per round (B * G).
     prompt_len: P.
     overlong_buffer, overlong_factor: DAPO's soft overlong penalty (0 disables).
+    score_base: what a row's score starts from before the penalty is added (SCORE_BASES):
+      "task" (the task's graded score, e.g. Countdown's 0.1 for a well-formed wrong answer) or
+      "accuracy" (+1 for a success, -1 otherwise: DAPO's rule-based reward, arXiv 2503.14476).
     timer: ``metrics.PhaseTimer`` the round's phases are timed on: "prompts" (tokenising),
       "generation" (the sampler call and the wait for its output), "scoring" (decoding, the
       verifier, the host rows); a private one when None.
   """
 
   def __init__(self, sample_fn, tokenizer, task, *, slots: int, prompt_len: int,
-               overlong_buffer: int = 0, overlong_factor: float = 1.0, timer=None):
+               overlong_buffer: int = 0, overlong_factor: float = 1.0,
+               score_base: str = "task", timer=None):
+    if score_base not in SCORE_BASES:
+      raise ValueError(f"score_base must be one of {SCORE_BASES}, got {score_base!r}")
     self.sample_fn, self.tokenizer, self.task = sample_fn, tokenizer, task
     self.slots, self.prompt_len = slots, prompt_len
     self.overlong_buffer, self.overlong_factor = overlong_buffer, overlong_factor
+    self.score_base = score_base
     self.timer = timer if timer is not None else metrics_lib.PhaseTimer()
     self.rounds = 0  # rounds run by this object (for tests and metrics)
 
@@ -157,6 +167,8 @@ class RoundSampler:
       completions = tokenization.decode_completions(self.tokenizer, tokens, comp_mask)
       scores, errors = rollouts_lib.score_completions(self.task, completions, problems)
       success = np.array([self.task.is_success(s) for s in scores], bool)
+      if self.score_base == "accuracy":
+        scores = np.where(success, 1.0, -1.0).astype(np.float32)
       scores = scores + rollouts_lib.overlong_penalty(
           lengths, truncated, tokens.shape[1], self.overlong_buffer,
           self.overlong_factor).astype(np.float32)

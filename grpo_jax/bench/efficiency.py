@@ -103,20 +103,32 @@ def target_row(results: dict, target: float) -> str:
   return f"| rollouts to reach {target:.3f} | " + " | ".join(cells) + " |"
 
 
-def aes_row(results: dict, lengths: dict, base: str = "grpo") -> str | None:
-  """Markdown row: AES of every seed's final evaluation against the base method's seed mean
-  at the same step (so at the same rollout count), mean +- std over seeds."""
+def aes_rows(results: dict, lengths: dict, base: str = "grpo") -> str | None:
+  """Markdown rows: each seed's final evaluation scored with AES against its own start (the
+  step-0 evaluation of that seed, which every method shares: the same embedded model and the
+  same evaluation keys), then the margin over ``base``: AES(method) - AES(base), paired by
+  seed. Yoo et al. (arXiv 2606.04560) report "+0.579 over GRPO" with O1-Pruner's AES, which is
+  defined against a base model; we read that as AES(method) - AES(GRPO) with both against the
+  model they start from [R: the paper's abstract does not say more], and compute it that way.
+  Mean +- population std over seeds; None when ``base`` was not run."""
   if base not in results:
     return None
-  base_acc = np.mean([c[-1][2] for c in results[base].values()])
-  base_len = np.mean([ls[-1] for ls in lengths[base]])
-  cells = []
-  for m in results:
-    vals = [evaluate_lib.aes(c[-1][2], ls[-1], base_acc, base_len)
-            for c, ls in zip(results[m].values(), lengths[m])]
-    cells.append(" ".join(f"{v:+.3f}" for v in vals) +
-                 f" / **{np.mean(vals):+.3f}** ± {np.std(vals):.3f}")
-  return f"| AES vs {base} (end) | | " + " | ".join(cells) + " |"
+
+  def per_seed(m):
+    out = {}
+    for (seed, c), ls in zip(results[m].items(), lengths[m]):
+      out[seed] = evaluate_lib.aes(c[-1][2], ls[-1], c[0][2], ls[0])
+    return out
+
+  scores = {m: per_seed(m) for m in results}
+  cell = lambda vals: (" ".join(f"{v:+.3f}" for v in vals) +
+                       f" / **{np.mean(vals):+.3f}** ± {np.std(vals):.3f}") if vals else "—"
+  start = [cell(list(scores[m].values())) for m in results]
+  margin = [cell([v - scores[base][s] for s, v in scores[m].items() if s in scores[base]])
+            for m in results]
+  return "\n".join([f"| AES vs the start (end) | | " + " | ".join(start) + " |",
+                    f"| AES margin over {base} (end, paired by seed) | | " + " | ".join(margin)
+                    + " |"])
 
 
 def table(results: dict, walls: dict | None = None) -> str:
@@ -182,9 +194,9 @@ def main(argv):
     md += "\n| wall s at the end | " + " | ".join(cells) + " |"
   else:
     md = table(results, walls)
-    row = aes_row(results, lengths)
-    if row:
-      md += "\n" + row
+    rows = aes_rows(results, lengths)
+    if rows:
+      md += "\n" + rows
   with open(os.path.join(_OUT.value, "efficiency.md"), "w") as f:
     f.write(md + "\n")
   with open(os.path.join(_OUT.value, "efficiency.json"), "w") as f:
