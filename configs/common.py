@@ -179,6 +179,7 @@ def _smoke(c):
   c.rollout.update(batch_prompts=2, group_size=2, completion_len=8)
   c.rl.num_minibatches = 2
   c.allocation.probes = min(c.allocation.probes, 2)  # sara: probes fit the group of 2
+  c.allocation.oversample = 1  # dapo: one round per generation batch (seconds, not minutes)
   c.eval.update(every=2, num_prompts=2, k=2)
   c.checkpoint.every = 1
 

@@ -109,6 +109,8 @@ def validate(config, *, weights: bool = True) -> None:
            f"{p.slots} exceeds batch_prompts={r.batch_prompts}")
   if p.method == "rollout":
     _check(p.capacity > 0, "replay.capacity", "must be > 0 for rollout replay")
+    _check(isinstance(p.drop_ineffective, bool), "replay.drop_ineffective",
+           f"{p.drop_ineffective!r} must be true or false")
   if p.method == "headroom":
     _check(p.capacity >= p.candidates, "replay.capacity",
            f"{p.capacity} must be >= replay.candidates={p.candidates} (groups evaluated per step)")

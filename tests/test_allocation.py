@@ -639,8 +639,18 @@ def test_an_empty_group_changes_nothing_in_the_update(split, aggregation):
   for name, r in (("with_empty", with_empty), ("alone", alone)):
     state, _, metrics = fn(step_lib.init_train_state(_copy(params), tx), init_replay(0, g, 5, 6),
                            r, None, jax.random.key(0))
-    out[name] = (float(metrics["loss"]), state.params)
+    out[name] = (float(metrics["loss"]), state.params, metrics)
   assert out["with_empty"][0] == pytest.approx(out["alone"][0], rel=1e-5, abs=1e-7)
+  # The metrics average over the real rows and groups only: an empty group is padding. Before,
+  # success, reward, length and the effective fraction were averaged over it too (halved here),
+  # and the advantage statistics over its rows. group 0 = MIXED[:4] = [1, 0, 0, 1].
+  for key in ("success_mean", "reward_mean", "effective_fraction", "ineffective_fraction",
+              "advantage_abs_mean", "completion_length_mean", "nonzero_advantage_fraction",
+              "loss_rows"):
+    assert float(out["with_empty"][2][key]) == pytest.approx(float(out["alone"][2][key]),
+                                                             rel=1e-6), key
+  assert float(out["alone"][2]["success_mean"]) == 0.5
+  assert float(out["alone"][2]["effective_fraction"]) == 1.0
   assert abs(out["alone"][0]) > 1e-4  # the shifted log mu make the loss non-zero
   for a, b in zip(jax.tree.leaves(out["with_empty"][1]), jax.tree.leaves(out["alone"][1])):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -151,19 +151,22 @@ def test_headroom_cache_refresh_and_insertion():
 
 @pytest.mark.parametrize("objective", ["align_mu", "decoupled"])
 def test_train_step_loss_with_admitted_groups(split, tiny_qwen3, objective):
-  """Both stored groups drift 0 under the policy that generated them (D = 0 <= tau): with
-  K_rep = 2 both are admitted as 8 extra rows. align_mu: ratio over pi_gen; decoupled: pi_prox
-  from the candidate pass (equal to pi_gen here up to float error) with weight 1. Either way
-  the loss equals policy_loss on the 16-row batch composed by hand; one trace over steps."""
+  """Both stored groups as if an older policy had sampled them: their log mu (and pi_gen) is
+  0.3 below the current policy's, so D = 0.3^2 = 0.09 <= tau = 0.1 and with K_rep = 2 both
+  are admitted as 8 extra rows. align_mu: ratio over pi_gen, rho = e^0.3 = 1.35, clipped at
+  1.2 where A > 0; decoupled: pi_prox from the candidate pass (rho = 1) with weight pi_prox /
+  mu = e^0.3. Each loss equals policy_loss on the 16-row batch composed by hand for its
+  objective, and the two differ (the clip), so an objective collapsed onto the other fails;
+  one trace over steps."""
   graphdef, params = split
-  old = _rollout(split, [1, 0, 0, 1, 0, 1, 0, 0], seed=9)
+  old = _rollout(split, [1, 0, 0, 1, 0, 1, 0, 0], seed=9, shift=-0.3 * np.ones(B * G))
   rollout = _rollout(split, [1, 0, 0, 1, 0, 1, 0, 0], shift=SHIFT_N)
   replay = replay_lib.init_replay(4, G, P, T)
   old_bg = jax.tree.map(lambda x: x.reshape((B, G) + x.shape[1:]), old)
   stored_adv = jnp.asarray([[0.5, -0.5, 0.25, -0.25], [1.0, -1.0, 0.0, 0.0]])
   replay = replay_lib.insert(replay, old_bg, stored_adv, jnp.ones(B, bool), 0,
                              headroom_M=jnp.asarray([0.3, 0.6]))
-  cfg = headroom_lib.HeadroomConfig(slots=2, candidates=2, tau=1e-3, objective=objective)
+  cfg = headroom_lib.HeadroomConfig(slots=2, candidates=2, tau=0.1, objective=objective)
   tx = optax.sgd(0.0)
   fn = traced_step(graphdef, tx, step_lib.StepConfig(group_size=G, replay=cfg))
   state = step_lib.init_train_state(_copy(params), tx)
@@ -179,11 +182,14 @@ def test_train_step_loss_with_admitted_groups(split, tiny_qwen3, objective):
   mu = cat(rollout.behaviour_logp_NxT, old.behaviour_logp_NxT)
   adv = jnp.concatenate([jnp.asarray(MIXED_ADV), stored_adv.reshape(-1)[order]])
   logp = completion_logprobs(tiny_qwen3, prompts, pmask, ids)
-  prox = mu if objective == "align_mu" else jnp.concatenate([rollout.behaviour_logp_NxT,
-                                                             logp[B * G:]])
+  teacher = jnp.concatenate([rollout.behaviour_logp_NxT, logp[B * G:]])
+  prox = mu if objective == "align_mu" else teacher
   expected, _ = losses.policy_loss(logp, prox, mu, adv, cmask, losses.LossConfig())
+  other, _ = losses.policy_loss(logp, teacher if objective == "align_mu" else mu, mu, adv, cmask,
+                                losses.LossConfig())
   assert float(m["loss"]) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
-  assert float(m["headroom_admitted_drift"]) < 1e-8
+  assert abs(float(other) - float(expected)) > 1e-3  # the objectives differ on this batch
+  assert float(m["headroom_admitted_drift"]) == pytest.approx(0.3 ** 2, rel=1e-3)
   # Both fresh groups are mixed-outcome: appended after the update (2 + 2 entries).
   assert int(new_replay.num_inserted) == 4
   fn(state, new_replay, _rollout(split, [1, 1, 0, 0, 1, 0, 0, 0], seed=1), None,
@@ -228,8 +234,15 @@ def test_no_drifted_or_over_age_group_is_ever_used(steps, max_age):
       if e:
         mixed_ids.add(i)
         version[i] = step
+  # The buffer holds exactly what the ring and the age limit leave of the mixed groups: the
+  # last 4 inserted, less those the last step's eviction found older than max_age (those of
+  # the last step itself were inserted after it).
+  inserted = [i for step, (effective, _) in enumerate(steps)
+              for i, e in zip([100 * (step + 1) + j for j in range(BH)], effective) if e]
+  last = len(steps) - 1
+  expected = {i for i in inserted[-4:] if not max_age or last - version[i] <= max_age}
   stored = {int(i) for i, v in zip(replay.rollouts.prompt_id_N[:, 0], replay.valid_C) if v}
-  assert stored <= mixed_ids
+  assert stored == expected
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from configs import popo as popo_config
 from grpo_jax import configuration, losses, replay as replay_lib, step as step_lib
-from grpo_jax.replay import method as method_lib, popo
+from grpo_jax.replay import method as method_lib, popo, rollout
 from grpo_jax.logprobs import completion_logprobs
 from grpo_jax.types import Rollout
 from tests.test_step import B, G, P, T, SHIFT_N, _copy, _rollout
@@ -77,8 +77,10 @@ def test_popo_equals_grpo_exactly_when_no_slot_needs_filling(split):
 
 def test_ineffective_slot_takes_the_most_recent_stored_group(split):
   rollout = _rollout(split, ONE_INEFFECTIVE)
-  replay, _ = _buffer_with(split, ALL_EFFECTIVE)
-  _, new_replay, m = _run(split, POPO, rollout, replay)
+  # The stored groups as if an older policy had sampled them: log mu 0.3 below this policy's.
+  replay, _ = _buffer_with(split, ALL_EFFECTIVE, shift=-0.3)
+  stored_tokens = float(np.asarray(replay.rollouts.completion_mask_NxT[1]).sum())
+  _, new_replay, m = _run(split, POPO, rollout, replay, lr=0.0)  # (replay is donated)
   assert float(m["replay_slots_filled"]) == 1.0
   assert float(m["ineffective_fraction"]) == 0.5
   # The most recent stored entry is slot 1 (old group 1); it was used once, so with
@@ -88,9 +90,15 @@ def test_ineffective_slot_takes_the_most_recent_stored_group(split):
   assert int(new_replay.num_inserted) == 3
   np.testing.assert_array_equal(new_replay.rollouts.completion_ids_NxT[2],
                                 rollout.completion_ids_NxT[:G])
-  # Same policy that generated the stored group (no update in between): weight pi_prox/mu ~ 1.
-  assert float(m["replay_is_weight_mean"]) == pytest.approx(1.0, abs=1e-4)
-  assert float(m["replay_drift"]) < 1e-8
+  # Replayed tokens: pi_theta / mu = e^0.3 = 1.3499 and (log pi_theta - log mu)^2 = 0.09 (lr 0:
+  # pi_theta = pi_prox). The decoupled loss applies w = pi_prox / mu = e^0.3 to them and 1 to
+  # the fresh group's tokens, so its mean weight is the token-weighted average of the two (a
+  # weight wired to the wrong rows, or to mu / mu, gives another number).
+  assert float(m["replay_is_weight_mean"]) == pytest.approx(np.exp(0.3), rel=1e-4)
+  assert float(m["replay_drift"]) == pytest.approx(0.09, rel=1e-3)
+  fresh_tokens = float(np.asarray(rollout.completion_mask_NxT)[:G].sum())
+  expected_w = (fresh_tokens + np.exp(0.3) * stored_tokens) / (fresh_tokens + stored_tokens)
+  assert float(m["is_weight_mean"]) == pytest.approx(expected_w, rel=1e-4)
   evicted = replay_lib.evict(new_replay, jnp.int32(1), max_uses=1)
   np.testing.assert_array_equal(evicted.valid_C, [True, False, True, False])
 
@@ -153,6 +161,75 @@ def test_grpo_filter_loss_equals_grpo_on_the_kept_groups_alone(split, tiny_qwen3
                                    rollout.completion_mask_NxT[kept], losses.LossConfig())
   assert float(m["loss"]) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
   assert abs(float(expected)) > 1e-3  # a loss the denominator can change
+
+
+def test_popo_with_an_empty_buffer_is_exactly_grpo_filter(split):
+  """One ineffective group and nothing stored: POPO leaves the unfilled slot out of the loss
+  and its denominator, as GRPO-filter drops it, so loss and update (SGD, which a halved loss
+  would halve) are identical. Mutation (unfilled="keep", the code before): the all-wrong group
+  stays in the seq-mean denominator with advantage 0 and halves the loss and the update."""
+  rollout = _rollout(split, ONE_INEFFECTIVE, shift=SHIFT_N)
+  graphdef, params = split
+  out = {}
+  for name, cfg, capacity in (("popo", POPO, 4), ("filter", popo.PopoConfig(fill="drop"), 0),
+                              ("keep", popo.PopoConfig(fill="replay", unfilled="keep"), 4)):
+    tx = optax.sgd(0.5)
+    fn = step_lib.make_train_step(graphdef, tx, step_lib.StepConfig(group_size=G, replay=cfg))
+    state, _, m = fn(step_lib.init_train_state(_copy(params), tx),
+                     replay_lib.init_replay(capacity, G, P, T), rollout, None, jax.random.key(0))
+    out[name] = (float(m["loss"]), state.params, m)
+  assert out["popo"][0] == out["filter"][0] and abs(out["popo"][0]) > 1e-3
+  for a, b in zip(jax.tree.leaves(out["popo"][1]), jax.tree.leaves(out["filter"][1])):
+    np.testing.assert_array_equal(a, b)
+  # seq-mean over 4 rows instead of 8: the kept loss is half the dropped one.
+  assert out["keep"][0] == pytest.approx(out["filter"][0] / 2, rel=1e-5)
+  assert float(out["popo"][2]["replay_slots_unfilled"]) == 1.0
+  assert float(out["popo"][2]["loss_rows"]) == G and float(out["keep"][2]["loss_rows"]) == 2 * G
+
+
+def test_popo_kl_ranks_by_the_kl_estimate_not_the_squared_log_ratio():
+  """Two stored groups whose log mu is the current policy's plus delta on every token. POPO-KL's
+  k3 estimate of KL(mu || pi) per token is e^-delta - 1 + delta:
+    delta = +0.5:  e^-0.5 - 1 + 0.5 = 0.10653 (squared log-ratio 0.25)
+    delta = -0.45: e^0.45 - 1 - 0.45 = 0.11831 (squared log-ratio 0.2025)
+  so the KL picks the first group and the mean squared log-ratio (the code before) the second."""
+  shifts = jnp.asarray([0.5, -0.45])
+  rows = jax.tree.map(lambda x: x[:2], _fresh(0, [True, True, False, False]))
+  rows = rows.replace(behaviour_logp_NxT=jnp.broadcast_to(shifts[:, None, None], (2, GC, TC)) - 1.,
+                      completion_mask_NxT=jnp.ones((2, GC, TC), bool))
+  replay = replay_lib.insert(replay_lib.init_replay(2, GC, PC, TC), rows, jnp.ones((2, GC)),
+                             jnp.ones(2, bool), 0)
+  policy = lambda r: jnp.full(r.behaviour_logp_NxT.shape, -1.0)  # log pi = -1 everywhere
+  np.testing.assert_allclose(popo.stored_kl(replay, policy), [0.1065307, 0.1183122], rtol=1e-5)
+  cfg = popo.PopoConfig(fill="replay", priority="lowest_kl", slots=1)
+  effective = jnp.asarray([True, False, True, True])
+  comp = cfg.compose(_ctx(_fresh(1, effective), _adv(1), effective, jnp.int32(1)), replay, policy)
+  replayed = np.asarray(comp.rollout.prompt_id_N).reshape(BC, GC)[1, 0]
+  assert replayed == 0  # entry 0 (delta = +0.5): the lower KL
+  assert float(comp.metrics["replay_kl_selected"]) == pytest.approx(0.1065307, rel=1e-5)
+
+
+def test_max_age_keeps_an_entry_exactly_max_age_steps_old():
+  """By the definition (POPO's max_age, Yoo et al.'s tau_max): at step 10 with max age 4, an
+  entry generated at step 6 (age 4) may be replayed, one from step 5 (age 5) may not. Worked by
+  hand, not by the models below that share the implementation's rule."""
+  rows = jax.tree.map(lambda x: x[:2], _fresh(0, [True, True, False, False]))
+  replay = replay_lib.init_replay(2, GC, PC, TC)
+  replay = replay_lib.insert(replay, jax.tree.map(lambda x: x[:1], rows), jnp.ones((1, GC)),
+                             jnp.ones(1, bool), 5)  # prompt id 0, version 5
+  replay = replay_lib.insert(replay, jax.tree.map(lambda x: x[1:], rows), jnp.ones((1, GC)),
+                             jnp.ones(1, bool), 6)  # prompt id 1, version 6
+  cfg = popo.PopoConfig(fill="replay", max_age=4)
+  evicted = cfg.evict(replay, jnp.int32(10))
+  np.testing.assert_array_equal(evicted.valid_C, [False, True])
+  effective = jnp.asarray([False, False, True, True])
+  comp = cfg.compose(_ctx(_fresh(10, effective), _adv(10), effective, jnp.int32(10)), evicted,
+                     _no_pass)
+  ids = np.asarray(comp.rollout.prompt_id_N).reshape(BC, GC)[:, 0]
+  assert ids[0] == 1 and not bool(np.asarray(comp.replayed_N).reshape(BC, GC)[1, 0])
+  # The same rule in rollout-level replay: tau_max 4 train steps.
+  rr = rollout.RolloutReplayConfig(tau_max=4)
+  np.testing.assert_array_equal(rr.evict(replay, jnp.int32(10)).valid_C, [False, True])
 
 
 # --- compose, insert and the age limit against a plain-Python model (no model needed) ---

@@ -108,21 +108,31 @@ def test_composition_ages_and_warmup_against_a_python_model(advs, tau_max, warmu
     stored += [(100 * step + j, step, a) for j, a in enumerate(adv) if kept(a)]
 
 
-def test_high_priority_entries_are_drawn_more_often():
-  """Two live entries with |A| = 4 and |A| = 0.01 (alpha 1): P = 0.9975 / 0.0025 for R = 1
-  draw; over 200 keys the first is drawn ~200 times (a wrong sign or no priority: ~100)."""
-  cfg = rollout_lib.RolloutReplayConfig(tau_max=5, rho=0.25, alpha=1.0, warmup_steps=0)
+def test_draws_follow_the_priority_distribution():
+  """Four live entries with |A| = 4, 1, 0.25, 0 and alpha = 0.5: P ~ (|A| + 1e-6)^0.5 =
+  2, 1, 0.5, 0.001 (sum 3.501), i.e. P = 0.57127, 0.28563, 0.14282, 0.00029. Over 4,000 keys
+  with R = 1 draw, the counts are binomial: expected 2285.1, 1142.5, 571.3, 1.1 with standard
+  deviations sqrt(n p (1 - p)) = 31.3, 28.6, 22.1, 1.1; every count must lie within 5 of them
+  (a chance failure ~1e-6). Mutations this catches: no Gumbel noise (greedy top-k draws entry 0
+  4,000 times), alpha ignored (alpha = 1 gives 0.7617, 0.1904, 0.0476: 3,047 / 762 / 190),
+  uniform draws (1,000 each), a sign error in the priority."""
+  cfg = rollout_lib.RolloutReplayConfig(tau_max=5, rho=0.25, alpha=0.5, warmup_steps=0)
   replay = replay_lib.init_replay(4, 1, PR, TR)
-  fresh, adv = _fresh(0, [4.0, 0.01, 0.0, 0.0])
+  fresh, adv = _fresh(0, [4.0, -1.0, 0.25, 0.0])
   rows = jax.tree.map(lambda x: x.reshape((-1, 1) + x.shape[2:]), fresh)
-  replay = replay_lib.insert(replay, rows, adv.reshape(-1, 1), jnp.asarray([1, 1, 0, 0], bool), 0)
+  replay = replay_lib.insert(replay, rows, adv.reshape(-1, 1), jnp.ones(4, bool), 0)
   fresh1, adv1 = _fresh(1, [0.0] * 4)
   ctx = lambda k: method_lib.StepContext(fresh=fresh1, advantages_BxG=adv1,
                                          effective_B=jnp.ones((BR,), bool), step=jnp.int32(1),
-                                         rng=jax.random.key(k))
-  compose = jax.jit(lambda k: cfg.compose(ctx(k), replay, None).rollout.prompt_id_N[-1])
-  firsts = sum(int(compose(k)) == 0 for k in range(200))
-  assert firsts >= 190
+                                         rng=k)
+  n = 4000
+  draw = jax.jit(jax.vmap(lambda k: cfg.compose(ctx(k), replay, None).rollout.prompt_id_N[-1]))
+  ids = np.asarray(draw(jax.random.split(jax.random.key(7), n)))
+  counts = np.bincount(ids, minlength=4)[:4]
+  p = np.asarray([2.0, 1.0, 0.5, 0.001]) / 3.501
+  sd = np.sqrt(n * p * (1 - p))
+  assert counts.sum() == n
+  np.testing.assert_array_less(np.abs(counts - n * p), 5 * sd + 1e-9)
 
 
 def test_train_step_loss_on_the_fresh_anchored_batch(split, tiny_qwen3):
@@ -137,13 +147,15 @@ def test_train_step_loss_on_the_fresh_anchored_batch(split, tiny_qwen3):
   replay = replay_lib.init_replay(16, 1, P, T)
   rows = jax.tree.map(lambda x: x[:, None], old)
   rows = rows.replace(behaviour_logp_NxT=rows.behaviour_logp_NxT - 0.2 * rows.completion_mask_NxT)
-  replay = replay_lib.insert(replay, rows, stored_adv[:, None], stored_adv != 0, 0)
+  # Stored at version -10: at step 0 they are exactly tau_max = 10 steps old, which the
+  # definition keeps (replayed now); at step 1 they are 11 old, which it evicts.
+  replay = replay_lib.insert(replay, rows, stored_adv[:, None], stored_adv != 0, -10)
   cfg = rollout_lib.RolloutReplayConfig(tau_max=10, rho=0.5, warmup_steps=0)
   tx = optax.sgd(0.0)
   fn = traced_step(graphdef, tx, step_lib.StepConfig(group_size=G, replay=cfg))
   state = step_lib.init_train_state(_copy(params), tx)
-  _, new_replay, m = fn(state, replay, rollout, None, jax.random.key(0))
-  assert float(m["replay_rows"]) == 4.0
+  state, new_replay, m = fn(state, replay, rollout, None, jax.random.key(0))
+  assert float(m["replay_rows"]) == 4.0 and float(m["replay_age_max"]) == 10.0
   # All four stored rollouts are replayed (R = 4 = live entries), in some priority order; the
   # loss is a sum over rows, so the order does not matter for seq-mean-token-mean.
   cat = lambda a, b: jnp.concatenate([a, b[:4]])
@@ -158,11 +170,12 @@ def test_train_step_loss_on_the_fresh_anchored_batch(split, tiny_qwen3):
   assert float(m["loss"]) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
   # The fresh rows with non-zero advantage were inserted after the update (all 8 here).
   assert int(new_replay.num_inserted) == 4 + 8
-  for seed in (1, 2):  # later steps: same trace
-    state, replay, m = fn(state, new_replay, _rollout(split, [1, 0, 0, 1, 1, 1, 0, 0], seed),
-                          None, jax.random.key(seed))
-    new_replay = replay
-  assert float(m["replay_age_max"]) <= 10
+  # Step 1 (same trace): the 4 entries of version -10 are 11 steps old and evicted; the 8 of
+  # step 0 are 1 step old, and R = 4 of them are replayed.
+  _, _, m = fn(state, new_replay, _rollout(split, [1, 0, 0, 1, 1, 1, 0, 0], 1), None,
+               jax.random.key(1))
+  assert float(m["replay_evicted"]) == 4.0 and float(m["replay_rows"]) == 4.0
+  assert float(m["replay_age_max"]) == 1.0 and float(m["replay_age_mean"]) == 1.0
 
 
 def test_config_validation():

@@ -154,6 +154,7 @@ def test_resume_gives_exactly_the_uninterrupted_run(tmp_path, module):
     c = module.get_config("smoke")
     c.rl.reward_signal = c.rl.effective_signal = "score"
     c.replay.warmup_steps = 1
+    c.replay.drift_tau = 1e3  # Headroom-Drift: admit whatever the tiny batches' updates move
     c.total_steps = total
     c.eval.every = 100  # evaluations never change the trajectory; keep them out of the way
     c.checkpoint.every = 2
@@ -165,7 +166,9 @@ def test_resume_gives_exactly_the_uninterrupted_run(tmp_path, module):
   train.train_and_evaluate(config(4), resumed)   # ...and started again with the same command
   a, b = _final_state(straight), _final_state(resumed)
   assert "replay" in a
-  assert int(np.asarray(a["replay"]["num_inserted"])) > 0  # the buffer really was used
+  assert int(np.asarray(a["replay"]["num_inserted"])) > 0  # the buffer really was used...
+  replayed = [r["replay_rows"] for r in metrics.read_metrics(straight) if "loss" in r]
+  assert sum(replayed) > 0  # ...and replayed from
   leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
   assert len(leaves_a) == len(leaves_b) > 0
   for x, y in zip(leaves_a, leaves_b):
@@ -234,8 +237,9 @@ def test_every_config_validates(module):
 
 @pytest.mark.parametrize("module,preset", [
     (popo, p) for p in ("kl", "filter", "ineff", "stale=10", "pi_old", "align_mu", "kl,smoke")] +
+    [(popo, "keep_unfilled")] +
     [(headroom, p) for p in ("headroom_only", "drift_only", "decoupled")] +
-    [(rollout_replay, "decoupled")] +
+    [(rollout_replay, p) for p in ("decoupled", "paper", "paper,smoke")] +
     [(m, p) for m in (grpo, popo, sara, dapo) for p in ("mopps", "dps", "dps,pool=64")])
 def test_method_presets_validate(module, preset):
   configuration.validate(module.get_config(preset))
@@ -258,12 +262,35 @@ def test_method_presets_validate(module, preset):
     ("allocation.selector", "random", "allocation.selector"),
     ("allocation.tau_lo", 0.95, "tau_lo"),
     ("allocation.selector", "mopps", "task.train_size.*needs prompts that come back"),
+    ("allocation.oversample", 0, "allocation.oversample"),
+    ("rl.score_base", "format", "rl.score_base"),
 ])
 def test_invalid_values_name_the_field(field, value, message):
   c = grpo.get_config()
   group, name = field.split(".")
   c[group][name] = value
   with pytest.raises(configuration.ConfigError, match=message):
+    configuration.validate(c)
+
+
+@pytest.mark.parametrize("module,field,value,message", [
+    (popo, "replay.unfilled", "zero", "config.replay: unfilled"),
+    (rollout_replay, "replay.age_unit", "epochs", "config.replay: age_unit"),
+    (dapo, "allocation.oversample", 31, "allocation.oversample"),
+])
+def test_invalid_method_values_name_the_field(module, field, value, message):
+  c = module.get_config()
+  group, name = field.split(".")
+  c[group][name] = value
+  with pytest.raises(configuration.ConfigError, match=message):
+    configuration.validate(c)
+
+
+def test_rollout_replay_ages_in_updates_are_refused_below_one_step():
+  """tau_max = 3 gradient steps with 4 updates per train step could never replay anything."""
+  c = rollout_replay.get_config("paper")
+  c.replay.max_age, c.rl.num_minibatches = 3, 4
+  with pytest.raises(configuration.ConfigError, match="less than one train step"):
     configuration.validate(c)
 
 
@@ -276,7 +303,7 @@ def test_real_model_preset_needs_a_path():
   # An unknown preset lists every preset the chosen file accepts, its own included.
   with pytest.raises(ValueError, match=r"known: align_mu, bf16, countdown_hard, dps, filter, "
                                        r"gsm8k, "
-                                       r"ineff, kl, mopps, pi_old, .*reuse=K, smoke, stale=S, "
+                                       r"ineff, keep_unfilled, kl, mopps, pi_old, .*reuse=K, smoke, stale=S, "
                                        r"pool=N"):
     popo.get_config("nope")
   with pytest.raises(ValueError, match="decoupled, dps, drift_only, gsm8k, headroom_only"):

@@ -125,6 +125,9 @@ def insert(replay: ReplayState, entries: Rollout, advantages_MxE: jax.Array, kee
     return buffer.at[slot_M].set(values.astype(buffer.dtype), mode="drop")
 
   m = keep.shape[0]
+  # Each stored row carries the entry's version stamp (what the age of a replayed row is read
+  # from), whatever version the candidate rows arrived with.
+  entries = entries.replace(version_N=jnp.full(entries.version_N.shape, version, jnp.int32))
   return ReplayState(
       rollouts=jax.tree.map(put, replay.rollouts, entries),
       advantages_CxE=put(replay.advantages_CxE, advantages_MxE),
