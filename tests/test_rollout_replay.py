@@ -178,6 +178,36 @@ def test_train_step_loss_on_the_fresh_anchored_batch(split, tiny_qwen3):
   assert float(m["replay_age_max"]) == 1.0 and float(m["replay_age_mean"]) == 1.0
 
 
+def test_paper_composition_drops_ineffective_groups_and_sizes_replay_by_survivors():
+  """The reference implementation in fixed shape (drop_ineffective, insert "effective"): with
+  B = 2 groups of G = 2 and group 1 ineffective, group 1 leaves the loss; R = round(0.5 * 4) =
+  2 replay slots, of which round(0.5 * 2 surviving rows) = 1 is filled although 3 entries are
+  live; only group 0's 2 rollouts are stored after the update."""
+  cfg = rollout_lib.RolloutReplayConfig(tau_max=5, rho=0.5, warmup_steps=0,
+                                        drop_ineffective=True, insert="effective")
+  replay = replay_lib.init_replay(8, 1, PR, TR)
+  old, old_adv = _fresh(0, [1.0, -1.0, 0.5, 0.0])
+  rows = jax.tree.map(lambda x: x.reshape((-1, 1) + x.shape[2:]), old)
+  replay = replay_lib.insert(replay, rows, old_adv.reshape(-1, 1), jnp.asarray([1, 1, 1, 0], bool),
+                             0)
+  fresh, adv = _fresh(1, [0.7, -0.7, 0.0, 0.0])
+  ctx = method_lib.StepContext(fresh=fresh, advantages_BxG=adv,
+                               effective_B=jnp.asarray([True, False]), step=jnp.int32(1),
+                               rng=jax.random.key(0))
+  comp = cfg.compose(ctx, cfg.evict(replay, jnp.int32(1)), None)
+  mask = np.asarray(comp.loss_mask_NxT).any(-1)
+  np.testing.assert_array_equal(mask[:4], [True, True, False, False])  # group 1 dropped
+  np.testing.assert_array_equal(np.asarray(comp.replayed_N[4:]), [True, False])
+  assert float(comp.metrics["replay_rows_wanted"]) == 1.0
+  new, m = cfg.after_update(ctx, replay, comp)
+  assert float(m["replay_inserted"]) == 2.0 and int(new.num_inserted) == 3 + 2
+  # Without the drop (the default variant): all 4 fresh rows count and both slots are filled.
+  plain = rollout_lib.RolloutReplayConfig(tau_max=5, rho=0.5, warmup_steps=0)
+  comp = plain.compose(ctx, plain.evict(replay, jnp.int32(1)), None)
+  assert np.asarray(comp.loss_mask_NxT).any(-1)[:4].all()
+  np.testing.assert_array_equal(np.asarray(comp.replayed_N[4:]), [True, True])
+
+
 def test_config_validation():
   with pytest.raises(ValueError, match="tau_max"):
     rollout_lib.RolloutReplayConfig(tau_max=0)
