@@ -100,7 +100,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.replay.rho = 0.5  # rollout: replay rows per fresh row (fixed, larger batch)
   c.replay.alpha = 0.5  # rollout: priority exponent of (|A| + 1e-6)
   c.replay.warmup_steps = 20  # rollout: no replay before this train step
-  c.replay.age_unit = "steps"  # rollout: unit of max_age (tau_max): steps | updates (gradient steps)
+  c.replay.age_unit = "steps"  # rollout: unit of max_age (tau_max): steps | updates (gradients)
   c.replay.drop_ineffective = False  # rollout: fresh groups that are not effective leave the loss
   c.replay.candidates = 16  # headroom: M groups evaluated (teacher-forced) per step
   c.replay.drift_tau = 1e-3  # headroom: admit a group only if its drift D <= tau

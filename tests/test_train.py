@@ -245,6 +245,13 @@ def test_method_presets_validate(module, preset):
   configuration.validate(module.get_config(preset))
 
 
+def _refused(c, field, value, message):
+  group, name = field.split(".")
+  c[group][name] = value
+  with pytest.raises(configuration.ConfigError, match=message):
+    configuration.validate(c)
+
+
 @pytest.mark.parametrize("field,value,message", [
     ("rollout.group_size", 1, "rollout.group_size"),
     ("rl.num_minibatches", 3, "rl.num_minibatches"),
@@ -266,11 +273,7 @@ def test_method_presets_validate(module, preset):
     ("rl.score_base", "format", "rl.score_base"),
 ])
 def test_invalid_values_name_the_field(field, value, message):
-  c = grpo.get_config()
-  group, name = field.split(".")
-  c[group][name] = value
-  with pytest.raises(configuration.ConfigError, match=message):
-    configuration.validate(c)
+  _refused(grpo.get_config(), field, value, message)
 
 
 @pytest.mark.parametrize("module,field,value,message", [
@@ -279,11 +282,7 @@ def test_invalid_values_name_the_field(field, value, message):
     (dapo, "allocation.oversample", 31, "allocation.oversample"),
 ])
 def test_invalid_method_values_name_the_field(module, field, value, message):
-  c = module.get_config()
-  group, name = field.split(".")
-  c[group][name] = value
-  with pytest.raises(configuration.ConfigError, match=message):
-    configuration.validate(c)
+  _refused(module.get_config(), field, value, message)
 
 
 def test_rollout_replay_ages_in_updates_are_refused_below_one_step():
@@ -303,7 +302,8 @@ def test_real_model_preset_needs_a_path():
   # An unknown preset lists every preset the chosen file accepts, its own included.
   with pytest.raises(ValueError, match=r"known: align_mu, bf16, countdown_hard, dps, filter, "
                                        r"gsm8k, "
-                                       r"ineff, keep_unfilled, kl, mopps, pi_old, .*reuse=K, smoke, stale=S, "
+                                       r"ineff, keep_unfilled, kl, mopps, pi_old, .*reuse=K, "
+                                       r"smoke, stale=S, "
                                        r"pool=N"):
     popo.get_config("nope")
   with pytest.raises(ValueError, match="decoupled, dps, drift_only, gsm8k, headroom_only"):

@@ -23,11 +23,12 @@ refills them, and they leave its denominator too: see losses.aggregate), POPO-in
 (``insert="all"``: the buffer takes every group), POPO-stale(s)
 (``priority="staleness"``), POPO-KL (``priority="lowest_kl"``: the stored groups of smallest
 KL(mu || pi_theta) to the current policy, estimated each step by one teacher-forced pass over
-the buffer; ``stored_kl``), and two objectives for replayed rows
-besides the decoupled one (``objective``, see method.OBJECTIVES): POPO-pi_old ("pi_old": replayed rows
-are treated as if the current policy had sampled them: no behaviour weight, trust region around
-pi_prox) and "align_mu" (the coupled objective: trust region around the behaviour policy,
-pi_prox := mu, the "fully aligning to the behaviour policy" the authors compare against).
+the buffer; ``stored_kl``), and two objectives for replayed rows besides the decoupled one
+(``objective``, see method.OBJECTIVES): POPO-pi_old ("pi_old": replayed rows are treated as if
+the current policy had sampled them: no behaviour weight, trust region around pi_prox) and
+"align_mu" (the coupled objective: trust region around the behaviour policy, pi_prox :=
+pi_gen, mu in the trainer's numerics: the "fully aligning to the behaviour policy" the
+authors compare against).
 
 Everything is [B, G, ...] arrays and masks: the number of groups replayed is a count inside a
 fixed-shape batch, never a shape.
