@@ -148,3 +148,15 @@ def test_a_round_is_group_major_with_overlong_penalty(tokenizer):
   assert stats["rollouts"] == 6 and stats["completion_tokens"] == int(lengths.sum())
   assert stats["reward_errors"] == 0
   assert stats["truncated_fraction"] == pytest.approx(truncated.mean())
+  # score_base "accuracy" (DAPO's reward): +1 for a success, -1 otherwise, then the same
+  # penalty; the task's own graded values (0.5 for prompt 7's rows) are not used.
+  dapo = rounds.RoundSampler(sample_fn, tokenizer, task, slots=b * g, prompt_len=p,
+                             overlong_buffer=2, overlong_factor=0.5, score_base="accuracy")
+  per_prompt, _ = dapo.run(params, [(q, g) for q in prompts], jax.random.key(0))
+  rows = rounds.Rows.concat(per_prompt)
+  np.testing.assert_array_equal(rows.tokens_RxT, r.completion_ids_NxT)  # the same samples
+  np.testing.assert_allclose(rows.scores_R, np.array([-1.0] * 3 + [1.0] * 3) + penalty,
+                             atol=1e-6)
+  with pytest.raises(ValueError, match="score_base"):
+    rounds.RoundSampler(sample_fn, tokenizer, task, slots=b * g, prompt_len=p,
+                        score_base="format")
