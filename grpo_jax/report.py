@@ -75,22 +75,31 @@ def run_summary(workdir: str, k: int = 8) -> dict:
     out.update(rollouts=last.get("rollouts", 0), tokens=last.get("completion_tokens", 0),
                wall_s=float(wall if wall is not None else float("nan")))
     for key in ("ineffective_fraction", "learning_rate") + REPLAY_STATS:
-      vals = [r[key] for r in steps if key in r]
+      # Statistics of the replayed rows (their age, drift, weights) exist only in steps that
+      # replayed something: averaged over those, not diluted by warm-up or empty-buffer steps.
+      when = _PER_REPLAYED.get(key)
+      vals = [r[key] for r in steps if key in r and (when is None or r.get(when, 0) > 0)]
       if vals:
         out[f"mean_{key}"] = float(np.mean(vals))
   return out
 
 
 # Per-step replay statistics averaged over a run by ``replay_table`` (whichever the method logs).
-REPLAY_STATS = ("replay_slots_filled", "replay_rows", "replay_age_mean", "replay_age_max",
-                "replay_drift", "replay_is_weight_mean", "replay_is_capped_frac",
-                "replay_priority_entropy", "headroom_accept_rate", "headroom_admitted",
-                "headroom_candidate_drift")
+REPLAY_STATS = ("replay_slots_filled", "replay_slots_unfilled", "replay_rows", "replay_age_mean",
+                "replay_age_max", "replay_drift", "replay_is_weight_mean",
+                "replay_is_capped_frac", "replay_priority_entropy", "headroom_accept_rate",
+                "headroom_admitted", "headroom_candidate_drift", "loss_rows")
+# Statistics averaged only over the steps where the named count is > 0.
+_PER_REPLAYED = {**dict.fromkeys(("replay_age_mean", "replay_age_max", "replay_drift",
+                                  "replay_is_weight_mean", "replay_is_capped_frac"),
+                                 "replay_rows"),
+                 "headroom_accept_rate": "headroom_candidates",
+                 "headroom_candidate_drift": "headroom_candidates"}
 
 
 def replay_table(workdirs: Sequence[str], labels: Sequence[str] | None = None) -> str | None:
-  """Markdown: the mean over all steps of every replay statistic a run logged (None when no
-  run replays)."""
+  """Markdown: the mean over the steps of every replay statistic a run logged (those of the
+  replayed rows over the steps that replayed; ``_PER_REPLAYED``); None when no run replays."""
   labels = labels or [os.path.basename(os.path.normpath(w)) for w in workdirs]
   summaries = [run_summary(w) for w in workdirs]
   keys = [key for key in REPLAY_STATS if any(f"mean_{key}" in s for s in summaries)]

@@ -64,14 +64,16 @@ def test_aes_rows_against_the_start_and_the_margin_over_grpo():
 
 
 def test_replay_table_means_over_steps(tmp_path):
-  # replay_rows 8 and 16 over two steps -> 12; replay_age_mean 1 and 2 -> 1.5; a GRPO run
-  # logs none of them: its cells stay empty, and runs without replay give no table at all.
+  # replay_rows 0, 8 and 16 over three steps -> 8; replay_age_mean over the two steps that
+  # replayed, 1 and 2 -> 1.5 (the first step's 0 is no age); a GRPO run logs none of them: its
+  # cells stay empty, and runs without replay give no table at all.
   a, g = tmp_path / "popo", tmp_path / "grpo"
-  _write(a, [{"step": 1, "loss": 0.0, "replay_rows": 8.0, "replay_age_mean": 1.0},
-             {"step": 2, "loss": 0.0, "replay_rows": 16.0, "replay_age_mean": 2.0}])
+  _write(a, [{"step": 1, "loss": 0.0, "replay_rows": 0.0, "replay_age_mean": 0.0},
+             {"step": 2, "loss": 0.0, "replay_rows": 8.0, "replay_age_mean": 1.0},
+             {"step": 3, "loss": 0.0, "replay_rows": 16.0, "replay_age_mean": 2.0}])
   _write(g, [{"step": 1, "loss": 0.0}])
   assert report.replay_table([str(a), str(g)]).splitlines() == [
-      "| run | replay_rows | replay_age_mean |", "|---|---|---|", "| popo | 12 | 1.5 |",
+      "| run | replay_rows | replay_age_mean |", "|---|---|---|", "| popo | 8 | 1.5 |",
       "| grpo |  |  |"]
   assert report.replay_table([str(g)]) is None
 
