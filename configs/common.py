@@ -166,9 +166,12 @@ def apply_presets(c: ml_collections.ConfigDict, arg: str | None,
     if name.startswith("pool=") and name[5:].isdigit():
       c.task.train_size = int(name[5:])  # a finite training set of that many problems
       continue
+    if name.startswith("minibatches=") and name[12:].isdigit():
+      c.rl.num_minibatches = int(name[12:])  # optimiser updates per train step (per epoch)
+      continue
     if name not in known:
       raise ValueError(f"unknown config preset {name!r}; known: "
-                       f"{', '.join(sorted(set(known) | set(own)) + ['pool=N'])}")
+                       f"{', '.join(sorted(set(known) | set(own)) + ['pool=N', 'minibatches=M'])}")
     known[name](c)
   return c
 

@@ -304,8 +304,10 @@ def test_real_model_preset_needs_a_path():
                                        r"gsm8k, "
                                        r"ineff, keep_unfilled, kl, mopps, pi_old, .*reuse=K, "
                                        r"smoke, stale=S, "
-                                       r"pool=N"):
+                                       r"pool=N, minibatches=M"):
     popo.get_config("nope")
+  assert grpo.get_config("minibatches=1,smoke").rl.num_minibatches == 2  # smoke comes after
+  assert grpo.get_config("smoke,minibatches=1").rl.num_minibatches == 1
   with pytest.raises(ValueError, match="decoupled, dps, drift_only, gsm8k, headroom_only"):
     headroom.get_config("nope")
 
