@@ -18,6 +18,8 @@ def test_run_names_of_presets():
   assert efficiency.run_name("popo:filter") == "popo-filter"
   assert efficiency.run_name("popo:stale=10") == "popo-stale10"
   assert efficiency.run_name("popo:kl,smoke") == "popo-kl-smoke"
+  assert efficiency.run_name("rollout_replay:paper+minibatches=4") == (
+      "rollout_replay-paper-minibatches4")
 
 
 def test_curve_wall_clock_and_table(tmp_path):

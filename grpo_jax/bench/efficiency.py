@@ -6,9 +6,11 @@
         --seeds=3 --rollouts=25600 --presets=pool=1024
 
 Every method trains from the embedded checkpoint with its config file (configs/<method>.py,
-optionally with presets after a colon: ``popo:filter``, ``popo:stale=10``) and the same batch
-(B prompts x G rollouts per step), so equal steps mean equal rollouts — unless the method
-allocates rollouts (DAPO's dynamic sampling, SARA), which spends a different number per step:
+optionally with presets after a colon: ``popo:filter``, ``popo:stale=10``, several joined by
+``+`` since ``--methods`` is comma-separated: ``rollout_replay:paper+minibatches=4``) and the
+same batch (B prompts x G rollouts per step), so equal steps mean equal rollouts — unless the
+method allocates rollouts (DAPO's dynamic sampling, SARA), which spends a different number per
+step:
 ``--rollouts=R`` then gives every run the same budget of *generated* rollouts, evaluates each
 time another ``--eval_every_rollouts`` were generated, tabulates accuracy at those marks and
 the rollouts each method needed to reach a target accuracy (``--target``; by default the
@@ -31,7 +33,8 @@ from grpo_jax import report
 from grpo_jax import train
 
 _METHODS = flags.DEFINE_list("methods", ["grpo", "popo"],
-                             "config files under configs/, with optional presets: popo:filter")
+                             "config files under configs/, with optional presets: popo:filter "
+                             "(several joined by +: rollout_replay:paper+minibatches=4)")
 _PRESETS = flags.DEFINE_string("presets", "", "presets added to every method's config, "
                                "e.g. countdown_hard")
 _SEEDS = flags.DEFINE_integer("seeds", 3, "seeds 0..n-1 per method")
@@ -46,7 +49,7 @@ _TARGET = flags.DEFINE_float("target", 0.0, "accuracy to reach (0: GRPO's final 
 
 def run_name(method: str) -> str:
   """A folder name for a method with presets: "popo:stale=10" -> "popo-stale10"."""
-  return method.replace(":", "-").replace(",", "-").replace("=", "")
+  return method.replace(":", "-").replace(",", "-").replace("+", "-").replace("=", "")
 
 
 def at_marks(curve, marks) -> list[tuple[int, float]]:
@@ -158,6 +161,7 @@ def main(argv):
   results, walls, lengths, workdirs = {}, {}, {}, {}
   for method in _METHODS.value:
     name, _, presets = method.partition(":")
+    presets = presets.replace("+", ",")
     module = importlib.import_module(f"configs.{name}")
     results[method] = {}
     for seed in range(_SEEDS.value):
