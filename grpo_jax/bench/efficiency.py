@@ -10,9 +10,8 @@ optionally with presets after a colon: ``popo:filter``, ``popo:stale=10``, sever
 ``+`` since ``--methods`` is comma-separated: ``rollout_replay:paper+minibatches=4``) and the
 same batch (B prompts x G rollouts per step), so equal steps mean equal rollouts — unless the
 method allocates rollouts (DAPO's dynamic sampling, SARA), which spends a different number per
-step:
-``--rollouts=R`` then gives every run the same budget of *generated* rollouts, evaluates each
-time another ``--eval_every_rollouts`` were generated, tabulates accuracy at those marks and
+step: ``--rollouts=R`` then gives every run the same budget of *generated* rollouts, evaluates
+each time another ``--eval_every_rollouts`` were generated, tabulates accuracy at those marks and
 the rollouts each method needed to reach a target accuracy (``--target``; by default the
 accuracy GRPO ends with, mean over seeds).
 Writes ``<out>/efficiency.md`` (a markdown table of mean@8 by rollouts, per seed, with the
