@@ -31,8 +31,9 @@ setuptools.setup(
         "tensorboardX",
     ],
     extras_require={
-        # matplotlib: the report's plots are tested.
-        "test": ["pytest", "hypothesis", "pyarrow", "matplotlib"],
+        # matplotlib: the report's plots are tested. pytest-xdist: the suite runs on two
+        # workers (pyproject.toml's addopts; tests/conftest.py caps the worker count).
+        "test": ["pytest", "pytest-xdist>=3.5", "hypothesis", "pyarrow", "matplotlib"],
         # TFDS needs TensorFlow to build or mock datasets (GSM8K); CI installs it.
         "tfds": ["tensorflow-cpu"],
         # The PNG of bench/efficiency.py (the markdown table needs nothing extra).

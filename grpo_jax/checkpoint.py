@@ -20,6 +20,7 @@ on unchanged. Temporary folders of saves killed mid-way are removed when the nex
 from __future__ import annotations
 
 import errno
+import gc
 import glob
 import logging
 import os
@@ -120,6 +121,24 @@ def _join_new_threads(before: set, timeout_s: float) -> None:
       thread.join(max(0.0, deadline - time.monotonic()))
 
 
+def _finalize_abandoned_writes() -> None:
+  """Finalises, now and quietly, the write coroutines a failed save leaves unreferenced.
+
+  When one array write fails (a full disk), ``asyncio.gather`` in orbax's serializer returns
+  the first error and the other fragments' coroutines are dropped unfinished. Collected at
+  interpreter exit, their clean-up runs while Python is shutting down and prints "Exception
+  ignored ... sys.meta_path is None" tracebacks after the run's one-line error (seen once,
+  on a loaded machine). Collected here, their clean-up runs while everything is importable;
+  whatever it raises belongs to the save already reported, so it is not printed.
+  """
+  previous = sys.unraisablehook
+  sys.unraisablehook = lambda unraisable: None
+  try:
+    gc.collect()
+  finally:
+    sys.unraisablehook = previous
+
+
 class Checkpointer:
   """Save / restore of (train state, replay state, host record) under ``workdir``."""
 
@@ -160,6 +179,7 @@ class Checkpointer:
           raise
         # Writes of the failed save still under way would recreate what is removed.
         _join_new_threads(threads, timeout_s=60.0)
+        _finalize_abandoned_writes()
         self._discard_unfinished(step)
         held.release(drop=True)
         raise CheckpointError(self._failure_message(step, e)) from e

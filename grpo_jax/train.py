@@ -372,7 +372,12 @@ def _check_same_run(config, workdir: str) -> None:
   current = json.loads(config.to_json_best_effort())
   if os.path.exists(path) and not config.checkpoint.allow_config_change:
     with open(path, encoding="utf-8") as f:
-      saved = json.load(f)
+      try:
+        saved = json.load(f)
+      except json.JSONDecodeError as e:
+        raise configuration.ConfigError(
+            f"{path} is not readable JSON ({e}): restore it, or pass "
+            "--config.checkpoint.allow_config_change=true to resume without the check") from None
     flat = lambda d, pre="": ({f"{pre}{k}": v for k, v in d.items() if not isinstance(v, dict)}
                               | {kk: vv for k, v in d.items() if isinstance(v, dict)
                                  for kk, vv in flat(v, f"{pre}{k}.").items()})
@@ -387,8 +392,13 @@ def _check_same_run(config, workdir: str) -> None:
           + "; use another --workdir, or --config.checkpoint.allow_config_change=true to "
           "resume it anyway")
   if sharding_lib.is_primary():
-    with open(path, "w", encoding="utf-8") as f:
+    # Written beside it and renamed: in a multi-host resume the other processes read this file
+    # while the primary rewrites it, and must see the old or the new file whole, never a
+    # truncated one (rename is atomic on POSIX file systems).
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
       json.dump(current, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
 
 
 class TrainingStopped(RuntimeError):

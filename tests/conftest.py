@@ -1,11 +1,54 @@
-"""Shared fixtures: tiny models built once per session."""
+"""Shared fixtures (tiny models built once per session), the worker count and the run's
+compilation cache.
+
+The suite runs on pytest-xdist workers (``-n auto`` in pyproject.toml, capped here at
+``_MAX_WORKERS``: each worker holds its own compiled steps, ~5 GiB at peak), tests handed out
+in blocks and stolen by an idle worker (``--dist worksteal``: the slow files do not all end up
+at the tail of one worker; a module's fixtures that both workers build compile once, through
+the cache below). ``-n 0`` runs everything in this process. Every process of the
+run — both workers and the subprocesses tests start (multi-host, signals, 8 fake devices) —
+shares one JAX persistent compilation cache in a directory made for this run and removed at
+its end, so a train step that several tests or subprocesses build compiles once. A
+``JAX_COMPILATION_CACHE_DIR`` already in the environment is used instead (and kept).
+"""
 
 import os
 import pathlib
+import shutil
+import sys
+import tempfile
 
 import pytest
 
 DATA = pathlib.Path(__file__).parent / "data"
+_MAX_WORKERS = 2
+# The controller (or a run without workers) makes the directory; the workers it starts inherit
+# the variable. A directory the user set is neither replaced nor removed.
+_OWN_CACHE = ("JAX_COMPILATION_CACHE_DIR" not in os.environ
+              and "PYTEST_XDIST_WORKER" not in os.environ)
+if _OWN_CACHE:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="grpo_jax_test_jit_cache_")
+# Cache every compilation, however small: the tests' steps are small and compiled many times.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+if "jax" in sys.modules:  # a plugin imported JAX before this file: set its config directly
+  import jax
+  jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_xdist_auto_num_workers(config):
+  """``-n auto``: the CPU count, at most ``_MAX_WORKERS`` (memory, not cores, bounds it)."""
+  del config
+  return max(1, min(_MAX_WORKERS, os.cpu_count() or 1))
+
+
+def pytest_sessionfinish(session, exitstatus):
+  """The process that made the run's cache removes it at the end."""
+  del session, exitstatus
+  if _OWN_CACHE:
+    shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -46,8 +46,12 @@ def _two_processes(workdir, *extra):
       cwd=ROOT, env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for i in range(2)]
   outs = [p.communicate(timeout=900) for p in procs]
-  for p, (_, err) in zip(procs, outs):
-    assert p.returncode == 0, err[-3000:]
+  codes = [p.returncode for p in procs]
+  # When one process fails the other aborts in a collective: show both, the first error lines.
+  report = "\n".join(f"process {i} (exit {c}):\n" + "\n".join(
+      [l for l in err.splitlines() if "Error" in l or "error" in l][:20] or err.splitlines()[-20:])
+      for i, (c, (_, err)) in enumerate(zip(codes, outs)))
+  assert codes == [0, 0], report
   return outs
 
 

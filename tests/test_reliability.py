@@ -3,6 +3,7 @@ stop, unusable inputs."""
 
 import errno
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -417,6 +418,41 @@ def test_workdir_of_another_config_is_not_resumed(tmp_path):
   other.checkpoint.allow_config_change = True
   train.train_and_evaluate(other, workdir)
   assert checkpoint_lib.Checkpointer(workdir, 2).latest_step() == 2
+
+
+def test_config_record_is_replaced_whole_never_truncated(tmp_path, monkeypatch):
+  """In a multi-host resume the other processes read ``config.json`` while the primary rewrites
+  it. While the new record is being written the file at the path must still be the old one,
+  whole. (Written with ``open(path, "w")`` it was empty at that moment: process 1 of the
+  two-process test failed with a JSONDecodeError on a loaded machine.)"""
+  c = _config()
+  workdir = os.fspath(tmp_path)
+  train._check_same_run(c, workdir)  # pylint: disable=protected-access
+  path = tmp_path / "config.json"
+  before = path.read_text()
+  seen, real_dump = [], json.dump
+
+  def dump(obj, f, **kwargs):
+    seen.append(path.read_text())
+    real_dump(obj, f, **kwargs)
+
+  monkeypatch.setattr(json, "dump", dump)
+  train._check_same_run(c, workdir)  # pylint: disable=protected-access
+  assert seen == [before] and json.loads(before)
+  assert path.read_text() == before
+  assert os.listdir(workdir) == ["config.json"]  # no temporary file left
+
+
+def test_unreadable_config_record_is_one_clear_error(tmp_path):
+  from grpo_jax import configuration  # pylint: disable=g-import-not-at-top
+  (tmp_path / "config.json").write_text('{"total_steps": 2')  # torn
+  with pytest.raises(configuration.ConfigError, match=r"config.json is not readable JSON .*"
+                     r"allow_config_change=true to resume without the check"):
+    train._check_same_run(_config(), os.fspath(tmp_path))  # pylint: disable=protected-access
+  c = _config()
+  c.checkpoint.allow_config_change = True
+  train._check_same_run(c, os.fspath(tmp_path))  # pylint: disable=protected-access
+  assert json.loads((tmp_path / "config.json").read_text())["total_steps"] == c.total_steps
 
 
 @pytest.mark.parametrize("task,name,content,message", [
