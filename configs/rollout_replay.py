@@ -15,7 +15,7 @@ Two variants:
   (clip 0.2 / 0.2, no dual clip, seq-mean-token-mean, 4 minibatches), every fresh group in the
   loss, rollouts with |A| > 0 stored, tau_max counted in *train steps* (with 4 minibatches,
   10 train steps are 40 updates). It differs from ``configs/grpo.py`` by the replay alone.
-* **``:paper`` (faithful to the reference implementation, METHODS.md section 8)**: fresh groups
+* **``:paper`` (faithful to the paper's reference implementation)**: fresh groups
   whose rewards do not vary are dropped from the loss (masked: the batch keeps its fixed
   shape), only the rollouts of the surviving groups enter the buffer, round(rho x survivors)
   of the R fixed replay slots are filled, token-mean, clip 0.2 / 0.28, dual clip 10, one

@@ -218,3 +218,17 @@ def prox_pass(config) -> str:
   if config.rl.prox_pass != "auto":
     return config.rl.prox_pass
   return "all" if config.model.dtype != "float32" else "replayed"
+
+
+def step_config(config) -> step.StepConfig:
+  """The train step's static settings from a validated config."""
+  return step.StepConfig(
+      group_size=config.rollout.group_size, estimator=config.rl.estimator,
+      reward_signal=config.rl.reward_signal, effective_signal=config.rl.effective_signal,
+      prox_pass=prox_pass(config), loss=loss_config(config),
+      num_minibatches=config.rl.num_minibatches, num_epochs=config.rl.num_epochs,
+      temperature=config.rollout.temperature, compute_entropy=config.rl.entropy_coef > 0,
+      replay=replay_config(config), logprob_chunk=config.rl.logprob_chunk,
+      remat=config.model.remat, query_block=config.model.query_block,
+      shuffle=config.rl.get("shuffle", "groups"),
+      shared_prompts=config.rl.get("shared_prompts", True))

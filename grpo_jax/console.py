@@ -26,6 +26,14 @@ def quiet_third_party() -> None:
     logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def quiet_unless_verbose() -> None:
+  """``quiet_third_party`` unless the command line gave absl's ``--verbosity`` (``--verbosity=0``
+  brings orbax's and JAX's INFO lines back). For the ``main`` of every command."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  if not flags.FLAGS["verbosity"].present:
+    quiet_third_party()
+
+
 def say(text: str) -> None:
   """Prints one of the project's lines without breaking a tqdm progress bar (process 0 only:
   in a multi-host run the other processes stay silent)."""

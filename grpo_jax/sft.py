@@ -23,6 +23,7 @@ from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
+from grpo_jax import console
 from grpo_jax import evaluate as evaluate_lib
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import tokenization
@@ -166,6 +167,7 @@ def run(config, output_dir: str | None = None) -> dict:
 
 def main(argv):
   del argv
+  console.quiet_unless_verbose()
   run(flags.FLAGS.config)
 
 

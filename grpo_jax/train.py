@@ -18,7 +18,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import optax
 import transformers
 from absl import app, flags
 from flax import nnx
@@ -31,6 +30,7 @@ from grpo_jax import console
 from grpo_jax import evaluate as evaluate_lib
 from grpo_jax import keys
 from grpo_jax import metrics as metrics_lib
+from grpo_jax import optim
 from grpo_jax import report
 from grpo_jax import replay as replay_lib
 from grpo_jax import rollouts as rollouts_lib
@@ -78,48 +78,6 @@ def make_task(config):
     raise configuration.ConfigError(f"config.task.data_path: {e}") from None
 
 
-def make_schedule(config) -> optax.Schedule:
-  """Learning rate as a function of the *train step*: linear warm-up over
-  ``opt.warmup_steps`` steps, then constant or cosine decay reaching 0 at ``total_steps``."""
-  o = config.opt
-  if o.schedule == "cosine":
-    return optax.warmup_cosine_decay_schedule(0.0, o.learning_rate, o.warmup_steps,
-                                              max(config.total_steps, o.warmup_steps + 1))
-  return optax.join_schedules([optax.linear_schedule(0.0, o.learning_rate, o.warmup_steps),
-                               optax.constant_schedule(o.learning_rate)], [o.warmup_steps])
-
-
-def make_optimizer(config) -> optax.GradientTransformation:
-  """AdamW on ``make_schedule`` after global-norm clipping.
-
-  optax counts ``update`` calls, and one train step makes ``num_minibatches * num_epochs`` of
-  them, so the schedule is read at ``count // updates_per_step``: every update of train step k
-  uses the rate of step k. The rate sits in the optimiser state (``inject_hyperparams``), where
-  the train step reads it back as the metric ``learning_rate``.
-  """
-  o = config.opt
-  per_step = config.rl.num_minibatches * config.rl.num_epochs
-  schedule = make_schedule(config)
-  parts = [optax.clip_by_global_norm(o.grad_clip)] if o.grad_clip > 0 else []
-  parts.append(optax.inject_hyperparams(optax.adamw)(
-      learning_rate=lambda count: schedule(count // per_step), b1=o.b1, b2=o.b2,
-      weight_decay=o.weight_decay))
-  return optax.chain(*parts)
-
-
-def step_config(config) -> step_lib.StepConfig:
-  return step_lib.StepConfig(
-      group_size=config.rollout.group_size, estimator=config.rl.estimator,
-      reward_signal=config.rl.reward_signal, effective_signal=config.rl.effective_signal,
-      prox_pass=configuration.prox_pass(config), loss=configuration.loss_config(config),
-      num_minibatches=config.rl.num_minibatches, num_epochs=config.rl.num_epochs,
-      temperature=config.rollout.temperature, compute_entropy=config.rl.entropy_coef > 0,
-      replay=configuration.replay_config(config), logprob_chunk=config.rl.logprob_chunk,
-      remat=config.model.remat, query_block=config.model.query_block,
-      shuffle=config.rl.get("shuffle", "groups"),
-      shared_prompts=config.rl.get("shared_prompts", True))
-
-
 def _evaluate(config, graphdef, params, tokenizer, task, problems, render, mesh=None) -> dict:
   r, e = config.rollout, config.eval
   kw = dict(prompt_len=r.prompt_len, completion_len=r.completion_len, seed=config.seed,
@@ -155,7 +113,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   del model
   # The reference must own its buffers: the state's parameters are donated every step.
   ref_params = jax.tree.map(jnp.copy, params) if config.rl.kl_coef > 0 else None
-  tx = make_optimizer(config)
+  tx = optim.make_optimizer(config)
   state = step_lib.init_train_state(params, tx, mesh)
   method = configuration.replay_config(config)
   replay = replay_lib.init_replay(config.replay.capacity, method.entry_size(r.group_size),
@@ -213,7 +171,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
               f"  replay buffer: {replay.capacity} entries, {replay.nbytes:,} bytes")
 
   train_step = step_lib.make_train_step(
-      graphdef, tx, step_config(config),
+      graphdef, tx, configuration.step_config(config),
       None if mesh is None else sharding_lib.step_shardings(mesh, state, replay, ref_params))
   eval_problems = task.eval_problems(config.eval.num_prompts)
   render = stream.render
@@ -513,8 +471,7 @@ def main(argv):
   name = os.path.splitext(os.path.basename(
       config_flags.get_config_filename(flags.FLAGS["config"])))[0]
   workdir = flags.FLAGS.workdir or os.path.join("runs", name)
-  if not flags.FLAGS["verbosity"].present:
-    console.quiet_third_party()  # --verbosity=0 brings orbax's and JAX's INFO lines back
+  console.quiet_unless_verbose()
   try:
     train_and_evaluate(config, workdir)
   except (configuration.ConfigError, CheckpointError, OSError,

@@ -1,9 +1,18 @@
 """The sample-efficiency benchmark's bookkeeping: run names, curves, wall clock, the table."""
 
 import json
+import os
+import re
+import subprocess
+import sys
 
 from grpo_jax import report
 from grpo_jax.bench import efficiency
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The lines orbax, absl and JAX print at INFO (the train command's test uses the same pattern).
+THIRD_PARTY_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d|^INFO:|Unable to initialize backend|"
+                             r"CheckpointManagerOptions", re.M)
 
 
 def _write(path, records):
@@ -98,3 +107,20 @@ def test_budget_table_and_rollouts_to_target():
   assert efficiency.target_row({"sara": {0: s0, 1: s1}}, 0.4) == (
       "| rollouts to reach 0.400 | **385** ± 75 (2/2 seeds) |")
   assert efficiency.target_row({"x": {0: s0}}, 0.9) == "| rollouts to reach 0.900 | never (0/1 seeds) |"
+
+
+def test_cli_on_a_smoke_config_is_quiet_and_writes_the_table(tmp_path):
+  """The command end to end on ``:smoke`` (mean@2, a start of accuracy 0): no third-party INFO
+  lines (with ``--verbosity=0`` there are ~60), the table read at the config's k, and no AES
+  rows, which are undefined against a start of 0 (before: an IndexError, then a ValueError)."""
+  out = tmp_path / "out"
+  proc = subprocess.run([sys.executable, "-m", "grpo_jax.bench.efficiency", "--methods=grpo",
+                         "--presets=smoke", "--seeds=1", "--steps=2", "--eval_every=2",
+                         f"--out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  text = proc.stdout + proc.stderr
+  assert not THIRD_PARTY_LOG.search(text), THIRD_PARTY_LOG.search(text).group(0)
+  md = (out / "efficiency.md").read_text()
+  assert re.search(r"^\| 2 \| 8 \| [\d.]+ / \*\*[\d.]+\*\* ± [\d.]+ \|$", md, re.M), md
+  assert "AES" not in md
+

@@ -9,7 +9,7 @@ import optax
 import pytest
 from flax import nnx
 
-from grpo_jax import advantages, losses, sampler as sampler_lib, step as step_lib, train
+from grpo_jax import advantages, losses, optim, sampler as sampler_lib, step as step_lib
 from grpo_jax import keys as grpo_keys
 from grpo_jax.logprobs import completion_logprobs, completion_logprobs_and_entropy
 from grpo_jax.replay import init_replay
@@ -263,7 +263,7 @@ def test_learning_rate_counts_train_steps_not_minibatch_updates(split):
       "rl": {"num_minibatches": 4, "num_epochs": 1},
       "opt": {"learning_rate": 1e-3, "warmup_steps": 2, "schedule": "cosine", "grad_clip": 1.0,
               "b1": 0.9, "b2": 0.999, "weight_decay": 0.0}})
-  tx = train.make_optimizer(cfg)
+  tx = optim.make_optimizer(cfg)
   fn = step_lib.make_train_step(graphdef, tx, step_lib.StepConfig(group_size=G,
                                                                    num_minibatches=4))
   state = step_lib.init_train_state(_copy(params), tx)

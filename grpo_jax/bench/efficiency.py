@@ -27,6 +27,7 @@ import os
 import numpy as np
 from absl import app, flags
 
+from grpo_jax import console
 from grpo_jax import evaluate as evaluate_lib
 from grpo_jax import report
 from grpo_jax import train
@@ -112,8 +113,9 @@ def aes_rows(results: dict, lengths: dict, base: str = "grpo") -> str | None:
   seed. Yoo et al. (arXiv 2606.04560) report "+0.579 over GRPO" with O1-Pruner's AES, which is
   defined against a base model; we read that as AES(method) - AES(GRPO) with both against the
   model they start from [R: the paper's abstract does not say more], and compute it that way.
-  Mean +- population std over seeds; None when ``base`` was not run."""
-  if base not in results:
+  Mean +- population std over seeds; None when ``base`` was not run, or when a seed's start
+  has accuracy 0 (AES is relative to the start and undefined there, e.g. a ``:smoke`` run)."""
+  if base not in results or any(c[0][2] <= 0 for r in results.values() for c in r.values()):
     return None
 
   def per_seed(m):
@@ -128,7 +130,7 @@ def aes_rows(results: dict, lengths: dict, base: str = "grpo") -> str | None:
   start = [cell(list(scores[m].values())) for m in results]
   margin = [cell([v - scores[base][s] for s, v in scores[m].items() if s in scores[base]])
             for m in results]
-  return "\n".join([f"| AES vs the start (end) | | " + " | ".join(start) + " |",
+  return "\n".join(["| AES vs the start (end) | | " + " | ".join(start) + " |",
                     f"| AES margin over {base} (end, paired by seed) | | " + " | ".join(margin)
                     + " |"])
 
@@ -156,6 +158,7 @@ def table(results: dict, walls: dict | None = None) -> str:
 
 def main(argv):
   del argv
+  console.quiet_unless_verbose()
   os.makedirs(_OUT.value, exist_ok=True)
   results, walls, lengths, workdirs = {}, {}, {}, {}
   for method in _METHODS.value:
@@ -179,12 +182,13 @@ def main(argv):
       # --presets are part of the name: a run of another task is never taken for this one.
       suffix = f"-{run_name(_PRESETS.value)}" if _PRESETS.value else ""
       workdir = os.path.join(_OUT.value, f"{run_name(method)}{suffix}_seed{seed}")
-      if not _finished(workdir, _STEPS.value, _ROLLOUTS.value):
+      k = config.eval.k  # mean@k of the config (8, or 2 under :smoke)
+      if not _finished(workdir, _STEPS.value, _ROLLOUTS.value, k):
         train.train_and_evaluate(config, workdir)
-      results[method][seed] = report.curve(workdir)
+      results[method][seed] = report.curve(workdir, k)
       workdirs.setdefault(method, []).append(workdir)
-      walls.setdefault(method, []).append(report.wall_at_evals(workdir))
-      lengths.setdefault(method, []).append(report.lengths_at_evals(workdir))
+      walls.setdefault(method, []).append(report.wall_at_evals(workdir, k))
+      lengths.setdefault(method, []).append(report.lengths_at_evals(workdir, k))
   if _ROLLOUTS.value:
     every = _EVAL_ROLLOUTS.value or _EVAL_EVERY.value * _per_step()
     marks = list(range(0, _ROLLOUTS.value + 1, every))
@@ -217,11 +221,11 @@ def _per_step() -> int:
   return c.rollout.batch_prompts * c.rollout.group_size
 
 
-def _finished(workdir: str, steps: int, rollouts: int) -> bool:
+def _finished(workdir: str, steps: int, rollouts: int, k: int = 8) -> bool:
   """Whether a run folder already holds a finished run of this benchmark."""
-  if not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or not report.curve(workdir):
+  if not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or not report.curve(workdir, k):
     return False
-  last = report.curve(workdir)[-1]
+  last = report.curve(workdir, k)[-1]
   return last[1] >= rollouts if rollouts else last[0] >= steps
 
 

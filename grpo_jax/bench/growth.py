@@ -46,6 +46,7 @@ import optax
 from absl import app, flags
 from flax import nnx
 
+from grpo_jax import console
 from grpo_jax import losses, replay as replay_lib, sampler as sampler_lib
 from grpo_jax import step as step_lib
 from grpo_jax.bench import flops as flops_lib
@@ -178,6 +179,7 @@ def markdown(points: list[dict], sweeps: dict, header: str) -> str:
 
 def main(argv):
   del argv
+  console.quiet_unless_verbose()
   cfg = ModelConfig(vocab_size=_VOCAB.value, hidden_size=_WIDTH.value,
                     intermediate_size=_FFN.value, num_layers=_LAYERS.value, num_heads=4,
                     num_kv_heads=2, head_dim=64, tie_word_embeddings=True)

@@ -73,7 +73,8 @@ from absl import app, flags  # noqa: E402
 from flax import nnx  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from grpo_jax import configuration, losses, replay as replay_lib  # noqa: E402
+from grpo_jax import console  # noqa: E402
+from grpo_jax import configuration, losses, optim, replay as replay_lib  # noqa: E402
 from grpo_jax import sampler as sampler_lib, sharding, step as step_lib  # noqa: E402
 from grpo_jax.models import ModelConfig, Qwen3  # noqa: E402
 from grpo_jax.types import Rollout  # noqa: E402
@@ -144,6 +145,7 @@ def measure(chunk: int) -> dict:
 
 def main(argv):
   del argv
+  console.quiet_unless_verbose()
   if _CONFIG.value is not None:
     return config_main(_CONFIG.value)
   b, g, p, t = _PROMPTS.value, _GROUP.value, _PROMPT_LEN.value, _COMPLETION_LEN.value
@@ -203,7 +205,6 @@ def config_memory(config) -> dict:
      plus "compile_s", "sampling_peak": bytes resident while sampling (the step's arguments,
      i.e. state, buffer and reference, plus the sampler's temp and output)}.
   """
-  from grpo_jax import train  # pylint: disable=g-import-not-at-top
   configuration.validate(config, weights=False)
   r = config.rollout
   mesh = sharding.make_mesh(sharding.MeshConfig.from_config(config.mesh))
@@ -211,7 +212,7 @@ def config_memory(config) -> dict:
   cfg = architecture_of(config)
   graphdef, params = nnx.split(nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0))))
   params = _with_shardings(params, sharding.tree_shardings(mesh, params))
-  tx = train.make_optimizer(config)
+  tx = optim.make_optimizer(config)
   state = jax.eval_shape(lambda p: step_lib.init_train_state(p, tx), params)
   state = _with_shardings(state, sharding.tree_shardings(mesh, state))
   method = configuration.replay_config(config)
@@ -230,7 +231,7 @@ def config_memory(config) -> dict:
   key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                              sharding=sharding.replicated(mesh))
   out = {"mesh": dict(mesh.shape), "params": cfg.num_params}
-  fn = step_lib.make_train_step(graphdef, tx, train.step_config(config),
+  fn = step_lib.make_train_step(graphdef, tx, configuration.step_config(config),
                                 sharding.step_shardings(mesh, state, replay, ref))
   t0 = time.perf_counter()
   out["step"] = {**_stats(fn.lower(state, replay, rollout, ref, key).compile()),

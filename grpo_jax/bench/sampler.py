@@ -17,6 +17,7 @@ import numpy as np
 from absl import app, flags
 from flax import nnx
 
+from grpo_jax import console
 from grpo_jax import assets
 from grpo_jax import sampler as sampler_lib
 from grpo_jax.models import from_pretrained
@@ -33,6 +34,7 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "sampling temperature.")
 
 def main(argv):
   del argv
+  console.quiet_unless_verbose()
   model = from_pretrained(_MODEL.value, param_dtype=_DTYPE.value, dtype=_DTYPE.value)
   graphdef, params = nnx.split(model)
   vocab = model.config.vocab_size

@@ -41,6 +41,7 @@ import optax
 from absl import app, flags
 from flax import nnx
 
+from grpo_jax import console
 from grpo_jax import configuration, losses, replay as replay_lib, sampler as sampler_lib
 from grpo_jax import step as step_lib
 from grpo_jax.bench import flops as flops_lib, peak as peak_lib
@@ -77,6 +78,7 @@ _PEAK_SIZE = flags.DEFINE_integer("peak_size", 2048, "--phases: matrix side of t
 
 def main(argv):
   del argv
+  console.quiet_unless_verbose()
   if _INIT.value and not os.path.exists(os.path.join(_MODEL.value, "config.json")):
     cfg = ModelConfig(vocab_size=_VOCAB.value, hidden_size=_WIDTH.value,
                       intermediate_size=_FFN.value, num_layers=_LAYERS.value, num_heads=4,

@@ -1,4 +1,4 @@
-"""Headroom-Drift replay (Park & Chang, arXiv 2609.03941; METHODS.md section 3, [S]).
+"""Headroom-Drift replay (Park & Chang, arXiv 2609.03941).
 
 The buffer holds whole *mixed-outcome* groups (E = G), immutable once stored, each with its
 generation-time log-probs pi_gen, frozen advantages and a cached headroom. Per step:

@@ -8,7 +8,7 @@ only after selection, so a group is never replayed in the step that produced it.
 groups keep the advantages and behaviour log-probs frozen at insertion; the loss is the
 decoupled objective (behaviour weight pi_prox / mu, trust region on pi_theta / pi_prox; see
 losses.py). The paper publishes no equations or code: the open choices (capacity, one-shot or
-repeated reuse, cap of the weight) are config fields (METHODS.md section 1, [R]).
+repeated reuse, cap of the weight) are config fields.
 
 The update batch is the effective fresh groups plus the replayed ones: an ineffective slot
 the buffer cannot fill (fewer live groups than ineffective slots, e.g. early on or on a hard

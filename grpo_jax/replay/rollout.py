@@ -19,8 +19,8 @@ the advantage frozen at insertion and a version stamp. Per step:
 4. After the update this step's rollouts are inserted (never replayed in the step that made
    them).
 
-Defaults (METHODS.md section 2, from a third-party implementation that claims the paper's
-Table 7 [S]): tau_max 10, rho 0.5, alpha 0.5, eps 1e-6, warm-up 20 steps. Replayed rows keep
+Defaults (from a third-party implementation that states them as the paper's Table 7; not
+checked against the paper itself): tau_max 10, rho 0.5, alpha 0.5, eps 1e-6, warm-up 20 steps. Replayed rows keep
 their frozen advantage; the objective defaults to "align_mu", the paper's ratio pi_theta /
 mu_birth with no further correction (the clip then bounds how far a replayed token's ratio may
 move from its behaviour policy, up to tau_max steps old). "decoupled" (POPO's objective) is
@@ -31,8 +31,8 @@ Choices the paper leaves open, as config fields: ``insert`` ("nonzero": only rol
 ~1000x less often anyway; "effective": the rollouts of effective groups, the reference
 implementation's "only survivors enter the buffer"; "all" stores every rollout) and
 ``max_uses`` (0 = an entry may be drawn again in later steps while it is young enough).
-``configs/rollout_replay.py:paper`` sets every detail of the reference implementation
-(METHODS.md section 8): drop_ineffective, insert "effective", ages in updates, one minibatch,
+``configs/rollout_replay.py:paper`` sets every detail of the reference implementation:
+drop_ineffective, insert "effective", ages in updates, one minibatch,
 token-mean, clip 0.2 / 0.28, dual clip 10.
 """
 

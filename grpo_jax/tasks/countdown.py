@@ -31,12 +31,13 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import numpy as np
 
 from grpo_jax.tasks import arithmetic
+from grpo_jax.tasks import countdown_files
 from grpo_jax.tasks import countdown_solver
+from grpo_jax.tasks.countdown_problem import Problem, is_plain_int
 from grpo_jax.tasks.countdown_solver import VALUE_TOLERANCE, Expr, combine, leaf, reaches
 
 _LOG = logging.getLogger(__name__)
@@ -86,22 +87,6 @@ _SPLIT_IDS = {"train": 0, "test": 1}
 # Generation gives up (instead of looping forever) when a config cannot produce
 # problems, e.g. a target range no expression over the numbers can reach.
 MAX_ATTEMPTS = 100_000
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-  """One Countdown instance.
-
-  Attributes:
-      nums: The numbers to use, each exactly once.
-      target: The value the expression must reach.
-      solution: One expression reaching the target, when known (always set
-          for generated problems; None for loaded ones).
-  """
-
-  nums: tuple[int, ...]
-  target: int
-  solution: str | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -191,10 +176,6 @@ def is_success(score_value: float) -> bool:
 
 # ---------------------------------------------------------------------------
 # Generator.
-
-
-def is_plain_int(value: Any) -> bool:
-  return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -433,8 +414,6 @@ class CountdownTask:
             every row is in the held-out split.
     """
     config = config if config is not None else GeneratorConfig()
-    from grpo_jax.tasks import countdown_files  # pylint: disable=g-import-not-at-top
-
     problems, _ = countdown_files.load_problems(path)
     train = [p for p in problems if split_of(p.nums, p.target, config.eval_fraction) == "train"]
     if not train:

@@ -14,7 +14,7 @@ import os
 import pathlib
 from typing import Any
 
-from grpo_jax.tasks.countdown import Problem, is_plain_int
+from grpo_jax.tasks.countdown_problem import Problem, is_plain_int
 
 _LOG = logging.getLogger(__name__)
 
