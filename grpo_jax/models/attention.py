@@ -159,7 +159,7 @@ def decode_attention(q_BxKxGxDh, k_BxKxDhxS, v_BxKxSxDh, mask_BxS):
   The same float32 math; XLA:CPU runs a batched matmul of B * K tiny [G, Dh] @ [Dh, S] blocks
   as B * K separate small GEMMs, while here both reductions run over a major axis of the cache
   (Dh for the scores, S for the output) with the minor axis (S, then Dh) contiguous and
-  vectorised, in two fused loops (README: Step speed).
+  vectorised, in two fused loops (docs/benchmarks.md: Step speed).
 
   Returns:
     [B, 1, K, G, Dh] in the values' dtype.

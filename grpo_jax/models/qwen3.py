@@ -105,7 +105,7 @@ class KVCache:
   decode step, q [B, K, G, Dh] @ keys [B, K, Dh, S] and probs [B, K, G, S] @ values
   [B, K, S, Dh], are then plain batched matmuls over (B, K) that read the cache in its own
   layout, with no transposed copy of S slots per token (the [B, S, K, Dh] layout cost a copy
-  of the whole cache per layer and token; README: Step speed).
+  of the whole cache per layer and token; docs/benchmarks.md: Step speed).
 
   Attributes:
     k: per layer, keys [B, K, Dh, S] (post-RoPE, post-norm).
@@ -191,7 +191,7 @@ class Dense(nnx.Module):
   Same parameters as ``nnx.Linear`` (``kernel [in, out]``, ``bias [out]``), but every leading
   axis is folded into one matmul row axis first: XLA:CPU lowers the backward pass of a
   [B, T, D] x [D, F] dot (two contracting axes for the weight gradient) far slower than the
-  plain 2-D GEMM (measured 1.8x on the SwiGLU MLP at B*T = 12288; README: Benchmarks).
+  plain 2-D GEMM (measured 1.8x on the SwiGLU MLP at B*T = 12288; docs/benchmarks.md).
   """
 
   def __init__(self, din: int, dout: int, *, use_bias: bool, dtype, param_dtype,
@@ -213,8 +213,8 @@ def fused_dense(x, denses) -> list:
 
   For decoding, where x has one token per row: one [rows, sum of widths] GEMM runs well
   above the speed of several narrow ones on CPU (1.5x measured for SwiGLU's gate and up at
-  128 rows; README: Step speed). The concatenation reads only loop-invariant parameters, so
-  inside the sampler's loop XLA computes it once, before the loop. Same values as the
+  128 rows; docs/benchmarks.md: Step speed). The concatenation reads only loop-invariant
+  parameters, so inside the sampler's loop XLA computes it once, before the loop. Same values as the
   separate products (each output column is the same dot product).
   """
   dtype = denses[0].dtype
@@ -483,7 +483,7 @@ class Qwen3(nnx.Module):
     completion row i continues prompt i // group. The values are those of ``hidden_states``
     over the N rows [prompt i // group; completion i] (same keys, positions and masks; float
     rounding may differ), at (B * P + N * T) / (N * (P + T)) of the token work of the
-    projections and MLPs (README: Step speed).
+    projections and MLPs (docs/benchmarks.md: Step speed).
 
     Args:
       prompt_ids_BxP: int32 prompts, left padded (every row has a real token).
