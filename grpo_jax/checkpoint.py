@@ -117,8 +117,16 @@ def _join_new_threads(before: set, timeout_s: float) -> None:
   """Waits (``timeout_s`` at most in all) for the threads started since ``before`` to end."""
   deadline = time.monotonic() + timeout_s
   for thread in set(threading.enumerate()) - before:
-    if thread is not threading.current_thread():
-      thread.join(max(0.0, deadline - time.monotonic()))
+    if thread is threading.current_thread():
+      continue
+    while True:
+      try:
+        thread.join(max(0.0, deadline - time.monotonic()))
+        break
+      except RuntimeError:  # listed while still starting: join() refuses until it has started
+        if time.monotonic() >= deadline:
+          break
+        time.sleep(0.01)
 
 
 def _finalize_abandoned_writes() -> None:

@@ -69,6 +69,9 @@ def _ops(cfg):
 
 
 @hypothesis.settings(max_examples=30, deadline=None)
+@hypothesis.example(  # found by CI: an unfilled slot's id (0) equals a stored rollout's
+    advs=[[0.5, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], tau_max=1, warmup=0, capacity=2,
+    insert="nonzero")
 @hypothesis.given(
     advs=st.lists(st.lists(st.sampled_from([0.0, 0.5, -1.0, 2.0]), min_size=4, max_size=4),
                   min_size=1, max_size=8),
@@ -97,8 +100,11 @@ def test_composition_ages_and_warmup_against_a_python_model(advs, tau_max, warmu
       assert replayed == []
     else:
       assert len(replayed) == min(2, len(live)) and len(set(replayed)) == len(replayed)
-      for i, a in zip(ids[n:], np.asarray(comp.advantages_N[n:])):
-        if int(i) in replayed:
+      # By the row's replayed flag, not its id: an unfilled slot is a zero row whose id (0)
+      # can equal a stored rollout's (step 0's ids are 0..3).
+      for i, a, r in zip(ids[n:], np.asarray(comp.advantages_N[n:]),
+                         np.asarray(comp.replayed_N[n:])):
+        if r:
           assert a == live[int(i)][1]
     np.testing.assert_array_equal(np.asarray(comp.loss_mask_NxT[n:]).any(-1),
                                   np.asarray(comp.replayed_N[n:]))
