@@ -8,13 +8,9 @@ import sys
 
 from grpo_jax import report
 from grpo_jax.bench import efficiency
+from tests.cli_output import THIRD_PARTY_LOG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The lines orbax, absl and JAX print at INFO (the train command's test uses the same pattern).
-THIRD_PARTY_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d|^INFO:|Unable to initialize backend|"
-                             r"CheckpointManagerOptions", re.M)
-
-
 def _write(path, records):
   path.mkdir(parents=True, exist_ok=True)
   with open(path / "metrics.jsonl", "w", encoding="utf-8") as f:

@@ -12,6 +12,7 @@ import pytest
 from configs import dapo, drgrpo, grpo, headroom, popo, rloo, rollout_replay, sara
 from grpo_jax import checkpoint as checkpoint_lib
 from grpo_jax import configuration, metrics, report, train
+from tests.cli_output import THIRD_PARTY_LOG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,10 +26,6 @@ def smoke_run(tmp_path_factory):
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return workdir, proc
-
-
-THIRD_PARTY_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d|^INFO:|Unable to initialize backend|"
-                             r"CheckpointManagerOptions", re.M)
 
 
 def test_cli_smoke_terminal_metrics_and_checkpoints(smoke_run):
