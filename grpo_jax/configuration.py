@@ -10,7 +10,7 @@ import os
 
 from grpo_jax import advantages, allocation, losses, sharding, step
 from grpo_jax.models import architectures
-from grpo_jax.replay import headroom, popo, rollout
+from grpo_jax.replay import headroom, popo, prioritized
 from grpo_jax.replay import method as method_lib
 
 _GROUPS = ("model", "task", "rollout", "rl", "replay", "allocation", "opt", "eval", "checkpoint",
@@ -172,7 +172,7 @@ def replay_config(config):
                            staleness=p.staleness, slots=p.slots, max_uses=p.max_uses,
                            max_age=p.max_age, objective=p.objective, unfilled=p.unfilled)
   if p.method == "rollout":
-    return rollout.RolloutReplayConfig(
+    return prioritized.PrioritizedReplayConfig(
         tau_max=p.max_age, rho=p.rho, alpha=p.alpha, warmup_steps=p.warmup_steps,
         insert=p.insert, max_uses=p.max_uses, objective=p.objective,
         drop_ineffective=p.drop_ineffective, age_unit=p.age_unit,

@@ -71,7 +71,7 @@ class StepConfig:
       pi_theta and the recorded mu describe the same distribution.
     compute_entropy: compute per-token entropy (needed for an entropy bonus; else a metric).
     replay: the replay method (replay/method.py: NoReplay, popo.PopoConfig,
-      rollout.RolloutReplayConfig, headroom.HeadroomConfig); static.
+      prioritized.PrioritizedReplayConfig, headroom.HeadroomConfig); static.
     logprob_chunk: completion positions per chunk of the LM head in every log-prob pass
       (0 = all at once); bounds the [chunk, V] logits held at a time.
     remat: activation checkpointing of the differentiated pass: "none", or "layer" (each

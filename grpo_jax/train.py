@@ -33,7 +33,7 @@ from grpo_jax import metrics as metrics_lib
 from grpo_jax import optim
 from grpo_jax import report
 from grpo_jax import replay as replay_lib
-from grpo_jax import rollouts as rollouts_lib
+from grpo_jax import prompts as prompts_lib
 from grpo_jax import sampler as sampler_lib
 from grpo_jax import sharding as sharding_lib
 from grpo_jax import step as step_lib
@@ -121,7 +121,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   if mesh is not None:
     replay = sharding_lib.put(replay, sharding_lib.replay_shardings(mesh, replay))
   task = make_task(config)
-  stream = rollouts_lib.PromptStream(task, tokenizer, r.prompt_len, config.task.chat_template,
+  stream = prompts_lib.PromptStream(task, tokenizer, r.prompt_len, config.task.chat_template,
                                      train_size=config.task.train_size)
   sample_fn = sampler_lib.make_sampler(graphdef, sampler_lib.sampling_config_for(
       tokenizer, r.completion_len, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,

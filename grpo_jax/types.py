@@ -1,11 +1,19 @@
 """Pytrees that cross module boundaries, and the shape-letter glossary.
 
-Shape letters, used as suffixes in array names (``logp_NxT``) and in docstrings:
-  B  groups (prompts) per step          G  rollouts per group
-  N  rows of a flat batch (N = B * G)   P  prompt tokens (left padded)
-  T  completion tokens                  V  vocabulary
-  C  replay-buffer capacity (entries)   L  layers
-  D  model width
+Shape letters, used as suffixes of local array names (``logp_NxT``) and in docstrings; each
+letter means one thing everywhere in the package:
+
+  RL batch                                    model
+  B  groups (prompts) per step                L  decoder layers
+  G  rollouts per group                       D  model width
+  N  rows of a flat batch (B * G fresh)       F  MLP hidden width
+  R  replay rows added beyond the N fresh     H  query heads
+  P  prompt tokens (left padded)              K  key/value heads
+  T  completion tokens                        Q  query heads per key/value head (H = K * Q)
+  S  sequence positions (P + T, or a cache)   W  head width (per-head dimension)
+  V  vocabulary                               X  a block of positions (query / LM-head chunks)
+  C  replay-buffer capacity (entries)         M  candidate entries scored in one pass
+  E  rollouts per buffer entry (G or 1)       U  rows of one minibatch update
 
 Masks are bool; log-probs and everything a loss touches are float32.
 """

@@ -11,7 +11,7 @@ from flax import nnx
 from hypothesis import strategies as st
 
 from grpo_jax import assets
-from grpo_jax import rollouts as rollouts_lib
+from grpo_jax import prompts as prompts_lib
 from grpo_jax import sampler as sampler_lib
 from grpo_jax import step as step_lib
 from grpo_jax.allocation import (DpsSelector, DynamicSampling, FullGroups, MoppsSelector, Prompt,
@@ -596,7 +596,7 @@ def test_rounds_compile_the_sampler_once_for_sara_and_dynamic_sampling():
   sample_fn = sampler_lib.make_sampler(graphdef, sampler_lib.sampling_config_for(
       tokenizer, 8, model_path=assets.EMBEDDED_MODEL))
   sampler = rounds.RoundSampler(sample_fn, tokenizer, task, slots=b * g, prompt_len=24)
-  stream = rollouts_lib.PromptStream(task, tokenizer, 24)
+  stream = prompts_lib.PromptStream(task, tokenizer, 24)
   sara = Sara(StreamSelector(stream), sampler, num_groups=b, group_size=g, probes=2, seed=0)
   ds = DynamicSampling(StreamSelector(stream), sampler, num_groups=b, group_size=g,
                        max_rounds=3)

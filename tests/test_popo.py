@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from configs import popo as popo_config
 from grpo_jax import configuration, losses, replay as replay_lib, step as step_lib
-from grpo_jax.replay import method as method_lib, popo, rollout
+from grpo_jax.replay import method as method_lib, popo, prioritized
 from grpo_jax.logprobs import completion_logprobs
 from grpo_jax.types import Rollout
 from tests.test_step import B, G, P, T, SHIFT_N, _copy, _rollout
@@ -228,7 +228,7 @@ def test_max_age_keeps_an_entry_exactly_max_age_steps_old():
   ids = np.asarray(comp.rollout.prompt_id_N).reshape(BC, GC)[:, 0]
   assert ids[0] == 1 and not bool(np.asarray(comp.replayed_N).reshape(BC, GC)[1, 0])
   # The same rule in rollout-level replay: tau_max 4 train steps.
-  rr = rollout.RolloutReplayConfig(tau_max=4)
+  rr = prioritized.PrioritizedReplayConfig(tau_max=4)
   np.testing.assert_array_equal(rr.evict(replay, jnp.int32(10)).valid_C, [False, True])
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import replay as replay_lib
-from grpo_jax.replay import headroom, popo, rollout
+from grpo_jax.replay import headroom, popo, prioritized
 from grpo_jax.replay import method as method_lib
 from grpo_jax.types import Rollout
 
@@ -322,7 +322,7 @@ def _method_config(cfg, capacity, entry):
         v["selected_order"] = _count(jnp.any(chosen) & (newest_left > oldest_chosen))
       used_ids, used = rep_ids, replayed_B
       keep = effective_B if cfg.insert == "effective" else jnp.ones((B,), bool)
-    elif isinstance(cfg, rollout.RolloutReplayConfig):
+    elif isinstance(cfg, prioritized.PrioritizedReplayConfig):
       used = comp.replayed_N[n:]
       used_ids = comp.rollout.prompt_id_N[n:]
       v = _selection_violations(used_ids, used, sh, step, capacity, max_age, max_uses, first)
@@ -365,9 +365,9 @@ CONFIGS = {
         popo.PopoConfig(fill="replay", insert="all", priority="staleness", staleness=1,
                         max_age=3, slots=2), 20, "group"),
     "rollout": lambda: _method_config(
-        rollout.RolloutReplayConfig(tau_max=2, rho=0.5, warmup_steps=2), 20, "rollout"),
+        prioritized.PrioritizedReplayConfig(tau_max=2, rho=0.5, warmup_steps=2), 20, "rollout"),
     "rollout_all_once": lambda: _method_config(
-        rollout.RolloutReplayConfig(tau_max=3, rho=0.25, warmup_steps=0, insert="all",
+        prioritized.PrioritizedReplayConfig(tau_max=3, rho=0.25, warmup_steps=0, insert="all",
                                     max_uses=1), 20, "rollout"),
     "headroom": lambda: _method_config(
         headroom.HeadroomConfig(slots=2, candidates=C, tau=1e-3, max_age=2), C, "group"),

@@ -13,7 +13,7 @@ from flax import nnx
 
 from grpo_jax import replay as replay_lib, sampler as sampler_lib, step as step_lib
 from grpo_jax.models import from_pretrained
-from grpo_jax.replay import headroom, popo, rollout
+from grpo_jax.replay import headroom, popo, prioritized
 from grpo_jax.types import Rollout
 from tests.test_step import B, G, P, T, _copy, _rollout
 
@@ -25,7 +25,7 @@ METHODS = {
     "popo-decoupled": (popo.PopoConfig(objective="decoupled"), 4),
     "popo-pi_old": (popo.PopoConfig(objective="pi_old"), 4),
     "popo-align_mu": (popo.PopoConfig(objective="align_mu"), 4),
-    "rollout-align_mu": (rollout.RolloutReplayConfig(warmup_steps=0), 32),
+    "rollout-align_mu": (prioritized.PrioritizedReplayConfig(warmup_steps=0), 32),
     # tau = 1e3: the gate admits whatever drift one Adam step causes (D ~ 13 at lr 1e-2).
     "headroom-align_mu": (headroom.HeadroomConfig(slots=2, candidates=2, tau=1e3), 4),
 }

@@ -26,7 +26,7 @@ import numpy as np
 
 from grpo_jax import advantages as advantages_lib
 from grpo_jax import metrics as metrics_lib
-from grpo_jax import rollouts as rollouts_lib
+from grpo_jax import rewards as rewards_lib
 from grpo_jax import tokenization
 from grpo_jax.types import Rollout
 
@@ -165,11 +165,11 @@ class RoundSampler:
       tokens, comp_mask, logp = tokens[:n], comp_mask[:n], logp[:n]
       lengths, truncated = lengths[:n], truncated[:n]
       completions = tokenization.decode_completions(self.tokenizer, tokens, comp_mask)
-      scores, errors = rollouts_lib.score_completions(self.task, completions, problems)
+      scores, errors = rewards_lib.score_completions(self.task, completions, problems)
       success = np.array([self.task.is_success(s) for s in scores], bool)
       if self.score_base == "accuracy":
         scores = np.where(success, 1.0, -1.0).astype(np.float32)
-      scores = scores + rollouts_lib.overlong_penalty(
+      scores = scores + rewards_lib.overlong_penalty(
           lengths, truncated, tokens.shape[1], self.overlong_buffer,
           self.overlong_factor).astype(np.float32)
       rows = Rows(prompt_ids_RxP=ids[:n], prompt_mask_RxP=mask[:n], tokens_RxT=tokens,

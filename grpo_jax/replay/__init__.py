@@ -3,7 +3,7 @@
 ``buffer``: the fixed-shape ring (``ReplayState``) and its pure operations, exported here so
 callers write ``replay.insert(...)``. ``method``: the small interface through which the train step
 talks to a replay method (``NoReplay`` is its simplest implementation). The methods: ``popo``
-(group replay into ineffective slots, arXiv 2606.01281), ``rollout`` (rollout-level
+(group replay into ineffective slots, arXiv 2606.01281), ``prioritized`` (rollout-level
 advantage-prioritised replay, arXiv 2606.04560) and ``headroom`` (Headroom-Drift replay, arXiv
 2609.03941).
 """

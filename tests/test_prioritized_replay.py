@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from grpo_jax import losses, replay as replay_lib, step as step_lib
 from grpo_jax.logprobs import completion_logprobs
 from grpo_jax.replay import method as method_lib
-from grpo_jax.replay import rollout as rollout_lib
+from grpo_jax.replay import prioritized
 from grpo_jax.types import Rollout
 from tests.test_step import (G, MIXED_ADV, P, SHIFT_N, T, _copy, _rollout,
                              traced_step)
@@ -24,17 +24,17 @@ def test_priorities_by_hand():
   # |A| + 1e-6 to the power 0.5: 1.000001^.5 = 1.0000005, 0.250001^.5 = 0.5000010,
   # 0.000001^.5 = 0.001; the fourth entry is invalid. Sum 1.5010015 ->
   # 0.6662222, 0.3331118, 0.0006662, 0.
-  p = rollout_lib.priorities(jnp.asarray([1.0, -0.25, 0.0, 2.0]),
+  p = prioritized.priorities(jnp.asarray([1.0, -0.25, 0.0, 2.0]),
                              jnp.asarray([True, True, True, False]), 0.5, 1e-6)
   np.testing.assert_allclose(p, [0.6662222, 0.3331118, 0.0006662, 0.0], rtol=2e-5, atol=1e-7)
   assert float(jnp.sum(p)) == pytest.approx(1.0, abs=1e-6)
   # alpha = 0: uniform over the valid entries; entropy log 3.
-  u = rollout_lib.priorities(jnp.asarray([1.0, -0.25, 0.0, 2.0]),
+  u = prioritized.priorities(jnp.asarray([1.0, -0.25, 0.0, 2.0]),
                              jnp.asarray([True, True, True, False]), 0.0, 1e-6)
   np.testing.assert_allclose(u, [1 / 3, 1 / 3, 1 / 3, 0.0], rtol=1e-6)
-  assert float(rollout_lib.priority_entropy(u)) == pytest.approx(np.log(3), rel=1e-6)
+  assert float(prioritized.priority_entropy(u)) == pytest.approx(np.log(3), rel=1e-6)
   # No valid entry: all zeros, not NaN.
-  z = rollout_lib.priorities(jnp.ones(3), jnp.zeros(3, bool))
+  z = prioritized.priorities(jnp.ones(3), jnp.zeros(3, bool))
   np.testing.assert_array_equal(z, 0.0)
 
 
@@ -76,13 +76,13 @@ def _ops(cfg):
     advs=st.lists(st.lists(st.sampled_from([0.0, 0.5, -1.0, 2.0]), min_size=4, max_size=4),
                   min_size=1, max_size=8),
     tau_max=st.sampled_from([1, 2, 3]), warmup=st.sampled_from([0, 2]),
-    capacity=st.sampled_from([2, 5, 9]), insert=st.sampled_from(rollout_lib.INSERT_MODES))
+    capacity=st.sampled_from([2, 5, 9]), insert=st.sampled_from(prioritized.INSERT_MODES))
 def test_composition_ages_and_warmup_against_a_python_model(advs, tau_max, warmup, capacity,
                                                              insert):
   """Every replayed row is a live stored rollout (not evicted by the ring, not older than
   tau_max, inserted in an earlier step), with its frozen advantage; no replay before warm-up;
   no entry twice in one batch; as many rows as there are live entries, up to R = 2."""
-  cfg = rollout_lib.RolloutReplayConfig(tau_max=tau_max, rho=0.5, warmup_steps=warmup,
+  cfg = prioritized.PrioritizedReplayConfig(tau_max=tau_max, rho=0.5, warmup_steps=warmup,
                                         insert=insert)
   run = _ops(cfg)
   replay = replay_lib.init_replay(capacity, 1, PR, TR)
@@ -122,7 +122,7 @@ def test_draws_follow_the_priority_distribution():
   (a chance failure ~1e-6). Mutations this catches: no Gumbel noise (greedy top-k draws entry 0
   4,000 times), alpha ignored (alpha = 1 gives 0.7617, 0.1904, 0.0476: 3,047 / 762 / 190),
   uniform draws (1,000 each), a sign error in the priority."""
-  cfg = rollout_lib.RolloutReplayConfig(tau_max=5, rho=0.25, alpha=0.5, warmup_steps=0)
+  cfg = prioritized.PrioritizedReplayConfig(tau_max=5, rho=0.25, alpha=0.5, warmup_steps=0)
   replay = replay_lib.init_replay(4, 1, PR, TR)
   fresh, adv = _fresh(0, [4.0, -1.0, 0.25, 0.0])
   rows = jax.tree.map(lambda x: x.reshape((-1, 1) + x.shape[2:]), fresh)
@@ -156,7 +156,7 @@ def test_train_step_loss_on_the_fresh_anchored_batch(split, tiny_qwen3):
   # Stored at version -10: at step 0 they are exactly tau_max = 10 steps old, which the
   # definition keeps (replayed now); at step 1 they are 11 old, which it evicts.
   replay = replay_lib.insert(replay, rows, stored_adv[:, None], stored_adv != 0, -10)
-  cfg = rollout_lib.RolloutReplayConfig(tau_max=10, rho=0.5, warmup_steps=0)
+  cfg = prioritized.PrioritizedReplayConfig(tau_max=10, rho=0.5, warmup_steps=0)
   tx = optax.sgd(0.0)
   fn = traced_step(graphdef, tx, step_lib.StepConfig(group_size=G, replay=cfg))
   state = step_lib.init_train_state(_copy(params), tx)
@@ -189,7 +189,7 @@ def test_paper_composition_drops_ineffective_groups_and_sizes_replay_by_survivor
   B = 2 groups of G = 2 and group 1 ineffective, group 1 leaves the loss; R = round(0.5 * 4) =
   2 replay slots, of which round(0.5 * 2 surviving rows) = 1 is filled although 3 entries are
   live; only group 0's 2 rollouts are stored after the update."""
-  cfg = rollout_lib.RolloutReplayConfig(tau_max=5, rho=0.5, warmup_steps=0,
+  cfg = prioritized.PrioritizedReplayConfig(tau_max=5, rho=0.5, warmup_steps=0,
                                         drop_ineffective=True, insert="effective")
   replay = replay_lib.init_replay(8, 1, PR, TR)
   old, old_adv = _fresh(0, [1.0, -1.0, 0.5, 0.0])
@@ -208,7 +208,7 @@ def test_paper_composition_drops_ineffective_groups_and_sizes_replay_by_survivor
   new, m = cfg.after_update(ctx, replay, comp)
   assert float(m["replay_inserted"]) == 2.0 and int(new.num_inserted) == 3 + 2
   # Without the drop (the default variant): all 4 fresh rows count and both slots are filled.
-  plain = rollout_lib.RolloutReplayConfig(tau_max=5, rho=0.5, warmup_steps=0)
+  plain = prioritized.PrioritizedReplayConfig(tau_max=5, rho=0.5, warmup_steps=0)
   comp = plain.compose(ctx, plain.evict(replay, jnp.int32(1)), None)
   assert np.asarray(comp.loss_mask_NxT).any(-1)[:4].all()
   np.testing.assert_array_equal(np.asarray(comp.replayed_N[4:]), [True, True])
@@ -216,17 +216,17 @@ def test_paper_composition_drops_ineffective_groups_and_sizes_replay_by_survivor
 
 def test_config_validation():
   with pytest.raises(ValueError, match="tau_max"):
-    rollout_lib.RolloutReplayConfig(tau_max=0)
+    prioritized.PrioritizedReplayConfig(tau_max=0)
   with pytest.raises(ValueError, match="objective"):
-    rollout_lib.RolloutReplayConfig(objective="coupled")
+    prioritized.PrioritizedReplayConfig(objective="coupled")
   with pytest.raises(ValueError, match="insert"):
-    rollout_lib.RolloutReplayConfig(insert="survivors")
+    prioritized.PrioritizedReplayConfig(insert="survivors")
   with pytest.raises(ValueError, match="age_unit"):
-    rollout_lib.RolloutReplayConfig(age_unit="epochs")
+    prioritized.PrioritizedReplayConfig(age_unit="epochs")
   # 10 updates with 4 per train step: replayable while at most 2 train steps old; 3 updates
   # with 4 per step would replay nothing, which is refused.
-  assert rollout_lib.RolloutReplayConfig(tau_max=10, age_unit="updates",
+  assert prioritized.PrioritizedReplayConfig(tau_max=10, age_unit="updates",
                                          updates_per_step=4).max_age_steps == 2
   with pytest.raises(ValueError, match="less than one train step"):
-    rollout_lib.RolloutReplayConfig(tau_max=3, age_unit="updates", updates_per_step=4)
-  assert rollout_lib.RolloutReplayConfig(rho=0.5).extra_rows(256, 8) == 128
+    prioritized.PrioritizedReplayConfig(tau_max=3, age_unit="updates", updates_per_step=4)
+  assert prioritized.PrioritizedReplayConfig(rho=0.5).extra_rows(256, 8) == 128

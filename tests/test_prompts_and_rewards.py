@@ -9,7 +9,8 @@ from flax import nnx
 from grpo_jax import assets, tokenization
 from grpo_jax.allocation import rounds
 from grpo_jax import sampler as sampler_lib
-from grpo_jax.rollouts import PromptStream, overlong_penalty, score_completions
+from grpo_jax.prompts import PromptStream
+from grpo_jax.rewards import overlong_penalty, score_completions
 
 
 @pytest.fixture(scope="module")

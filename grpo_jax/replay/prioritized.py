@@ -70,7 +70,7 @@ def priority_entropy(p_C: jax.Array) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutReplayConfig:
+class PrioritizedReplayConfig:
   """Rollout-level prioritised replay as a replay method of the train step.
 
   Attributes:
