@@ -9,7 +9,7 @@ compiles.
 
 import ml_collections
 
-from grpo_jax import assets
+from grpo_jax import assets, registry, tasks
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -31,18 +31,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.arch = ""  # published architecture for abstract benchmarks (bench/memory.py); training reads config.json
 
   c.task = ml_collections.ConfigDict()
-  c.task.name = "countdown"  # "countdown" or "gsm8k" (TFDS) or "jsonl" (local prompt/answer file)
-  c.task.template = "short"  # countdown prompt template (countdown.TEMPLATES)
-  c.task.num_numbers = 3  # countdown generator: numbers per problem
-  c.task.min_number = 1  # countdown generator: smallest number
-  c.task.max_number = 50  # countdown generator: largest number
-  c.task.min_target = 1  # countdown generator: smallest target
-  c.task.max_target = 100  # countdown generator: largest target
-  c.task.data_seed = 0  # countdown generator seed
+  c.task.name = "countdown"  # a registered task: countdown | gsm8k (TFDS) | jsonl (local file)
   c.task.train_size = 0  # > 0: train on the first N problems only (epochs); MoPPS/DPS need a pool
   c.task.data_path = ""  # optional local file of training problems (countdown rows / jsonl)
-  c.task.tfds_data_dir = ""  # TFDS data_dir for gsm8k ("" = TFDS default)
   c.task.chat_template = False  # wrap prompts with the tokenizer's chat template (instruct models)
+  # Each registered task's own group (config.task.countdown.max_number, config.task.gsm8k.data_dir):
+  # its spec's fields and defaults (grpo_jax/tasks/<name>.py).
+  _add_groups(c.task, tasks.TASKS)
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.batch_prompts = 32  # B, prompts (groups) per step
@@ -155,6 +150,14 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def _add_groups(parent: ml_collections.ConfigDict, table: registry.Registry) -> None:
+  """parent.<name> = the registered component's own config group, for each that has fields."""
+  for name, component in table.items():
+    group = component.config_group()
+    if group.keys():
+      parent[name] = group
+
+
 def apply_presets(c: ml_collections.ConfigDict, arg: str | None,
                   own: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
   """Applies comma-separated presets; an unknown name fails listing every preset the config
@@ -223,7 +226,7 @@ def _selector(name):
 def _countdown_hard(c):
   """Countdown with numbers up to 100 (the embedded model was trained on 1-50): ~5% solved and
   ~87% of groups ineffective at the start, the regime replay methods are meant for."""
-  c.task.max_number = 100
+  c.task.countdown.max_number = 100
 
 
 def _gsm8k(c):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from grpo_jax import advantages, allocation, losses, sharding, step
+from grpo_jax import advantages, allocation, errors, losses, sharding, step, tasks
 from grpo_jax.models import architectures
 from grpo_jax.replay import headroom, popo, prioritized
 from grpo_jax.replay import method as method_lib
@@ -17,8 +17,7 @@ _GROUPS = ("model", "task", "rollout", "rl", "replay", "allocation", "opt", "eva
            "mesh")
 
 
-class ConfigError(ValueError):
-  """An invalid config value; the message names the field."""
+ConfigError = errors.ConfigError  # re-exported: callers catch configuration.ConfigError
 
 
 def _check(ok: bool, field: str, message: str):
@@ -52,8 +51,8 @@ def validate(config, *, weights: bool = True) -> None:
     sharding.MeshConfig.from_config(config.mesh)
   except sharding.MeshError as e:
     raise ConfigError(str(e)) from None
-  _check(config.task.name in ("countdown", "gsm8k", "jsonl"), "task.name",
-         f"{config.task.name!r}; known: countdown, gsm8k, jsonl")
+  _check(config.task.name in tasks.TASKS, "task.name",
+         f"{config.task.name!r}; known: {', '.join(tasks.TASKS.names())}")
   _check(r.group_size >= 2, "rollout.group_size",
          f"{r.group_size}: group-relative advantages need >= 2 rollouts per prompt")
   _check(r.batch_prompts >= 1, "rollout.batch_prompts", f"{r.batch_prompts} must be >= 1")

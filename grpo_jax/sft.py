@@ -38,11 +38,9 @@ def define_flags():
 
 
 def make_task(config) -> countdown.CountdownTask:
-  t = config.task
-  gen = countdown.GeneratorConfig(num_numbers=t.num_numbers, min_number=t.min_number,
-                                  max_number=t.max_number, min_target=t.min_target,
-                                  max_target=t.max_target, seed=t.seed)
-  return countdown.CountdownTask(gen, template=t.template)
+  """The generated Countdown task of ``config.task`` (CountdownSpec's fields)."""
+  spec = countdown.CountdownSpec.from_group(config.task)
+  return countdown.CountdownTask(spec.generator(), template=spec.template)
 
 
 def make_model_config(config, vocab_size: int) -> ModelConfig:

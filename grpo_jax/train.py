@@ -39,43 +39,13 @@ from grpo_jax import sharding as sharding_lib
 from grpo_jax import step as step_lib
 from grpo_jax import tokenization
 from grpo_jax.models import CheckpointError, from_pretrained
-from grpo_jax.tasks import countdown
+from grpo_jax import tasks as tasks_lib
 
 def define_flags():
   """The CLI flags; defined only when run as a program, so importing this module is free."""
   config_flags.DEFINE_config_file("config", None, "RL config file, e.g. configs/grpo.py.")
   flags.DEFINE_string("workdir", None, "Output folder (metrics, checkpoints); default "
                       "runs/<config file name>, e.g. runs/grpo.")
-
-
-def make_task(config):
-  """The task object named by ``config.task``.
-
-  Raises:
-    ConfigError: a generator setting out of range, or a data file that cannot be used (empty,
-      not JSON, no usable row: the message names the first malformed row and why).
-  """
-  t = config.task
-  if t.name == "countdown":
-    try:
-      gen = countdown.GeneratorConfig(num_numbers=t.num_numbers, min_number=t.min_number,
-                                      max_number=t.max_number, min_target=t.min_target,
-                                      max_target=t.max_target, seed=t.data_seed)
-    except ValueError as e:
-      raise configuration.ConfigError(f"config.task: {e}") from None
-  try:
-    if t.name == "countdown" and t.data_path:
-      return countdown.CountdownTask.from_file(t.data_path, gen, template=t.template)
-    if t.name == "countdown":
-      return countdown.CountdownTask(gen, template=t.template)
-    from grpo_jax.tasks import gsm8k  # pylint: disable=g-import-not-at-top
-    if t.name == "gsm8k":
-      return gsm8k.GSM8KTask(data_dir=t.tfds_data_dir or None)
-    return gsm8k.JsonlTask(t.data_path)
-  except ValueError as e:
-    if not t.data_path or t.name == "gsm8k":  # the TFDS loader does not read data_path
-      raise
-    raise configuration.ConfigError(f"config.task.data_path: {e}") from None
 
 
 def _evaluate(config, graphdef, params, tokenizer, task, problems, render, mesh=None) -> dict:
@@ -120,7 +90,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
                                   r.prompt_len, r.completion_len)
   if mesh is not None:
     replay = sharding_lib.put(replay, sharding_lib.replay_shardings(mesh, replay))
-  task = make_task(config)
+  task = tasks_lib.make_task(config)
   stream = prompts_lib.PromptStream(task, tokenizer, r.prompt_len, config.task.chat_template,
                                      train_size=config.task.train_size)
   sample_fn = sampler_lib.make_sampler(graphdef, sampler_lib.sampling_config_for(

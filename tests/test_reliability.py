@@ -21,6 +21,7 @@ import pytest
 from configs import popo
 from grpo_jax import checkpoint as checkpoint_lib
 from grpo_jax import metrics, train
+from grpo_jax import tasks as tasks_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = {"total_steps": 40, "eval.every": 1000, "checkpoint.every": 1000,
@@ -340,14 +341,14 @@ cp -a {q(run)} {q(out / "run")}
 def test_too_many_non_finite_steps_stop_with_the_last_good_state(tmp_path, monkeypatch):
   """Every reward NaN: the device skips each update; after max_consecutive_skips = 2 the run
   stops with a message and a checkpoint whose parameters are the initial ones."""
-  real = train.make_task
+  real = tasks_lib.make_task
 
   def nan_task(config):
     task = real(config)
     task.score = lambda text, problem: float("nan")
     return task
 
-  monkeypatch.setattr(train, "make_task", nan_task)
+  monkeypatch.setattr(tasks_lib, "make_task", nan_task)
   c = _config()
   c.total_steps, c.rl.max_consecutive_skips = 10, 2
   workdir = os.fspath(tmp_path)

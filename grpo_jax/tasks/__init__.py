@@ -1,1 +1,78 @@
-"""RL tasks: problem sources, prompts and reward functions."""
+"""RL tasks: problem sources, prompts and verifiers, behind one interface and one registry.
+
+A task module registers a *spec* under its ``config.task.name``: a frozen dataclass
+(``registry.Configurable``) whose fields are its own config group ``config.task.<name>`` and
+whose ``build(task_config)`` returns the ``Task``. The shared keys of ``config.task`` (name,
+data_path, train_size, chat_template) are read by ``build`` where they apply. Adding a task is
+its module; ``make_task`` and the config defaults find it through ``TASKS``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from grpo_jax import errors, registry
+
+TASKS = registry.Registry("task", package="grpo_jax.tasks")
+
+
+@runtime_checkable
+class Task(Protocol):
+  """What the prompt stream, the allocators, the verifier and evaluation use of a task.
+
+  Problems are opaque to everything but the task. ``score`` runs on untrusted model output: it
+  must parse, never execute, and may raise (the row then scores 0 and is counted).
+  """
+
+  name: str
+
+  def train_problem(self, index: int) -> Any:
+    """The training problem at data position ``index`` (random access, any index >= 0)."""
+
+  def eval_problems(self, n: int) -> list:
+    """The first ``n`` held-out problems (a fixed list)."""
+
+  def prompt(self, problem) -> str:
+    """The prompt text of ``problem`` (before any chat template)."""
+
+  def score(self, completion: str, problem) -> float:
+    """The reward of ``completion`` (decoded text) for ``problem``."""
+
+  def is_success(self, score_value: float) -> bool:
+    """The 0/1 accuracy signal of a score."""
+
+
+class TaskSpec(Protocol):
+  """A registered task: its own config group's fields, and the task they build."""
+
+  @classmethod
+  def config_group(cls): ...
+
+  @classmethod
+  def from_group(cls, group, **derived): ...
+
+  def build(self, task_config) -> Task: ...
+
+
+def make_task(config) -> Task:
+  """The task named by ``config.task.name``, built from ``config.task.<name>``.
+
+  Raises:
+    ConfigError: an unknown name, a setting out of range, or a data file that cannot be used
+      (empty, not JSON, no usable row: the message names the first malformed row and why).
+  """
+  t = config.task
+  try:
+    spec_cls = TASKS.get(t.name)
+  except KeyError as e:
+    raise errors.ConfigError(f"config.task.name: {e.args[0]}") from None
+  try:
+    spec = spec_cls.from_group(t.get(t.name, {}))
+  except ValueError as e:
+    raise errors.ConfigError(f"config.task.{t.name}: {e}") from None
+  try:
+    return spec.build(t)
+  except ValueError as e:
+    if not t.data_path or not getattr(spec, "reads_data_path", True):
+      raise
+    raise errors.ConfigError(f"config.task.data_path: {e}") from None

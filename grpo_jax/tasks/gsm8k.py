@@ -24,6 +24,9 @@ import math
 import os
 import re
 
+from grpo_jax import registry
+from grpo_jax import tasks as tasks_lib
+
 _LOG = logging.getLogger(__name__)
 
 INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
@@ -189,3 +192,30 @@ class JsonlTask(_QATask):
                        f"{len(rows) - len(problems)} without a question and a numeric answer)")
     held = max(1, len(problems) // 10) if len(problems) > 1 else 0
     super().__init__(problems[:len(problems) - held], problems[len(problems) - held:])
+
+
+@tasks_lib.TASKS.register("gsm8k")
+@dataclasses.dataclass(frozen=True)
+class GSM8KSpec(registry.Configurable):
+  """``config.task.gsm8k``: GSM8K through TFDS (prepared beforehand; nothing downloads).
+
+  Attributes:
+    data_dir: TFDS data_dir ("" = TFDS's default).
+  """
+
+  data_dir: str = ""
+  reads_data_path = False  # the TFDS loader ignores config.task.data_path
+
+  def build(self, task_config) -> GSM8KTask:
+    del task_config
+    return GSM8KTask(data_dir=self.data_dir or None)
+
+
+@tasks_lib.TASKS.register("jsonl")
+@dataclasses.dataclass(frozen=True)
+class JsonlSpec(registry.Configurable):
+  """``task.name=jsonl``: {"prompt" | "question", "answer"} rows from ``config.task.data_path``
+  (no group of its own)."""
+
+  def build(self, task_config) -> JsonlTask:
+    return JsonlTask(task_config.data_path)
