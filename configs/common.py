@@ -9,7 +9,8 @@ compiles.
 
 import ml_collections
 
-from grpo_jax import assets, registry, tasks
+from grpo_jax import allocation, assets, deprecated, registry, tasks
+from grpo_jax.replay import method as replay_method
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -79,43 +80,21 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.max_consecutive_skips = 5  # stop after this many non-finite steps in a row; 0 = never
 
   c.replay = ml_collections.ConfigDict()
-  c.replay.method = "none"  # none | popo | rollout (Yoo et al.) | headroom (Headroom-Drift)
-  c.replay.capacity = 0  # entries in the on-device buffer (groups; rollouts for "rollout")
+  c.replay.method = "none"  # a registered replay method: none | popo | prioritized | headroom
+  c.replay.capacity = 0  # entries in the on-device buffer (groups; rollouts for "prioritized")
   c.replay.objective = "decoupled"  # replayed rows in the loss: decoupled | pi_old | align_mu
-  c.replay.max_age = 0  # never replay entries older than this many train steps; 0 = no limit
-  c.replay.max_uses = 0  # drop an entry after this many replays (1 = one-shot); 0 = no limit
-  c.replay.fill = "replay"  # popo: replay (refill ineffective slots) | drop (GRPO-filter)
-  c.replay.insert = "effective"  # stored: effective | all (popo); nonzero | all (rollout)
-  c.replay.priority = "recency"  # popo: recency | staleness | lowest_kl (POPO-KL)
-  # popo: an ineffective slot the buffer cannot fill: drop (out of the loss, as GRPO-filter) |
-  # keep (in the loss with advantage 0, counted in the denominators: the behaviour before 2026-12)
-  c.replay.unfilled = "drop"
-  c.replay.staleness = 0  # popo, priority=staleness: replay groups about this many steps old
-  c.replay.slots = 0  # popo: max groups refilled per step (0 = all); headroom: K_rep groups
-  c.replay.rho = 0.5  # rollout: replay rows per fresh row (fixed, larger batch)
-  c.replay.alpha = 0.5  # rollout: priority exponent of (|A| + 1e-6)
-  c.replay.warmup_steps = 20  # rollout: no replay before this train step
-  c.replay.age_unit = "steps"  # rollout: unit of max_age (tau_max): steps | updates (gradients)
-  c.replay.drop_ineffective = False  # rollout: fresh groups that are not effective leave the loss
-  c.replay.candidates = 16  # headroom: M groups evaluated (teacher-forced) per step
-  c.replay.drift_tau = 1e-3  # headroom: admit a group only if its drift D <= tau
-  c.replay.gate = True  # headroom: apply the drift gate (False: headroom-only ablation)
-  c.replay.order = "headroom"  # headroom: candidate order, headroom | fifo (drift-only ablation)
+  # Each method's own group (config.replay.popo.slots, config.replay.headroom.tau, ...): its
+  # dataclass's fields and defaults, documented in grpo_jax/replay/<method>.py.
+  _add_groups(c.replay, replay_method.METHODS)
 
   c.allocation = ml_collections.ConfigDict()
   c.allocation.method = "uniform"  # rollouts per prompt: uniform | dynamic_sampling (DAPO) | sara
   c.allocation.selector = "stream"  # which prompts: stream (data order) | mopps | dps
   c.allocation.max_rounds = 10  # dynamic_sampling / sara: generation rounds (B*G slots) per step
-  # dynamic_sampling: prompts per generation batch, in multiples of B (DAPO: 3, i.e. 3 rounds of B
-  # prompts x G before the kept groups are counted); the step ends after the batch that fills B
-  c.allocation.oversample = 1
-  c.allocation.probes = 4  # sara: K rollouts before the first commit / abandon decision
-  c.allocation.tau_lo = 0.45  # sara: abandon when P(effective group) <= tau_lo
-  c.allocation.tau_hi = 0.9  # sara: commit (complete the group) when P(effective) >= tau_hi
-  c.allocation.alpha0 = 1.0  # sara: Beta prior on a prompt's success rate, each draw
-  c.allocation.beta0 = 1.0  # sara: (see alpha0)
-  c.allocation.candidates_ratio = 8  # mopps / dps: candidates scored per prompt chosen
-  c.allocation.decay = 0.5  # mopps: posterior discount lambda; dps: transition-count decay
+  # Each rule's and selector's own group (config.allocation.sara.probes,
+  # config.allocation.mopps.decay, ...), documented in grpo_jax/allocation/<module>.py.
+  _add_groups(c.allocation, allocation.RULES)
+  _add_groups(c.allocation, allocation.SELECTORS)
 
   c.opt = ml_collections.ConfigDict()
   c.opt.learning_rate = 3e-5  # peak; above ~1e-4 the tiny policy collapses on Countdown
@@ -147,6 +126,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.coordinator_address = ""  # host:port of process 0; "" = auto-detected (Cloud TPU, SLURM, Open MPI, K8s)
   c.mesh.num_processes = 0  # processes of a multi-host run; 0 = auto-detected
   c.mesh.process_id = -1  # this process's index; -1 = auto-detected
+  # The previous release's flat keys (replay.slots, task.max_number, ...): unset unless given,
+  # then moved to their group by configuration.validate with a one-line notice.
+  deprecated.add_fields(c)
   return c
 
 
@@ -184,8 +166,8 @@ def _smoke(c):
   c.total_steps = 2
   c.rollout.update(batch_prompts=2, group_size=2, completion_len=8)
   c.rl.num_minibatches = 2
-  c.allocation.probes = min(c.allocation.probes, 2)  # sara: probes fit the group of 2
-  c.allocation.oversample = 1  # dapo: one round per generation batch (seconds, not minutes)
+  c.allocation.sara.probes = min(c.allocation.sara.probes, 2)  # sara: probes fit the group of 2
+  c.allocation.dynamic_sampling.oversample = 1  # dapo: one round per generation batch
   c.eval.update(every=2, num_prompts=2, k=2)
   c.checkpoint.every = 1
 

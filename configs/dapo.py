@@ -29,6 +29,7 @@ def get_config(arg: str | None = None):
   c.rl.overlong_buffer = 4  # L_cache in tokens: the last 4 of the 16-token budget are penalised
   c.rl.overlong_penalty = 1.0  # penalty factor
   c.allocation.method = "dynamic_sampling"  # DS: keep effective groups only
-  c.allocation.oversample = 3  # DAPO's generation batch: 3 x B prompts (3 rounds of B x G)
+  # DAPO's generation batch: 3 x B prompts (3 rounds of B x G)
+  c.allocation.dynamic_sampling.oversample = 3
   c.allocation.max_rounds = 30  # DAPO's cap of 10 generation batches per step, in rounds
   return common.apply_presets(c, arg)

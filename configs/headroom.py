@@ -22,19 +22,19 @@ def get_config(arg: str | None = None):
   c = common.base_config()
   c.replay.method = "headroom"
   c.replay.capacity = 128  # groups: four batches' worth of mixed-outcome groups
-  c.replay.slots = 8  # K_rep: up to 8 replayed groups (64 rows) next to 32 fresh groups
-  c.replay.candidates = 16  # M: one teacher-forced pass over 16 groups (half a batch)
-  c.replay.drift_tau = 1e-3  # the paper's tau for single-turn math
-  c.replay.gate = True
-  c.replay.order = "headroom"
+  c.replay.headroom.slots = 8  # K_rep: up to 8 replayed groups (64 rows) next to 32 fresh groups
+  c.replay.headroom.candidates = 16  # M: one teacher-forced pass over 16 groups (half a batch)
+  c.replay.headroom.tau = 1e-3  # the paper's tau for single-turn math
+  c.replay.headroom.gate = True
+  c.replay.headroom.order = "headroom"
   c.replay.objective = "align_mu"  # the paper's L_mix: ratio denominator pi_gen
   # 256 fresh + 64 replay rows = 320: 4 minibatches of 80.
   rest = []
   for name in filter(None, (arg or "").split(",")):
     if name == "headroom_only":
-      c.replay.gate = False
+      c.replay.headroom.gate = False
     elif name == "drift_only":
-      c.replay.order = "fifo"
+      c.replay.headroom.order = "fifo"
     elif name == "decoupled":
       c.replay.objective = "decoupled"
     else:

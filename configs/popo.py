@@ -33,37 +33,37 @@ def get_config(arg: str | None = None):
   c.rl.reward_signal = "success"
   c.rl.effective_signal = "success"
   c.replay.method = "popo"
-  c.replay.fill = "replay"  # refill ineffective slots from the buffer
+  c.replay.popo.fill = "replay"  # refill ineffective slots from the buffer
   # 32 groups = one batch: POPO keeps a *small* buffer of recent groups; with ~1/3 of the
   # slots ineffective and ~2/3 of the groups stored each step it turns over in ~1.5 steps.
   c.replay.capacity = 32
-  c.replay.insert = "effective"  # only groups whose success varies are stored
-  c.replay.priority = "recency"  # most recently stored first
+  c.replay.popo.insert = "effective"  # only groups whose success varies are stored
+  c.replay.popo.priority = "recency"  # most recently stored first
   # One-shot reuse: a stored group is replayed once, so the buffer never feeds the same
   # off-policy group twice (the paper leaves this open).
-  c.replay.max_uses = 1
+  c.replay.popo.max_uses = 1
   # A short-term FIFO: never replay a group more than 4 policy steps old. Recency keeps replay
   # ~1 step old while the buffer turns over fast; the age limit bounds it when it does not
   # (few effective groups, larger buffers), well short of the 10 steps at which the paper's
   # POPO-stale(10) collapses.
-  c.replay.max_age = 4
+  c.replay.popo.max_age = 4
   c.replay.objective = "decoupled"
   c.rl.is_mode = "truncate"  # behaviour weight min(pi_prox / mu, cap), as TIS / verl
   c.rl.is_cap = 2.0  # weights of replayed tokens rarely exceed ~1.1 at this staleness
   rest = []
   for name in filter(None, (arg or "").split(",")):
     if name == "kl":
-      c.replay.priority = "lowest_kl"
+      c.replay.popo.priority = "lowest_kl"
     elif name == "filter":
-      c.replay.fill, c.replay.capacity = "drop", 0
+      c.replay.popo.fill, c.replay.capacity = "drop", 0
     elif name == "ineff":
-      c.replay.insert = "all"
+      c.replay.popo.insert = "all"
     elif name == "stale" or name.startswith("stale="):
       staleness = int(name.split("=")[1]) if "=" in name else 10
-      c.replay.priority = "staleness"
-      c.replay.staleness = staleness
-      c.replay.max_uses = 0  # old groups must stay in the buffer to be replayed
-      c.replay.max_age = staleness + 1  # the target age itself must stay eligible
+      c.replay.popo.priority = "staleness"
+      c.replay.popo.staleness = staleness
+      c.replay.popo.max_uses = 0  # old groups must stay in the buffer to be replayed
+      c.replay.popo.max_age = staleness + 1  # the target age itself must stay eligible
       # Every group of the last S + 2 steps must fit, whatever the final batch size: a
       # reference to rollout.batch_prompts follows presets and --config overrides.
       c.replay.capacity = c.rollout.get_ref("batch_prompts") * (staleness + 2)
@@ -72,9 +72,9 @@ def get_config(arg: str | None = None):
     elif name == "align_mu":
       c.replay.objective = "align_mu"
     elif name.startswith("reuse="):
-      c.replay.max_uses = int(name.split("=")[1])
+      c.replay.popo.max_uses = int(name.split("=")[1])
     elif name == "keep_unfilled":
-      c.replay.unfilled = "keep"
+      c.replay.popo.unfilled = "keep"
     else:
       rest.append(name)
   return common.apply_presets(c, ",".join(rest), own=PRESETS)

@@ -34,13 +34,13 @@ PRESETS = ("paper", "decoupled")
 
 def get_config(arg: str | None = None):
   c = common.base_config()
-  c.replay.method = "rollout"
-  c.replay.max_age = 10  # tau_max: an entry older than 10 (age_unit) is never replayed
-  c.replay.age_unit = "steps"
-  c.replay.rho = 0.5  # 128 replay rows next to the 256 fresh ones
-  c.replay.alpha = 0.5
-  c.replay.warmup_steps = 20
-  c.replay.insert = "nonzero"  # zero-advantage rollouts carry no gradient: not stored
+  c.replay.method = "prioritized"
+  c.replay.prioritized.tau_max = 10  # tau_max: an entry older than 10 (age_unit) is never replayed
+  c.replay.prioritized.age_unit = "steps"
+  c.replay.prioritized.rho = 0.5  # 128 replay rows next to the 256 fresh ones
+  c.replay.prioritized.alpha = 0.5
+  c.replay.prioritized.warmup_steps = 20
+  c.replay.prioritized.insert = "nonzero"  # zero-advantage rollouts carry no gradient: not stored
   c.replay.objective = "align_mu"  # the paper's ratio pi_theta / mu_birth
   # Every rollout of the last tau_max + 1 steps fits: N * (tau_max + 1) entries (the paper's
   # 30k FIFO "rarely binds"); a reference, so batch presets and overrides carry through.
@@ -50,9 +50,9 @@ def get_config(arg: str | None = None):
   rest = []
   for name in filter(None, (arg or "").split(",")):
     if name == "paper":
-      c.replay.drop_ineffective = True  # zero-variance fresh groups leave the loss
-      c.replay.insert = "effective"  # only the surviving groups' rollouts are stored
-      c.replay.age_unit = "updates"  # tau_max = 10 gradient steps
+      c.replay.prioritized.drop_ineffective = True  # zero-variance fresh groups leave the loss
+      c.replay.prioritized.insert = "effective"  # only the surviving groups' rollouts are stored
+      c.replay.prioritized.age_unit = "updates"  # tau_max = 10 gradient steps
       c.rl.num_minibatches = 1  # one update per step (one epoch), as the reference
       c.rl.num_epochs = 1
       c.rl.aggregation = "token-mean"

@@ -15,10 +15,10 @@ def get_config(arg: str | None = None):
   c = common.base_config()
   c.rl.estimator = "grpo"
   c.allocation.method = "sara"
-  c.allocation.probes = 4  # K
+  c.allocation.sara.probes = 4  # K
   # Abandon after 4 agreeing probes at G = 8 (P_eff = 1 - 5/9 = 0.44 with Beta(1,1)); at
   # G = 16 only after 9 agreeing rollouts (1 - 10/17 = 0.41; see grpo_jax/allocation/sara.py)
-  c.allocation.tau_lo = 0.45
-  c.allocation.tau_hi = 0.9  # commit: with a fresh Beta(1,1) prior, as soon as probes disagree
+  c.allocation.sara.tau_lo = 0.45
+  c.allocation.sara.tau_hi = 0.9  # commit: with a fresh Beta(1,1) prior, as soon as probes disagree
   c.allocation.max_rounds = 10
   return common.apply_presets(c, arg)

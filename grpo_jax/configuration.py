@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import os
 
-from grpo_jax import advantages, allocation, errors, losses, sharding, step, tasks
+from grpo_jax import advantages, allocation, deprecated, errors, losses, sharding, step, tasks
 from grpo_jax.models import architectures
-from grpo_jax.replay import headroom, popo, prioritized
 from grpo_jax.replay import method as method_lib
 
 _GROUPS = ("model", "task", "rollout", "rl", "replay", "allocation", "opt", "eval", "checkpoint",
@@ -20,13 +19,14 @@ _GROUPS = ("model", "task", "rollout", "rl", "replay", "allocation", "opt", "eva
 ConfigError = errors.ConfigError  # re-exported: callers catch configuration.ConfigError
 
 
-def _check(ok: bool, field: str, message: str):
-  if not ok:
-    raise ConfigError(f"config.{field}: {message}")
+_check = errors.check
 
 
 def validate(config, *, weights: bool = True) -> None:
   """Raises ConfigError naming the first invalid field of an RL config.
+
+  The previous release's flat keys that were set are moved to their groups first, in place
+  (``grpo_jax.deprecated``, one notice each).
 
   Args:
     config: the RL config.
@@ -35,6 +35,7 @@ def validate(config, *, weights: bool = True) -> None:
   """
   for group in _GROUPS:
     _check(group in config, group, "missing group (start from configs/common.py)")
+  deprecated.apply(config)
   m, r, rl, o = config.model, config.rollout, config.rl, config.opt
   if weights or not m.arch:
     _check(bool(m.path), "model.path", "empty: pass --config.model.path=/path/to/hf_folder")
@@ -91,28 +92,7 @@ def validate(config, *, weights: bool = True) -> None:
     loss_config(config)
   except ValueError as e:
     raise ConfigError(f"config.rl: {e}") from None
-  p = config.replay
-  _check(p.method in REPLAY_METHODS, "replay.method",
-         f"{p.method!r}; known: {', '.join(REPLAY_METHODS)}")
-  _check(p.capacity >= 0, "replay.capacity", "must be >= 0")
-  _check(p.objective in method_lib.OBJECTIVES, "replay.objective",
-         f"{p.objective!r}; known: {', '.join(method_lib.OBJECTIVES)}")
-  try:
-    method = replay_config(config)
-  except ValueError as e:
-    raise ConfigError(f"config.replay: {e}") from None
-  if p.method == "popo":
-    _check(p.fill != "replay" or p.capacity > 0, "replay.capacity",
-           "must be > 0 when replay.fill='replay' (POPO needs a buffer)")
-    _check(p.slots <= r.batch_prompts, "replay.slots",
-           f"{p.slots} exceeds batch_prompts={r.batch_prompts}")
-  if p.method == "rollout":
-    _check(p.capacity > 0, "replay.capacity", "must be > 0 for rollout replay")
-    _check(isinstance(p.drop_ineffective, bool), "replay.drop_ineffective",
-           f"{p.drop_ineffective!r} must be true or false")
-  if p.method == "headroom":
-    _check(p.capacity >= p.candidates, "replay.capacity",
-           f"{p.capacity} must be >= replay.candidates={p.candidates} (groups evaluated per step)")
+  method = _replay_method(config)
   fresh = r.batch_prompts * r.group_size
   rows = fresh + method.extra_rows(fresh, r.group_size)
   _check(rl.num_minibatches >= 1 and rows % rl.num_minibatches == 0, "rl.num_minibatches",
@@ -131,56 +111,56 @@ def validate(config, *, weights: bool = True) -> None:
          "eval.k and eval.num_prompts must be >= 1")
 
 
-REPLAY_METHODS = ("none", "popo", "rollout", "headroom")
+def _replay_method(config):
+  """The replay method, every method's group checked (an inactive group's value must run
+  too once selected), then the active method's checks against the other groups."""
+  p = config.replay
+  _check(p.method in method_lib.METHODS, "replay.method",
+         f"{p.method!r}; known: {', '.join(method_lib.METHODS.names())}")
+  _check(p.capacity >= 0, "replay.capacity", "must be >= 0")
+  _check(p.objective in method_lib.OBJECTIVES, "replay.objective",
+         f"{p.objective!r}; known: {', '.join(method_lib.OBJECTIVES)}")
+  method = None
+  for name, cls in method_lib.METHODS.items():
+    try:
+      built = cls.from_config(config)
+    except ValueError as e:
+      raise ConfigError(f"config.replay.{name}: {e}") from None
+    if name == p.method:
+      method = built
+  method.check_config(config)
+  return method
 
 
 def _validate_allocation(config) -> None:
-  """The allocation group: a known rule and selector, thresholds in range, a finite pool for
-  the selectors that learn per prompt."""
+  """The allocation group: a known rule and selector, each registered rule's and selector's
+  group in range, their checks against the other groups, a finite pool for the selectors
+  that learn per prompt."""
   a, t = config.allocation, config.task
-  _check(a.method in allocation.METHODS, "allocation.method",
-         f"{a.method!r}; known: {', '.join(allocation.METHODS)}")
+  _check(a.method in allocation.RULES, "allocation.method",
+         f"{a.method!r}; known: {', '.join(allocation.RULES.names())}")
   _check(a.selector in allocation.SELECTORS, "allocation.selector",
-         f"{a.selector!r}; known: {', '.join(allocation.SELECTORS)}")
+         f"{a.selector!r}; known: {', '.join(allocation.SELECTORS.names())}")
   _check(a.max_rounds >= 2, "allocation.max_rounds", f"{a.max_rounds} must be >= 2")
-  _check(isinstance(a.oversample, int) and a.oversample >= 1, "allocation.oversample",
-         f"{a.oversample!r} must be an integer >= 1 (generation batches of oversample x B prompts)")
-  _check(a.method != "dynamic_sampling" or a.oversample <= a.max_rounds, "allocation.oversample",
-         f"{a.oversample} must be <= allocation.max_rounds={a.max_rounds} (one generation batch "
-         "is oversample rounds)")
-  _check(a.method != "sara" or 1 <= a.probes <= config.rollout.group_size, "allocation.probes",
-         f"{a.probes} must be in [1, group_size={config.rollout.group_size}]")
-  _check(0.0 <= a.tau_lo < a.tau_hi <= 1.0, "allocation.tau_lo",
-         f"need 0 <= tau_lo ({a.tau_lo}) < tau_hi ({a.tau_hi}) <= 1")
-  _check(a.alpha0 > 0 and a.beta0 > 0, "allocation.alpha0", "alpha0 and beta0 must be > 0")
-  _check(a.candidates_ratio >= 1, "allocation.candidates_ratio",
-         f"{a.candidates_ratio} must be >= 1")
-  _check(0.0 <= a.decay <= 1.0, "allocation.decay", f"{a.decay} must be in [0, 1]")
+  for table in (allocation.RULES, allocation.SELECTORS):
+    for name in table.names():
+      try:
+        spec = allocation.spec(table, a, name)
+      except ValueError as e:
+        raise ConfigError(f"config.allocation.{name}: {e}") from None
+      if name == a.method:
+        spec.check_config(config)
   _check(t.train_size >= 0, "task.train_size", f"{t.train_size} must be >= 0 (0 = all)")
-  if a.selector != "stream":
+  if allocation.SELECTORS.get(a.selector).needs_pool:
     _check(t.train_size > 0 or t.name != "countdown" or bool(t.data_path), "task.train_size",
            f"allocation.selector={a.selector} learns per prompt and needs prompts that come "
            "back: set a finite training set (e.g. --config.task.train_size=1024)")
 
 
 def replay_config(config):
-  """The replay method object described by ``config.replay`` (see grpo_jax/replay/method.py)."""
-  p = config.replay
-  if p.method == "popo":
-    return popo.PopoConfig(fill=p.fill, insert=p.insert, priority=p.priority,
-                           staleness=p.staleness, slots=p.slots, max_uses=p.max_uses,
-                           max_age=p.max_age, objective=p.objective, unfilled=p.unfilled)
-  if p.method == "rollout":
-    return prioritized.PrioritizedReplayConfig(
-        tau_max=p.max_age, rho=p.rho, alpha=p.alpha, warmup_steps=p.warmup_steps,
-        insert=p.insert, max_uses=p.max_uses, objective=p.objective,
-        drop_ineffective=p.drop_ineffective, age_unit=p.age_unit,
-        updates_per_step=config.rl.num_minibatches * config.rl.num_epochs)
-  if p.method == "headroom":
-    return headroom.HeadroomConfig(slots=p.slots, candidates=p.candidates, tau=p.drift_tau,
-                                   gate=p.gate, order=p.order, max_age=p.max_age,
-                                   objective=p.objective)
-  return method_lib.NoReplay()
+  """The replay method named by ``config.replay.method``, from its own group (see
+  grpo_jax/replay/method.py)."""
+  return method_lib.METHODS.get(config.replay.method).from_config(config)
 
 
 def loss_config(config) -> losses.LossConfig:

@@ -117,6 +117,7 @@ class Configurable:
 
     Keys of ``group`` that are not fields are an error: a typo must not pass silently.
     """
+    group = group if group is not None else {}
     names = {f.name for f in cls.config_fields()}
     unknown = sorted(set(group.keys()) - names)
     if unknown:

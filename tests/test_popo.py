@@ -386,11 +386,11 @@ def test_config_presets():
   assert c.replay.capacity == 16 * 12
   assert popo_config.get_config("pi_old").replay.objective == "pi_old"
   assert popo_config.get_config("align_mu").replay.objective == "align_mu"
-  assert popo_config.get_config("reuse=3").replay.max_uses == 3
+  assert popo_config.get_config("reuse=3").replay.popo.max_uses == 3
   base = popo_config.get_config()
-  assert base.replay.max_age == 4 and base.rl.reward_signal == base.rl.effective_signal == \
+  assert base.replay.popo.max_age == 4 and base.rl.reward_signal == base.rl.effective_signal == \
       "success"
   bad = popo_config.get_config()
-  bad.replay.priority = "proportional"
-  with pytest.raises(configuration.ConfigError, match="config.replay: .*proportional"):
+  bad.replay.popo.priority = "proportional"
+  with pytest.raises(configuration.ConfigError, match="config.replay.popo: .*proportional"):
     configuration.validate(bad)

@@ -21,11 +21,30 @@ touched, empty groups, and for SARA the abandonment and wrong-abandonment counts
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Protocol
+
 import numpy as np
 
-from grpo_jax import keys
+from grpo_jax import keys, registry
 from grpo_jax import metrics as metrics_lib
 from grpo_jax.allocation import rounds as rounds_lib
+
+
+# Allocation rules by config.allocation.method; a module of grpo_jax/allocation registers its
+# rule's spec (a registry.Configurable whose fields are config.allocation.<name>) on import.
+RULES = registry.Registry("allocation rule", package="grpo_jax.allocation")
+
+
+class RuleSpec(Protocol):
+  """A registered rule: its own config group's fields, and the allocator they build."""
+
+  def check_config(self, config) -> None:
+    """Checks against other groups (raises errors.ConfigError)."""
+
+  def build(self, selector, sampler: rounds_lib.RoundSampler, *, num_groups: int,
+            group_size: int, effective_signal: str, max_rounds: int, seed: int) -> Allocator:
+    """The allocator over ``selector`` and ``sampler``."""
 
 
 class Allocator:
@@ -119,3 +138,16 @@ class FullGroups(Allocator):
                                      self.round_key(rng, 0))
     groups = list(zip(prompts, per_prompt))
     return self._finish(groups, per_prompt, groups, step, rounds=1)
+
+
+@RULES.register("uniform")
+@dataclasses.dataclass(frozen=True)
+class UniformSpec(registry.Configurable):
+  """``allocation.method=uniform``: G rollouts for each of B prompts (no group of its own)."""
+
+  def check_config(self, config) -> None:
+    del config
+
+  def build(self, selector, sampler, *, max_rounds: int, seed: int, **shape) -> FullGroups:
+    del max_rounds, seed
+    return FullGroups(selector, sampler, **shape)

@@ -18,6 +18,9 @@ A step that hits the cap trains on the groups it has, the remaining slots being 
 
 from __future__ import annotations
 
+import dataclasses
+
+from grpo_jax import errors, registry
 from grpo_jax.allocation import allocator as allocator_lib
 from grpo_jax.allocation import rounds as rounds_lib
 
@@ -76,3 +79,32 @@ class DynamicSampling(allocator_lib.Allocator):
                         extra={"alloc/capped": float(len(kept) < b),
                                "alloc/generation_batches": float(batches),
                                "alloc/effective_dropped": float(effective - len(kept))})
+
+
+@allocator_lib.RULES.register("dynamic_sampling")
+@dataclasses.dataclass(frozen=True)
+class DynamicSamplingSpec(registry.Configurable):
+  """``config.allocation.dynamic_sampling``.
+
+  Attributes:
+    oversample: prompts per generation batch in multiples of B (DAPO: 3); the kept groups are
+      counted after each batch.
+  """
+
+  oversample: int = 1
+
+  def __post_init__(self):
+    if not isinstance(self.oversample, int) or self.oversample < 1:
+      raise ValueError(f"oversample={self.oversample!r} must be an integer >= 1 (generation "
+                       "batches of oversample x B prompts)")
+
+  def check_config(self, config) -> None:
+    rounds = config.allocation.max_rounds
+    errors.check(self.oversample <= rounds, "allocation.dynamic_sampling.oversample",
+                 f"{self.oversample} must be <= allocation.max_rounds={rounds} (one generation "
+                 "batch is oversample rounds)")
+
+  def build(self, selector, sampler, *, max_rounds: int, seed: int, **shape) -> DynamicSampling:
+    del seed
+    return DynamicSampling(selector, sampler, max_rounds=max_rounds,
+                           oversample=self.oversample, **shape)

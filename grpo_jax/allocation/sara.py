@@ -47,10 +47,13 @@ completed group would have been effective. Those rows are neither counted nor tr
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import numpy as np
 
+from grpo_jax import errors, registry
 from grpo_jax.allocation import allocator as allocator_lib
 from grpo_jax.allocation import rounds as rounds_lib
 
@@ -241,3 +244,40 @@ class Sara(allocator_lib.Allocator):
                          "alloc/audited": float(len(audits)),
                          "alloc/wrong_abandoned": float(wrong),
                          **({"alloc/wrong_abandon_rate": wrong / len(audits)} if audits else {})})
+
+
+@allocator_lib.RULES.register("sara")
+@dataclasses.dataclass(frozen=True)
+class SaraSpec(registry.Configurable):
+  """``config.allocation.sara`` (arXiv 2607.26253).
+
+  Attributes:
+    probes: K rollouts before the first commit / abandon decision.
+    tau_lo: abandon when P(effective group) <= tau_lo.
+    tau_hi: commit (complete the group) when P(effective group) >= tau_hi.
+    alpha0: Beta prior on a prompt's success rate, each draw.
+    beta0: (see alpha0).
+  """
+
+  probes: int = 4
+  tau_lo: float = 0.45
+  tau_hi: float = 0.9
+  alpha0: float = 1.0
+  beta0: float = 1.0
+
+  def __post_init__(self):
+    if self.probes < 1:
+      raise ValueError(f"probes={self.probes} must be >= 1")
+    if not 0.0 <= self.tau_lo < self.tau_hi <= 1.0:
+      raise ValueError(f"need 0 <= tau_lo ({self.tau_lo}) < tau_hi ({self.tau_hi}) <= 1")
+    if not (self.alpha0 > 0 and self.beta0 > 0):
+      raise ValueError(f"alpha0 ({self.alpha0}) and beta0 ({self.beta0}) must be > 0")
+
+  def check_config(self, config) -> None:
+    g = config.rollout.group_size
+    errors.check(self.probes <= g, "allocation.sara.probes",
+                 f"{self.probes} must be in [1, group_size={g}]")
+
+  def build(self, selector, sampler, *, max_rounds: int, seed: int, **shape) -> Sara:
+    return Sara(selector, sampler, probes=self.probes, tau_lo=self.tau_lo, tau_hi=self.tau_hi,
+                alpha0=self.alpha0, beta0=self.beta0, max_rounds=max_rounds, seed=seed, **shape)

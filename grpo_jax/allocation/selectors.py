@@ -27,11 +27,16 @@ the checkpoint saves and restores exactly.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
+from grpo_jax import registry
 from grpo_jax.allocation.rounds import Prompt
 
-SELECTORS = ("stream", "mopps", "dps")
+# Prompt selectors by config.allocation.selector; each registers a spec whose fields are its own
+# group config.allocation.<name>.
+SELECTORS = registry.Registry("prompt selector", package="grpo_jax.allocation")
 UNSOLVED, PARTIAL, SOLVED = 0, 1, 2
 
 
@@ -211,12 +216,51 @@ class DpsSelector(_PoolSelector):
     self.prev = np.asarray(state["prev"], np.float64)
 
 
-def make_selector(name: str, stream, *, size: int, ratio: int, decay: float, seed: int):
-  """The selector called ``name`` (one of SELECTORS) over ``stream``'s prompts."""
-  if name == "stream":
+@SELECTORS.register("stream")
+@dataclasses.dataclass(frozen=True)
+class StreamSpec(registry.Configurable):
+  """``allocation.selector=stream``: data order (no group of its own)."""
+
+  needs_pool = False
+
+  def build(self, stream, *, size: int, seed: int) -> StreamSelector:
+    del size, seed
     return StreamSelector(stream)
-  if name == "mopps":
-    return MoppsSelector(stream, size, ratio=ratio, decay=decay, seed=seed)
-  if name == "dps":
-    return DpsSelector(stream, size, ratio=ratio, decay=decay, seed=seed)
-  raise ValueError(f"allocation.selector must be one of {SELECTORS}, got {name!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _PoolSpec(registry.Configurable):
+  """A selector over a finite pool.
+
+  Attributes:
+    candidates_ratio: candidates scored per prompt chosen.
+    decay: the posterior discount (MoPPS) / transition-count decay (DPS) lambda.
+  """
+
+  candidates_ratio: int = 8
+  decay: float = 0.5
+  needs_pool = True
+
+  def __post_init__(self):
+    if self.candidates_ratio < 1:
+      raise ValueError(f"candidates_ratio={self.candidates_ratio} must be >= 1")
+    if not 0.0 <= self.decay <= 1.0:
+      raise ValueError(f"decay={self.decay} must be in [0, 1]")
+
+
+@SELECTORS.register("mopps")
+@dataclasses.dataclass(frozen=True)
+class MoppsSpec(_PoolSpec):
+  """``config.allocation.mopps`` (arXiv 2507.04632): see _PoolSpec."""
+
+  def build(self, stream, *, size: int, seed: int) -> MoppsSelector:
+    return MoppsSelector(stream, size, ratio=self.candidates_ratio, decay=self.decay, seed=seed)
+
+
+@SELECTORS.register("dps")
+@dataclasses.dataclass(frozen=True)
+class DpsSpec(_PoolSpec):
+  """``config.allocation.dps`` (arXiv 2603.10887): see _PoolSpec."""
+
+  def build(self, stream, *, size: int, seed: int) -> DpsSelector:
+    return DpsSelector(stream, size, ratio=self.candidates_ratio, decay=self.decay, seed=seed)

@@ -258,7 +258,7 @@ def _replay_method(name: str, b: int, g: int):
   module, _, presets = name.partition(":")
   config = importlib.import_module(f"configs.{module}").get_config(presets or None)
   config.rollout.batch_prompts, config.rollout.group_size = b, g
-  config.replay.warmup_steps = 0
+  config.replay.prioritized.warmup_steps = 0
   method = configuration.replay_config(config)
   return method, (config.replay.capacity if config.replay.method != "none" else 0)
 

@@ -34,10 +34,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from grpo_jax import errors, registry
 from grpo_jax.replay import buffer
 from grpo_jax.replay.buffer import ReplayState
-from grpo_jax.replay.method import (Composition, LogpFn, StepContext, flat_rows,
-                                    fresh_anchored, no_rows, validate_objective)
+from grpo_jax.replay.method import (METHODS, Composition, LogpFn, StepContext, flat_rows,
+                                    fresh_anchored, no_rows, objective_field,
+                                    validate_objective)
 
 ORDERS = ("headroom", "fifo")
 
@@ -67,9 +69,13 @@ def group_drift(policy_logp_GxT: jax.Array, behaviour_logp_GxT: jax.Array,
   return jnp.sum(d * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
+@METHODS.register("headroom")
 @dataclasses.dataclass(frozen=True)
-class HeadroomConfig:
+class HeadroomConfig(registry.Configurable):
   """Headroom-Drift replay as a replay method of the train step.
+
+  Config group ``config.replay.headroom``: every field but ``objective``
+  (``config.replay.objective``).
 
   Attributes:
     slots: K_rep, groups replayed per step at most (static).
@@ -87,7 +93,7 @@ class HeadroomConfig:
   gate: bool = True
   order: str = "headroom"
   max_age: int = 0
-  objective: str = "align_mu"
+  objective: str = objective_field("align_mu")
 
   def __post_init__(self):
     validate_objective(self.objective)
@@ -98,6 +104,15 @@ class HeadroomConfig:
                        f"candidates={self.candidates}")
     if self.tau <= 0 or self.max_age < 0:
       raise ValueError(f"tau must be > 0 and max_age >= 0, got {self.tau}, {self.max_age}")
+
+  @classmethod
+  def from_config(cls, config) -> HeadroomConfig:
+    return cls.from_group(config.replay.headroom, objective=config.replay.objective)
+
+  def check_config(self, config) -> None:
+    errors.check(config.replay.capacity >= self.candidates, "replay.capacity",
+                 f"{config.replay.capacity} must be >= replay.headroom.candidates="
+                 f"{self.candidates} (groups evaluated per step)")
 
   def entry_size(self, group_size: int) -> int:
     return group_size

@@ -10,7 +10,11 @@ A replay method is a frozen (hashable, static under jit) dataclass with
   compose(ctx, buffer, logp_fn) -> Composition      the [N + R]-row update batch
   after_update(ctx, buffer, comp) -> (buffer, metrics)   inserts, counts uses
 
-so the train step has no branch per method: it evicts, composes, computes what the objective
+plus ``from_config(config)`` (the method from its own group ``config.replay.<name>``, whose
+keys are its dataclass fields: ``registry.Configurable``) and ``check_config(config)`` (its
+checks against other groups, e.g. capacity against the batch). Each method registers itself in
+``METHODS`` under its ``config.replay.method`` name, so adding one is its module and a config
+file. The train step has no branch per method: it evicts, composes, computes what the objective
 needs, runs the update and inserts, whatever the method. ``logp_fn(rows) -> [n, T]`` is the
 policy at the start of the step (no gradient), for methods that score candidates with a
 teacher-forced pass (POPO-KL, Headroom-Drift); its log-probs are pi_prox, so a method that
@@ -23,12 +27,13 @@ Every count (replayed, admitted, evicted) is a mask inside a fixed-size batch, n
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import flax
 import jax
 import jax.numpy as jnp
 
+from grpo_jax import registry
 from grpo_jax.replay.buffer import ReplayState
 from grpo_jax.types import Rollout
 
@@ -41,6 +46,15 @@ from grpo_jax.types import Rollout
 OBJECTIVES = ("decoupled", "pi_old", "align_mu")
 
 LogpFn = Callable[[Rollout], jax.Array]
+
+# Every replay method, by its config.replay.method name; a module of grpo_jax/replay registers
+# its method on import, and the table imports them all on first lookup.
+METHODS = registry.Registry("replay method", package="grpo_jax.replay")
+
+
+def objective_field(default: str = "decoupled"):
+  """A method's ``objective`` field: read from the shared ``config.replay.objective``."""
+  return dataclasses.field(default=default, metadata=registry.DERIVED)
 
 
 @flax.struct.dataclass
@@ -98,6 +112,30 @@ class Composition:
   prox_logp_NxT: Optional[jax.Array]
   selection: Any
   metrics: dict
+
+
+class ReplayMethod(Protocol):
+  """The interface above, as a type (every method is a frozen dataclass implementing it)."""
+
+  objective: str
+
+  @classmethod
+  def from_config(cls, config) -> "ReplayMethod": ...
+
+  def check_config(self, config) -> None: ...
+
+  def entry_size(self, group_size: int) -> int: ...
+
+  def extra_rows(self, num_rows: int, group_size: int) -> int: ...
+
+  def replays(self, replay: ReplayState) -> bool: ...
+
+  def evict(self, replay: ReplayState, step: jax.Array) -> ReplayState: ...
+
+  def compose(self, ctx: StepContext, replay: ReplayState, logp_fn: LogpFn) -> Composition: ...
+
+  def after_update(self, ctx: StepContext, replay: ReplayState,
+                   comp: Composition) -> tuple[ReplayState, dict]: ...
 
 
 def flat_rows(x: jax.Array) -> jax.Array:
@@ -158,11 +196,19 @@ def validate_objective(objective: str):
     raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
 
 
+@METHODS.register("none")
 @dataclasses.dataclass(frozen=True)
-class NoReplay:
+class NoReplay(registry.Configurable):
   """Plain on-policy training: the batch is the fresh rollouts, the buffer is never touched."""
 
-  objective: str = "decoupled"
+  objective: str = objective_field()
+
+  @classmethod
+  def from_config(cls, config) -> NoReplay:
+    return cls(objective=config.replay.objective)
+
+  def check_config(self, config) -> None:
+    del config
 
   def entry_size(self, group_size: int) -> int:
     return group_size

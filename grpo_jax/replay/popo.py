@@ -41,20 +41,23 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import losses
+from grpo_jax import errors, losses, registry
 from grpo_jax.replay import buffer
 from grpo_jax.replay.buffer import ReplayState
-from grpo_jax.replay.method import (Composition, LogpFn, StepContext, flat_rows,
-                                    fresh_composition, validate_objective)
+from grpo_jax.replay.method import (METHODS, Composition, LogpFn, StepContext, flat_rows,
+                                    fresh_composition, objective_field, validate_objective)
 
 FILL_MODES = ("replay", "drop")
 INSERT_MODES = ("effective", "all")
 UNFILLED_MODES = ("drop", "keep")
 
 
+@METHODS.register("popo")
 @dataclasses.dataclass(frozen=True)
-class PopoConfig:
+class PopoConfig(registry.Configurable):
   """POPO and its ablations, as a replay method of the train step (see replay/method.py).
+
+  Config group ``config.replay.popo``: every field but ``objective`` (``config.replay.objective``).
 
   Attributes:
     fill: "replay" (POPO: ineffective slots take stored groups) or "drop" (GRPO-filter:
@@ -79,7 +82,7 @@ class PopoConfig:
   slots: int = 0
   max_uses: int = 0
   max_age: int = 0
-  objective: str = "decoupled"
+  objective: str = objective_field("decoupled")
   unfilled: str = "drop"
 
   def __post_init__(self):
@@ -99,6 +102,17 @@ class PopoConfig:
     for name in ("staleness", "slots", "max_uses", "max_age"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+  @classmethod
+  def from_config(cls, config) -> PopoConfig:
+    return cls.from_group(config.replay.popo, objective=config.replay.objective)
+
+  def check_config(self, config) -> None:
+    """A buffer to refill from, and at most one refill per fresh group."""
+    errors.check(self.fill != "replay" or config.replay.capacity > 0, "replay.capacity",
+                 "must be > 0 when replay.popo.fill='replay' (POPO needs a buffer)")
+    errors.check(self.slots <= config.rollout.batch_prompts, "replay.popo.slots",
+                 f"{self.slots} exceeds batch_prompts={config.rollout.batch_prompts}")
 
   def entry_size(self, group_size: int) -> int:
     return group_size

@@ -43,10 +43,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from grpo_jax import errors, registry
 from grpo_jax.replay import buffer
 from grpo_jax.replay.buffer import ReplayState
-from grpo_jax.replay.method import (Composition, LogpFn, StepContext, flat_rows,
-                                    fresh_anchored, no_rows, validate_objective)
+from grpo_jax.replay.method import (METHODS, Composition, LogpFn, StepContext, flat_rows,
+                                    fresh_anchored, no_rows, objective_field,
+                                    validate_objective)
 
 INSERT_MODES = ("nonzero", "effective", "all")
 AGE_UNITS = ("steps", "updates")
@@ -69,9 +71,13 @@ def priority_entropy(p_C: jax.Array) -> jax.Array:
   return -jnp.sum(jnp.where(p_C > 0, p_C * jnp.log(jnp.maximum(p_C, 1e-30)), 0.0))
 
 
+@METHODS.register("prioritized")
 @dataclasses.dataclass(frozen=True)
-class PrioritizedReplayConfig:
+class PrioritizedReplayConfig(registry.Configurable):
   """Rollout-level prioritised replay as a replay method of the train step.
+
+  Config group ``config.replay.prioritized``: every field but ``objective``
+  (``config.replay.objective``) and ``updates_per_step`` (rl.num_minibatches x rl.num_epochs).
 
   Attributes:
     tau_max: entries older than this (in ``age_unit``) are never replayed.
@@ -97,10 +103,10 @@ class PrioritizedReplayConfig:
   warmup_steps: int = 20
   insert: str = "nonzero"
   max_uses: int = 0
-  objective: str = "align_mu"
+  objective: str = objective_field("align_mu")
   drop_ineffective: bool = False
   age_unit: str = "steps"
-  updates_per_step: int = 1
+  updates_per_step: int = dataclasses.field(default=1, metadata=registry.DERIVED)
 
   def __post_init__(self):
     validate_objective(self.objective)
@@ -123,6 +129,17 @@ class PrioritizedReplayConfig:
       raise ValueError(f"alpha must be >= 0 and eps > 0, got {self.alpha}, {self.eps}")
     if self.warmup_steps < 0 or self.max_uses < 0:
       raise ValueError("warmup_steps and max_uses must be >= 0")
+
+  @classmethod
+  def from_config(cls, config) -> PrioritizedReplayConfig:
+    return cls.from_group(config.replay.prioritized, objective=config.replay.objective,
+                          updates_per_step=config.rl.num_minibatches * config.rl.num_epochs)
+
+  def check_config(self, config) -> None:
+    errors.check(config.replay.capacity > 0, "replay.capacity",
+                 "must be > 0 for prioritized (rollout-level) replay")
+    errors.check(isinstance(self.drop_ineffective, bool), "replay.prioritized.drop_ineffective",
+                 f"{self.drop_ineffective!r} must be true or false")
 
   def entry_size(self, group_size: int) -> int:
     del group_size

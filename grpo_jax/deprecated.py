@@ -1,0 +1,90 @@
+"""Flat config keys of the previous release, accepted for one more with a one-line notice.
+
+Until 2026-12 every replay method, allocation rule, selector and task read flat keys whose
+meaning changed with the method (``replay.slots`` was POPO's refill cap and Headroom's K_rep;
+``replay.max_age`` became prioritized replay's tau_max). Each now reads its own group. The old
+keys stay in ``base_config`` as unset (None) fields; ``apply`` moves any that was set to its
+new key, for the method, rule or selector the config selects, prints the notice and unsets it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import ml_collections
+
+from grpo_jax import errors
+
+# old key -> (type, new key); {method} is config.replay.method, {selector} the selector.
+ALIASES = {
+    **{f"task.{k}": (int, f"task.countdown.{k}")
+       for k in ("num_numbers", "min_number", "max_number", "min_target", "max_target")},
+    "task.template": (str, "task.countdown.template"),
+    "task.data_seed": (int, "task.countdown.seed"),
+    "task.tfds_data_dir": (str, "task.gsm8k.data_dir"),
+    **{f"replay.{k}": (str, f"replay.popo.{k}") for k in ("fill", "priority", "unfilled")},
+    "replay.staleness": (int, "replay.popo.staleness"),
+    "replay.insert": (str, "replay.{method}.insert"),
+    "replay.slots": (int, "replay.{method}.slots"),
+    "replay.max_uses": (int, "replay.{method}.max_uses"),
+    "replay.max_age": (int, "replay.{method}.max_age"),
+    **{f"replay.{k}": (float, f"replay.prioritized.{k}") for k in ("rho", "alpha")},
+    "replay.warmup_steps": (int, "replay.prioritized.warmup_steps"),
+    "replay.age_unit": (str, "replay.prioritized.age_unit"),
+    "replay.drop_ineffective": (bool, "replay.prioritized.drop_ineffective"),
+    "replay.candidates": (int, "replay.headroom.candidates"),
+    "replay.drift_tau": (float, "replay.headroom.tau"),
+    "replay.gate": (bool, "replay.headroom.gate"),
+    "replay.order": (str, "replay.headroom.order"),
+    "allocation.probes": (int, "allocation.sara.probes"),
+    **{f"allocation.{k}": (float, f"allocation.sara.{k}")
+       for k in ("tau_lo", "tau_hi", "alpha0", "beta0")},
+    "allocation.oversample": (int, "allocation.dynamic_sampling.oversample"),
+    "allocation.candidates_ratio": (int, "allocation.{selector}.candidates_ratio"),
+    "allocation.decay": (float, "allocation.{selector}.decay"),
+}
+# A method's new name for a key of the old flat group.
+_RENAMED = {("prioritized", "max_age"): "tau_max"}
+# Old replay.method values.
+METHOD_NAMES = {"rollout": "prioritized"}
+
+
+def add_fields(config: ml_collections.ConfigDict) -> None:
+  """Adds every old key as an unset field of its type (so ``--config.replay.slots=4`` parses)."""
+  for old, (kind, _) in ALIASES.items():
+    group, key = old.split(".")
+    if group in config:
+      config[group][key] = ml_collections.FieldReference(None, field_type=kind)
+
+
+def _notice(text: str) -> None:
+  print(f"grpo_jax: {text}", file=sys.stderr, flush=True)
+
+
+def apply(config) -> None:
+  """Moves every old key that was set to its new key (in place), with a one-line notice each.
+
+  Raises:
+    ConfigError: the old key has no meaning for the selected method (e.g. ``replay.slots``
+      with ``replay.method=prioritized``).
+  """
+  if "replay" in config and config.replay.method in METHOD_NAMES:
+    new = METHOD_NAMES[config.replay.method]
+    _notice(f"replay.method={config.replay.method!r} is deprecated: use {new!r}")
+    config.replay.method = new
+  for old, (_, template) in ALIASES.items():
+    group, key = old.split(".")
+    if group not in config or config[group].get(key) is None:
+      continue
+    method = config.replay.method if "replay" in config else ""
+    selector = config.allocation.selector if "allocation" in config else ""
+    new = template.format(method=method, selector=selector)
+    _, sub, name = new.split(".")
+    name = _RENAMED.get((sub, name), name)
+    new = f"{group}.{sub}.{name}"
+    errors.check(sub in config[group] and name in config[group][sub], old,
+                 f"deprecated, and {group}.{'method' if group != 'allocation' else 'selector'}"
+                 f"={sub!r} has no {name!r} (see {group}.* in configs/common.py)")
+    _notice(f"config.{old} is deprecated: use config.{new} (applied)")
+    config[group][sub][name] = config[group][key]
+    config[group][key] = None

@@ -1,0 +1,171 @@
+"""The registries: components found by name, their config groups, the deprecated flat keys, and
+docs/design.md's two-file replay method (copied out of the page and trained with)."""
+
+import importlib
+import pathlib
+import re
+import sys
+
+import pytest
+
+from configs import common, grpo, headroom, popo, rollout_replay
+from grpo_jax import allocation, configuration, deprecated, metrics, registry, tasks, train
+from grpo_jax.replay import method as method_lib
+
+DESIGN = pathlib.Path(__file__).resolve().parents[1] / "docs" / "design.md"
+
+
+def test_every_component_is_found_and_its_group_holds_its_defaults():
+  """Each table lists what the packages register, and base_config carries each component's
+  own group with exactly its dataclass defaults (a hand-written copy would drift)."""
+  assert set(method_lib.METHODS.names()) == {"none", "popo", "prioritized", "headroom"}
+  assert set(allocation.RULES.names()) == {"uniform", "dynamic_sampling", "sara"}
+  assert set(allocation.SELECTORS.names()) == {"stream", "mopps", "dps"}
+  assert set(tasks.TASKS.names()) == {"countdown", "gsm8k", "jsonl"}
+  c = common.base_config()
+  for parent, table in ((c.replay, method_lib.METHODS), (c.allocation, allocation.RULES),
+                        (c.allocation, allocation.SELECTORS), (c.task, tasks.TASKS)):
+    for name, component in table.items():
+      fields = {f.name: f.default for f in component.config_fields()}
+      assert dict(parent.get(name, {})) == fields, name
+  # The fields a method reads elsewhere are not in its group.
+  assert "objective" not in c.replay.popo and "updates_per_step" not in c.replay.prioritized
+  # A few defaults by hand, as the papers' configs state them.
+  assert (c.replay.headroom.slots, c.replay.headroom.candidates, c.replay.headroom.tau) == (
+      8, 16, 1e-3)
+  assert (c.allocation.sara.probes, c.allocation.sara.tau_lo) == (4, 0.45)
+
+
+def test_unknown_names_and_keys_are_refused_with_the_known_ones():
+  with pytest.raises(KeyError, match="unknown replay method 'poppo'; known: none, .*popo"):
+    method_lib.METHODS.get("poppo")
+  with pytest.raises(ValueError, match="unknown key.*slotz; known: .*slots"):
+    method_lib.METHODS.get("headroom").from_group({"slotz": 3})
+  table = registry.Registry("widget")
+  table.register("a")(int)
+  with pytest.raises(ValueError, match="widget 'a' is registered twice"):
+    table.register("a")(float)
+  c = grpo.get_config()
+  c.replay.method = "poppo"
+  with pytest.raises(configuration.ConfigError, match="config.replay.method: 'poppo'; known"):
+    configuration.validate(c)
+  c = grpo.get_config()
+  c.task.name = "mnist"
+  with pytest.raises(configuration.ConfigError, match="config.task.name: 'mnist'; known"):
+    configuration.validate(c)
+
+
+def test_an_inactive_group_is_validated_too():
+  """A value the validator accepts must run once its method is selected: a bad Headroom tau is
+  refused under GRPO as well."""
+  c = grpo.get_config()
+  c.replay.headroom.tau = -1.0
+  with pytest.raises(configuration.ConfigError, match="config.replay.headroom: tau must be > 0"):
+    configuration.validate(c)
+  c = grpo.get_config()
+  c.allocation.dps.decay = 2.0
+  with pytest.raises(configuration.ConfigError, match=r"config.allocation.dps: decay=2.0"):
+    configuration.validate(c)
+
+
+@pytest.mark.parametrize("module,old,value,new", [
+    (popo, "replay.slots", 3, "replay.popo.slots"),
+    (headroom, "replay.slots", 3, "replay.headroom.slots"),
+    (rollout_replay, "replay.max_age", 7, "replay.prioritized.tau_max"),
+    (popo, "replay.max_age", 7, "replay.popo.max_age"),
+    (headroom, "replay.drift_tau", 0.5, "replay.headroom.tau"),
+    (grpo, "task.max_number", 99, "task.countdown.max_number"),
+    (grpo, "task.data_seed", 5, "task.countdown.seed"),
+    (grpo, "allocation.probes", 2, "allocation.sara.probes"),
+    (grpo, "allocation.oversample", 2, "allocation.dynamic_sampling.oversample"),
+])
+def test_a_deprecated_flat_key_moves_to_its_group_with_one_line(module, old, value, new,
+                                                                 capsys):
+  c = module.get_config()
+  group, key = old.split(".")
+  c[group][key] = value
+  configuration.validate(c)
+  top, sub, name = new.split(".")
+  assert c[top][sub][name] == value and c[group][key] is None
+  err = capsys.readouterr().err
+  assert err == f"grpo_jax: config.{old} is deprecated: use config.{new} (applied)\n"
+
+
+def test_every_deprecated_key_names_an_existing_field():
+  """Each alias's target exists for some method / selector, with the alias's type."""
+  c = common.base_config()
+  for old, (kind, template) in deprecated.ALIASES.items():
+    group, _ = old.split(".")
+    candidates = [template.format(method=m, selector=s) for m in method_lib.METHODS.names()
+                  for s in allocation.SELECTORS.names()]
+    found = []
+    for new in set(candidates):
+      _, sub, name = new.split(".")
+      name = deprecated._RENAMED.get((sub, name), name)  # pylint: disable=protected-access
+      if sub in c[group] and name in c[group][sub]:
+        found.append(type(c[group][sub][name]))
+    assert found and all(t is kind for t in found), (old, found)
+
+
+def test_the_old_method_name_and_a_meaningless_alias():
+  c = rollout_replay.get_config()
+  c.replay.method = "rollout"
+  configuration.validate(c)
+  assert c.replay.method == "prioritized"
+  c = grpo.get_config()
+  c.replay.slots = 2  # GRPO has no replay method that has slots
+  with pytest.raises(configuration.ConfigError,
+                     match="config.replay.slots: deprecated, and replay.method='none' has no"):
+    configuration.validate(c)
+
+
+def _design_blocks() -> dict[str, str]:
+  """docs/design.md's python blocks whose first line is ``# <path>``, by path."""
+  blocks = re.findall(r"```python\n# (\S+)\n(.*?)```", DESIGN.read_text(), flags=re.S)
+  return {path: body for path, body in blocks}
+
+
+@pytest.fixture
+def design_example(tmp_path, monkeypatch):
+  """The page's replay module and config file, importable as if they were in the tree."""
+  blocks = _design_blocks()
+  module_path, config_path = "grpo_jax/replay/random_groups.py", "configs/random_replay.py"
+  assert set(blocks) >= {module_path, config_path}
+  (tmp_path / "replay").mkdir()
+  (tmp_path / "replay" / "random_groups.py").write_text(blocks[module_path])
+  (tmp_path / "configs").mkdir()
+  (tmp_path / "configs" / "random_replay.py").write_text(blocks[config_path])
+  replay_pkg = importlib.import_module("grpo_jax.replay")
+  configs_pkg = importlib.import_module("configs")
+  monkeypatch.setattr(replay_pkg, "__path__", [*replay_pkg.__path__, str(tmp_path / "replay")])
+  monkeypatch.setattr(configs_pkg, "__path__", [*configs_pkg.__path__, str(tmp_path / "configs")])
+  entries = dict(method_lib.METHODS._entries)  # pylint: disable=protected-access
+  monkeypatch.setattr(method_lib.METHODS, "_loaded", False)
+  yield importlib.import_module("configs.random_replay")
+  method_lib.METHODS._entries = entries  # pylint: disable=protected-access
+  for name in ("grpo_jax.replay.random_groups", "configs.random_replay"):
+    sys.modules.pop(name, None)
+
+
+def test_the_two_file_replay_method_of_the_design_page_trains(design_example, tmp_path):
+  """Nothing but the module and the config file: the method is found, its group installed and
+  validated, and two smoke steps train with it, replaying stored groups in the second."""
+  c = design_example.get_config("smoke")
+  assert "random" in method_lib.METHODS and c.replay.random.slots == 4
+  c.rl.reward_signal = c.rl.effective_signal = "score"  # mixed groups in tiny batches
+  c.rollout.batch_prompts, c.rl.num_minibatches = 4, 2  # 4 + 4 groups of 2 = 16 rows
+  c.total_steps, c.checkpoint.every, c.eval.every = 2, 2, 100
+  configuration.validate(c)
+  assert type(configuration.replay_config(c)).__name__ == "RandomGroupReplay"
+  small = design_example.get_config("smoke")
+  small.replay.capacity = 3
+  with pytest.raises(configuration.ConfigError,
+                     match="config.replay.capacity: must be >= replay.random.slots=4"):
+    configuration.validate(small)
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(c, workdir)
+  steps = [r for r in metrics.read_metrics(workdir) if "loss" in r]
+  assert len(steps) == 2
+  assert steps[0]["replay_rows"] == 0  # nothing stored before the first update
+  assert steps[1]["replay_rows"] > 0, steps[1]
+
