@@ -28,6 +28,7 @@ the checkpoint saves and restores exactly.
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 import numpy as np
 
@@ -40,13 +41,29 @@ SELECTORS = registry.Registry("prompt selector", package="grpo_jax.allocation")
 UNSOLVED, PARTIAL, SOLVED = 0, 1, 2
 
 
+class Selector(Protocol):
+  """What an allocator uses of a selector (every state is JSON-able and checkpointed)."""
+
+  def draw(self, n: int, exclude=()) -> list[Prompt]:
+    """Up to ``n`` prompts, none of whose data positions is in ``exclude`` (fewer when the
+    source runs dry)."""
+
+  def observe(self, results) -> None:
+    """Learns from this step's (Prompt, Rows) of every prompt it touched."""
+
+  def state_dict(self) -> dict: ...
+
+  def load_state_dict(self, state: dict) -> None: ...
+
+  @property
+  def skipped(self) -> int:
+    """Prompts skipped for length so far."""
+
+
 def pool_size(task, train_size: int) -> int:
-  """Number of distinct training prompts: ``train_size`` when > 0, else the task's data size,
-  else 0 (an unbounded generator)."""
-  if train_size:
-    return train_size
-  data = getattr(task, "train_data", None) or getattr(task, "train", None)
-  return len(data) if data else 0
+  """Number of distinct training prompts: ``train_size`` when > 0, else the task's
+  (``Task.num_train_problems``: 0 for an unbounded generator)."""
+  return train_size or task.num_train_problems()
 
 
 def observed_state(successes: int, trials: int) -> int:

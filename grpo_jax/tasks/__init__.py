@@ -29,6 +29,9 @@ class Task(Protocol):
   def train_problem(self, index: int) -> Any:
     """The training problem at data position ``index`` (random access, any index >= 0)."""
 
+  def num_train_problems(self) -> int:
+    """How many distinct training problems there are; 0 for an unbounded generator."""
+
   def eval_problems(self, n: int) -> list:
     """The first ``n`` held-out problems (a fixed list)."""
 

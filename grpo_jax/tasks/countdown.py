@@ -429,6 +429,10 @@ class CountdownTask:
       return self.train_data[index % len(self.train_data)]
     return generate_problem(self.config, "train", index)
 
+  def num_train_problems(self) -> int:
+    """The training file's size; 0 when the generator serves every index."""
+    return len(self.train_data) if self.train_data is not None else 0
+
   def eval_problems(self, n: int) -> list[Problem]:
     """The first `n` held-out problems."""
     return eval_problems(self.config, n)

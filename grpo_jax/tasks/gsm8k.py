@@ -110,6 +110,9 @@ class _QATask:
   def train_problem(self, index: int) -> Problem:
     return self.train[index % len(self.train)]
 
+  def num_train_problems(self) -> int:
+    return len(self.train)
+
   def eval_problems(self, n: int) -> list[Problem]:
     return self.test[:n]
 
