@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 
-from grpo_jax import advantages, allocation, deprecated, errors, losses, sharding, step, tasks
+from grpo_jax import (advantages, allocation, deprecated, errors, losses, rewards, sharding, step,
+                      tasks)
 from grpo_jax.models import architectures
 from grpo_jax.replay import method as method_lib
 
@@ -74,8 +75,8 @@ def validate(config, *, weights: bool = True) -> None:
          f"{rl.estimator!r}; known: {', '.join(advantages.ADVANTAGE_ESTIMATORS)}")
   for f in ("reward_signal", "effective_signal"):
     _check(rl[f] in step.SIGNALS, f"rl.{f}", f"{rl[f]!r}; known: {', '.join(step.SIGNALS)}")
-  _check(rl.score_base in allocation.SCORE_BASES, "rl.score_base",
-         f"{rl.score_base!r}; known: {', '.join(allocation.SCORE_BASES)}")
+  _check(rl.score_base in rewards.REWARDS, "rl.score_base",
+         f"{rl.score_base!r}; known: {', '.join(rewards.REWARDS.names())}")
   _check(rl.get("shuffle", "groups") in step.SHUFFLES, "rl.shuffle",
          f"{rl.get('shuffle')!r}; known: {', '.join(step.SHUFFLES)}")
   _check(isinstance(rl.get("shared_prompts", True), bool), "rl.shared_prompts",

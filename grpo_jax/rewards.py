@@ -1,6 +1,8 @@
 """Rewards on the host: the task's verifier over decoded completions, and DAPO's overlong penalty.
 
-Rewards are arbitrary Python: a verifier that raises is counted and scores 0, it never stops
+``REWARDS`` holds the reward functions by their ``config.rl.score_base`` name, each
+``fn(task, completions, problems) -> (scores [R] float32, success [R] bool, errors [R] bool)``;
+the overlong penalty is added to whichever one runs. Rewards are arbitrary Python: a verifier that raises is counted and scores 0, it never stops
 training. The DAPO soft overlong penalty (arXiv 2503.14476) is measured in tokens and added to
 the score. Generation itself, in fixed-shape rounds, is ``grpo_jax.allocation.rounds``.
 """
@@ -10,6 +12,8 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
+from grpo_jax import registry
 
 _LOG = logging.getLogger(__name__)
 
@@ -46,3 +50,22 @@ def score_completions(task, texts, problems) -> tuple[np.ndarray, np.ndarray]:
   if any(errors):
     _LOG.warning("%d reward computation(s) raised; scored 0", sum(errors))
   return np.asarray(scores, np.float32), np.asarray(errors, bool)
+
+
+REWARDS = registry.Registry("reward")
+
+
+@REWARDS.register("task")
+def task_reward(task, completions, problems) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The task's graded score (e.g. Countdown's 0.1 for a well-formed wrong answer) and its
+  accuracy signal ``task.is_success``; rows whose verifier raised score 0 and fail."""
+  scores, errors = score_completions(task, completions, problems)
+  success = np.array([task.is_success(s) for s in scores], bool)
+  return scores, success, errors
+
+
+@REWARDS.register("accuracy")
+def accuracy_reward(task, completions, problems) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """+1 for a success, -1 otherwise: DAPO's rule-based reward (arXiv 2503.14476)."""
+  _, success, errors = task_reward(task, completions, problems)
+  return np.where(success, 1.0, -1.0).astype(np.float32), success, errors

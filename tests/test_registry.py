@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from configs import common, grpo, headroom, popo, rollout_replay
-from grpo_jax import allocation, configuration, deprecated, metrics, registry, tasks, train
+from grpo_jax import (allocation, configuration, deprecated, metrics, registry, rewards, tasks,
+                      train)
 from grpo_jax.replay import method as method_lib
 
 DESIGN = pathlib.Path(__file__).resolve().parents[1] / "docs" / "design.md"
@@ -22,6 +23,7 @@ def test_every_component_is_found_and_its_group_holds_its_defaults():
   assert set(allocation.RULES.names()) == {"uniform", "dynamic_sampling", "sara"}
   assert set(allocation.SELECTORS.names()) == {"stream", "mopps", "dps"}
   assert set(tasks.TASKS.names()) == {"countdown", "gsm8k", "jsonl"}
+  assert set(rewards.REWARDS.names()) == {"task", "accuracy"}  # by config.rl.score_base
   c = common.base_config()
   for parent, table in ((c.replay, method_lib.METHODS), (c.allocation, allocation.RULES),
                         (c.allocation, allocation.SELECTORS), (c.task, tasks.TASKS)):

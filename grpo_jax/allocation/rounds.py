@@ -88,7 +88,7 @@ class Rows:
     return len(self.scores_R)
 
 
-SCORE_BASES = ("task", "accuracy")
+SCORE_BASES = rewards_lib.REWARDS  # by config.rl.score_base
 
 
 class RoundSampler:
@@ -101,9 +101,10 @@ class RoundSampler:
     slots: S, rows per round (B * G).
     prompt_len: P.
     overlong_buffer, overlong_factor: DAPO's soft overlong penalty (0 disables).
-    score_base: what a row's score starts from before the penalty is added (SCORE_BASES):
-      "task" (the task's graded score, e.g. Countdown's 0.1 for a well-formed wrong answer) or
-      "accuracy" (+1 for a success, -1 otherwise: DAPO's rule-based reward, arXiv 2503.14476).
+    score_base: the reward function a row's score starts from before the penalty is added
+      (registered in ``rewards.REWARDS``): "task" (the task's graded score, e.g. Countdown's
+      0.1 for a well-formed wrong answer) or "accuracy" (+1 for a success, -1 otherwise:
+      DAPO's rule-based reward, arXiv 2503.14476).
     timer: ``metrics.PhaseTimer`` the round's phases are timed on: "prompts" (tokenising),
       "generation" (the sampler call and the wait for its output), "scoring" (decoding, the
       verifier, the host rows); a private one when None.
@@ -113,11 +114,12 @@ class RoundSampler:
                overlong_buffer: int = 0, overlong_factor: float = 1.0,
                score_base: str = "task", timer=None):
     if score_base not in SCORE_BASES:
-      raise ValueError(f"score_base must be one of {SCORE_BASES}, got {score_base!r}")
+      raise ValueError(f"score_base must be one of {SCORE_BASES.names()}, got {score_base!r}")
     self.sample_fn, self.tokenizer, self.task = sample_fn, tokenizer, task
     self.slots, self.prompt_len = slots, prompt_len
     self.overlong_buffer, self.overlong_factor = overlong_buffer, overlong_factor
     self.score_base = score_base
+    self.reward_fn = SCORE_BASES.get(score_base)
     self.timer = timer if timer is not None else metrics_lib.PhaseTimer()
     self.rounds = 0  # rounds run by this object (for tests and metrics)
 
@@ -165,10 +167,7 @@ class RoundSampler:
       tokens, comp_mask, logp = tokens[:n], comp_mask[:n], logp[:n]
       lengths, truncated = lengths[:n], truncated[:n]
       completions = tokenization.decode_completions(self.tokenizer, tokens, comp_mask)
-      scores, errors = rewards_lib.score_completions(self.task, completions, problems)
-      success = np.array([self.task.is_success(s) for s in scores], bool)
-      if self.score_base == "accuracy":
-        scores = np.where(success, 1.0, -1.0).astype(np.float32)
+      scores, success, errors = self.reward_fn(self.task, completions, problems)
       scores = scores + rewards_lib.overlong_penalty(
           lengths, truncated, tokens.shape[1], self.overlong_buffer,
           self.overlong_factor).astype(np.float32)
