@@ -2,29 +2,27 @@
 
     (TrainState, ReplayState, Rollout, ref_params, rng) -> (TrainState, ReplayState, metrics)
 
-One call: group-relative advantages of the fresh rollouts; the proximal log-probs (for fresh
-rows these are the behaviour log-probs, so no pass is needed: pi_prox = mu at the start of the
-step; unless ``prox_pass="all"``, used where the sampler's numerics differ from the train
-step's, e.g. bfloat16: then one no-grad pass gives pi_prox for every row, the trust region
-starts at rho = 1 exactly and the behaviour weight pi_prox / mu corrects the sampler/trainer
-mismatch, which is logged as ``fresh_logp_mismatch``); the frozen reference's log-probs (one
-no-grad pass, only when the KL coefficient is > 0);
-then ``num_epochs`` passes of ``num_minibatches`` shuffled minibatches, each a loss, a gradient
-and an optax update, all inside one ``lax.scan``. Replay goes through one interface
-(replay/method.py): the method evicts, composes the [N + R]-row update batch (R static) and
-inserts after the update, so this file has no branch per method; how replayed rows enter the
-loss is the method's ``objective``. State and buffer are donated; with replay capacity 0 the
-buffer is passed through untouched and XLA drops it. Everything the loop needs
-back is in ``metrics`` (scalars), fetched by the host one step late.
+One call, in named stages: the context (group-relative advantages of the fresh rollouts and
+which groups are effective); the composition of the [N + R]-row update batch by the replay
+method (replay/method.py: it evicts and composes, R static, and inserts after the update, so
+this file has no branch per method); the proximal pass (for fresh rows pi_prox = mu at the
+start of the step, so no pass is needed; unless ``prox_pass="all"``, used where the sampler's
+numerics differ from the train step's, e.g. bfloat16: then one no-grad pass gives pi_prox for
+every row, the trust region starts at rho = 1 exactly and the behaviour weight pi_prox / mu
+corrects the sampler/trainer mismatch, logged as ``fresh_logp_mismatch``); the denominators of
+the replayed rows, by the method's objective (``objectives.py``); the frozen reference's
+log-probs (one no-grad pass, only when the KL coefficient is > 0); the update scan
+(``update.py``: ``num_epochs`` passes of ``num_minibatches`` shuffled minibatches in one
+``lax.scan``); the metrics (``step_metrics.py``); the NaN guard. State and buffer are donated;
+with replay capacity 0 the buffer is passed through untouched and XLA drops it. Everything the
+loop needs back is in ``metrics`` (scalars), fetched by the host one step late.
 
 References: GRPO (DeepSeekMath, arXiv 2402.03300); PPO epochs and minibatches (arXiv 1707.06347).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,90 +31,17 @@ from flax import nnx
 
 from grpo_jax import advantages as advantages_lib
 from grpo_jax import keys
-from grpo_jax import logprobs as logprobs_lib
-from grpo_jax import losses
+from grpo_jax import objectives
+from grpo_jax import policy
+from grpo_jax import sharding as sharding_lib
+from grpo_jax import step_metrics
+from grpo_jax import update
+from grpo_jax.batch import Tokens, UpdateBatch
 from grpo_jax.replay import ReplayState
 from grpo_jax.replay import method as replay_method
-from grpo_jax import sharding as sharding_lib
-from grpo_jax.sharding import constrain
-from grpo_jax.models.qwen3 import prompts_repeat
+# The step's settings live in step_config.py; importers use them as step.StepConfig etc.
+from grpo_jax.step_config import PROX_PASSES, REMAT, SHUFFLES, SIGNALS, StepConfig  # noqa: F401
 from grpo_jax.types import Rollout, TrainState
-
-
-SIGNALS = ("score", "success")
-PROX_PASSES = ("replayed", "all")
-REMAT = ("none", "layer")
-SHUFFLES = ("groups", "rows")
-
-
-@dataclasses.dataclass(frozen=True)
-class StepConfig:
-  """Static settings of the train step (hashable).
-
-  Attributes:
-    group_size: G rollouts per prompt.
-    estimator: advantage estimator name (advantages.ADVANTAGE_ESTIMATORS).
-    reward_signal: "score" (the task reward with shaping) or "success" (the 0/1 accuracy
-      signal) as the reward the advantages are computed from.
-    effective_signal: the signal a group must vary on to be *effective* (POPO's refill and
-      insertion, GRPO-filter's drop): "success" (the accuracy signal) or "score". When it
-      differs from ``reward_signal`` the groups where the two disagree are counted in the
-      metric ``effective_advantage_disagree``.
-    prox_pass: "replayed" (pi_prox from a no-grad pass for replayed rows only; fresh rows use
-      mu) or "all" (every row; for bfloat16, where cached decoding and the full forward differ).
-    loss: LossConfig of the policy loss.
-    num_minibatches: minibatches per epoch (rows split evenly).
-    num_epochs: passes over the batch (mu of GRPO).
-    temperature: the rollout temperature; policy log-probs are computed at it, so that
-      pi_theta and the recorded mu describe the same distribution.
-    compute_entropy: compute per-token entropy (needed for an entropy bonus; else a metric).
-    replay: the replay method (replay/method.py: NoReplay, popo.PopoConfig,
-      prioritized.PrioritizedReplayConfig, headroom.HeadroomConfig); static.
-    logprob_chunk: completion positions per chunk of the LM head in every log-prob pass
-      (0 = all at once); bounds the [chunk, V] logits held at a time.
-    remat: activation checkpointing of the differentiated pass: "none", or "layer" (each
-      decoder block's insides are recomputed in the backward pass instead of stored).
-    query_block: queries per attention block in every log-prob pass (0 = all at once): bounds
-      the [rows, heads, block, P + T] attention scores held at a time
-      (``qwen3.blocked_attention``).
-    shuffle: how an epoch's rows are dealt into minibatches: "groups" (whole groups of G rows
-      at a time, so each minibatch holds complete groups, as verl counts its PPO minibatches
-      in prompts; falls back to "rows" when the rows are not a multiple of G times the
-      minibatches) or "rows" (every row on its own).
-    shared_prompts: every log-prob pass runs each prompt once for its G group-major rows when
-      they repeat one prompt (``logprobs.completion_logprobs_and_entropy``'s
-      ``prompt_group``); False always runs [prompt; completion] per row.
-  """
-
-  group_size: int
-  estimator: str = "grpo"
-  reward_signal: str = "success"
-  effective_signal: str = "success"
-  prox_pass: str = "replayed"
-  loss: losses.LossConfig = losses.LossConfig()
-  num_minibatches: int = 1
-  num_epochs: int = 1
-  temperature: float = 1.0
-  compute_entropy: bool = False
-  replay: Any = replay_method.NoReplay()
-  logprob_chunk: int = 0
-  remat: str = "none"
-  query_block: int = 0
-  shuffle: str = "groups"
-  shared_prompts: bool = True
-
-  def __post_init__(self):
-    if self.shuffle not in SHUFFLES:
-      raise ValueError(f"shuffle must be one of {SHUFFLES}, got {self.shuffle!r}")
-    for name in ("reward_signal", "effective_signal"):
-      if getattr(self, name) not in SIGNALS:
-        raise ValueError(f"{name} must be one of {SIGNALS}, got {getattr(self, name)!r}")
-    if self.prox_pass not in PROX_PASSES:
-      raise ValueError(f"prox_pass must be one of {PROX_PASSES}, got {self.prox_pass!r}")
-    if self.remat not in REMAT:
-      raise ValueError(f"remat must be one of {REMAT}, got {self.remat!r}")
-    if self.query_block < 0:
-      raise ValueError(f"query_block must be >= 0, got {self.query_block}")
 
 
 def init_train_state(params, tx: optax.GradientTransformation, mesh=None) -> TrainState:
@@ -131,36 +56,6 @@ def init_train_state(params, tx: optax.GradientTransformation, mesh=None) -> Tra
     return init(params)
   shardings = sharding_lib.tree_shardings(mesh, jax.eval_shape(init, params))
   return jax.jit(init, out_shardings=shardings, donate_argnums=0)(params)
-
-
-def _policy_logprobs(graphdef, params, batch, config: StepConfig, with_entropy: bool = False,
-                     remat: bool = False, grouped: bool | None = None):
-  """Log-probs (and entropy) of ``batch``'s completions; ``grouped`` None checks the prompts.
-
-  ``grouped`` True runs the shared-prompt pass unchecked, False the per-row pass, None decides
-  on the device (``logprobs.completion_logprobs_and_entropy``).
-  """
-  model = nnx.merge(graphdef, params)
-  group = config.group_size if config.shared_prompts and grouped is not False else 1
-  return logprobs_lib.completion_logprobs_and_entropy(
-      model, batch["prompt_ids_NxP"], batch["prompt_mask_NxP"], batch["completion_ids_NxT"],
-      config.temperature, with_entropy, chunk_tokens=config.logprob_chunk, remat=remat,
-      query_block=config.query_block, prompt_group=group, check_prompts=grouped is None)
-
-
-def _grouped_pass_possible(rows: int, config: StepConfig) -> bool:
-  """Whether a pass over ``rows`` rows may run grouped (static; the prompts are checked too)."""
-  g = config.group_size
-  return config.shared_prompts and g > 1 and rows % g == 0
-
-
-def _epoch_order(key, rows: int, config: StepConfig) -> jax.Array:
-  """A permutation of the batch's rows for one epoch (``StepConfig.shuffle``)."""
-  g, m = config.group_size, config.num_minibatches
-  if config.shuffle == "groups" and rows % (g * m) == 0:
-    groups = jax.random.permutation(key, rows // g)
-    return (groups[:, None] * g + jnp.arange(g)[None]).reshape(rows)
-  return jax.random.permutation(key, rows)
 
 
 def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config: StepConfig,
@@ -180,229 +75,262 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   Returns:
     (new TrainState, new ReplayState, dict of float32 scalar metrics).
   """
-  c = config
-  rc = c.replay
-  replay_in = replay
-  n = rollout.num_rows
-  g = c.group_size
-  b = n // g
-  signal = lambda name: rollout.scores_N if name == "score" else rollout.success_N
-  adv_BxG = advantages_lib.group_advantages(signal(c.reward_signal).reshape(b, g), c.estimator)
-  effective_B = advantages_lib.effective_groups(signal(c.effective_signal).reshape(b, g))
-  fresh = jax.tree.map(lambda x: x.reshape((b, g) + x.shape[1:]), rollout)
-  ctx = replay_method.StepContext(fresh=fresh, advantages_BxG=adv_BxG, effective_B=effective_B,
-                                  step=state.step, rng=keys.replay(rng, state.step))
-  start_params = jax.lax.stop_gradient(state.params)
-
-  def start_logp(rows: Rollout) -> jax.Array:
-    """log pi_prox: the policy at the start of the step, no gradient."""
-    logp, _ = _policy_logprobs(graphdef, start_params, _rows_batch(rows), c)
-    return jax.lax.stop_gradient(logp)
-
-  # Replay, through the method interface (replay/method.py): evict, compose; insert comes last.
-  replaying = rc.replays(replay)
-  live_before = jnp.sum(replay.valid_C.astype(jnp.float32))
-  replay = rc.evict(replay, state.step)
-  extra_metrics = {}
-  if replaying:
-    extra_metrics["replay_evicted"] = live_before - jnp.sum(replay.valid_C.astype(jnp.float32))
-  comp = rc.compose(ctx, replay, start_logp)
-  mixed = comp.rollout
-  rows = mixed.num_rows
-  replayed_N = comp.replayed_N
-
-  mu_NxT = mixed.behaviour_logp_NxT
-  batch = _rows_batch(mixed)
-  batch.update({
-      "mask_NxT": comp.loss_mask_NxT,
-      "behaviour_logp_NxT": mu_NxT,
-      # Fresh rows: the proximal policy (params at the start of the step) is the behaviour one.
-      "prox_logp_NxT": mu_NxT,
-      "advantages_N": comp.advantages_N,
-  })
-  # log pi_prox by row: fresh rows keep mu unless prox_pass="all" (then the start-of-step pass,
-  # so rho starts at 1 exactly and w = pi_prox / mu corrects the sampler/trainer mismatch);
-  # replayed rows take the start-of-step policy (decoupled, pi_old: the method's own pass when
-  # it made one) or, clipped around their behaviour policy (align_mu), the stored pi_gen: the
-  # trainer's log-probs at generation, which is mu itself in float32 and mu without the
-  # sampler/trainer mismatch under bfloat16 (the behaviour weight keeps mu).
-  replay_prox = replaying and rc.objective != "align_mu"  # static
-  full = None
-  if c.prox_pass == "all" or (replay_prox and comp.prox_logp_NxT is None):
-    full = start_logp(mixed)  # one no-grad pass over the batch
-  prox = mu_NxT if full is None or c.prox_pass != "all" else full
-  if replaying:
-    if replay_prox:
-      replayed_prox = full if comp.prox_logp_NxT is None else comp.prox_logp_NxT
-    else:
-      replayed_prox = comp.gen_logp_NxT
-    prox = jnp.where(replayed_N[:, None], replayed_prox, prox)
-  batch["prox_logp_NxT"] = prox
-  if c.prox_pass == "all":
-    fresh_tok = (batch["mask_NxT"] & ~replayed_N[:, None]).astype(jnp.float32)
-    extra_metrics["fresh_logp_mismatch"] = (
-        jnp.sum(jnp.abs(full - mu_NxT) * fresh_tok) / jnp.maximum(jnp.sum(fresh_tok), 1.0))
-    # What this step's rows store as pi_gen: the pass over the fresh rows at their places in
-    # the batch (rows 0..N-1; POPO's replaced ineffective groups are not in the batch and keep
-    # mu, which matters only for POPO-ineff, whose stored ineffective groups have advantage 0).
-    fresh_gen = jnp.where(replayed_N[:n, None], rollout.behaviour_logp_NxT, full[:n])
-    ctx = ctx.replace(gen_logp_BxGxT=fresh_gen.reshape(fresh.behaviour_logp_NxT.shape))
-  if replaying:
-    if rc.objective == "pi_old":
-      # Replayed rows as if the current policy had sampled them: mu := pi_prox, so w = 1.
-      batch["behaviour_logp_NxT"] = jnp.where(replayed_N[:, None], batch["prox_logp_NxT"],
-                                              batch["behaviour_logp_NxT"])
-    # The loss pass measures how far pi_theta is from each replayed row's pi_gen.
-    batch["replay_gen_logp_NxT"] = comp.gen_logp_NxT
-    batch["replayed_N"] = replayed_N
-    extra_metrics.update(_replay_age_metrics(batch["mask_NxT"], replayed_N, mixed.version_N,
-                                             state.step))
-    extra_metrics.update(comp.metrics)
-  adv_N = batch["advantages_N"]
-  if c.effective_signal != c.reward_signal:
-    teaches_B = jnp.any(jnp.abs(adv_BxG) > 1e-6, axis=-1)
-    extra_metrics["effective_advantage_disagree"] = jnp.sum(
-        (teaches_B != effective_B).astype(jnp.float32))
-
-  use_kl = c.loss.kl_coef > 0
-  if use_kl:
-    ref_logp, _ = _policy_logprobs(graphdef, jax.lax.stop_gradient(ref_params), batch, c)
-    batch["ref_logp_NxT"] = jax.lax.stop_gradient(ref_logp)
-
-  def loss_fn(params, mb, grouped):
-    logp, entropy = _policy_logprobs(graphdef, params, mb, c, c.compute_entropy,
-                                     remat=c.remat == "layer", grouped=grouped)
-    loss, aux = losses.policy_loss(logp, mb["prox_logp_NxT"], mb["behaviour_logp_NxT"],
-                                   mb["advantages_N"], mb["mask_NxT"], c.loss,
-                                   ref_logp_NxT=mb.get("ref_logp_NxT"), entropy_NxT=entropy)
-    if replaying:
-      aux.update(_replay_drift_sums(logp, mb, c.loss.is_cap))
-    return loss, aux
-
-  def minibatch_update(carry, mb):
-    params, opt_state = carry
-    grad_fn = lambda grouped: functools.partial(
-        jax.value_and_grad(loss_fn, has_aux=True), grouped=grouped)
-    if _grouped_pass_possible(mb["completion_ids_NxT"].shape[0], c):
-      # The check around the whole gradient, so that each branch is a plain forward+backward.
-      repeat = prompts_repeat(mb["prompt_ids_NxP"], mb["prompt_mask_NxP"], c.group_size)
-      (loss, aux), grads = jax.lax.cond(repeat, grad_fn(True), grad_fn(False), params, mb)
-    else:
-      (loss, aux), grads = grad_fn(False)(params, mb)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    out = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
-    # The rate this update used, when the optimiser exposes it (optax.inject_hyperparams).
-    lr = optax.tree_utils.tree_get(opt_state, "learning_rate",
-                                   filtering=lambda _, v: isinstance(v, jax.Array))
-    if lr is not None:
-      out["learning_rate"] = jnp.asarray(lr, jnp.float32)
-    return (params, opt_state), out
-
-  def epoch(carry, key):
-    perm = _epoch_order(key, rows, c)
-    # Under a mesh each minibatch's rows are split like the batch (the scan runs over the
-    # unsplit minibatch axis).
-    shaped = jax.tree.map(
-        lambda x: constrain(
-            x[perm].reshape((c.num_minibatches, rows // c.num_minibatches) + x.shape[1:]),
-            (None, "batch")), batch)
-    return jax.lax.scan(minibatch_update, carry, shaped)
-
-  (params, opt_state), per_update = jax.lax.scan(
-      epoch, (state.params, state.opt_state), keys.shuffle(rng, state.step, c.num_epochs))
-
-  metrics = {k: jnp.mean(v) for k, v in per_update.items() if not k.startswith("_")}
-  if replaying:
-    metrics.update(_replay_drift_metrics(per_update))
-  # Averages over what is real: the fresh rows (and groups) with at least one completion token
-  # (an allocator's empty groups are padding), and the update batch's rows that count in the
-  # loss (masked replay slots, dropped groups and padding do not).
-  fresh_row_N = jnp.any(rollout.completion_mask_NxT, axis=-1)
-  fresh_group_B = jnp.any(fresh_row_N.reshape(b, g), axis=-1)
-  loss_row_N = jnp.any(batch["mask_NxT"], axis=-1)
-  lengths_N = jnp.sum(rollout.completion_mask_NxT, axis=-1).astype(jnp.float32)
-  metrics.update(
-      grad_norm_max=jnp.max(per_update["grad_norm"]),
-      **({"learning_rate": per_update["learning_rate"][-1, -1]}
-         if "learning_rate" in per_update else {}),
-      reward_mean=_mean_over(rollout.scores_N, fresh_row_N),
-      success_mean=_mean_over(rollout.success_N, fresh_row_N),
-      effective_fraction=_mean_over(effective_B, fresh_group_B),
-      advantage_abs_mean=_mean_over(jnp.abs(adv_N), loss_row_N),
-      completion_length_mean=_mean_over(lengths_N, fresh_row_N),
-      # Fraction of the loss's rows whose advantage is non-zero: the rows that teach.
-      nonzero_advantage_fraction=_mean_over(jnp.abs(adv_N) > 1e-8, loss_row_N),
-      loss_rows=jnp.sum(loss_row_N.astype(jnp.float32)),
-  )
+  replaying = config.replay.replays(replay)  # static
+  start_logp = functools.partial(_start_logp, graphdef, state.params, config)
+  ctx = _context(config, rollout, state.step, rng)
+  evicted, comp, evict_metrics = _compose(config, ctx, replay, start_logp, replaying)
+  full_NxT = _proximal_pass(config, comp, start_logp, replaying)
+  ctx, mismatch_metrics = _sampler_mismatch(config, rollout, ctx, comp, full_NxT)
+  batch = _update_batch(graphdef, config, comp, full_NxT, ref_params, replaying)
+  (params, opt_state), per_update = update.update_scan(graphdef, tx, config, state, batch, rng,
+                                                       replaying)
   # After selection and the update: nothing is replayed in the step that produced it.
-  replay, insert_metrics = rc.after_update(ctx, replay, comp)
-  extra_metrics.update(insert_metrics)
+  replay_out, insert_metrics = config.replay.after_update(ctx, evicted, comp)
+  metrics = _metrics(config, rollout, ctx, comp, batch, per_update, replay_out, replaying,
+                     [evict_metrics, mismatch_metrics], insert_metrics)
+  new_state, replay_out, skipped = _finite_guard(state, replay, params, opt_state, replay_out,
+                                                 per_update)
+  return new_state, replay_out, {**metrics, "skipped": skipped}
+
+
+def _start_logp(graphdef: nnx.GraphDef, params, config: StepConfig, rows: Rollout) -> jax.Array:
+  """log pi_prox of ``rows``: the policy at the start of the step, no gradient.
+
+  Args:
+    graphdef: the model's structure.
+    params: the state's parameters (at the start of the step).
+    config: StepConfig.
+    rows: a Rollout of n rows ([n, P] prompts, [n, T] completions).
+
+  Returns:
+    [n, T] float32 log-probs.
+  """
+  logp, _ = policy.logprobs(graphdef, jax.lax.stop_gradient(params), Tokens.of(rows), config)
+  return jax.lax.stop_gradient(logp)
+
+
+def _context(config: StepConfig, rollout: Rollout, step: jax.Array,
+             rng: jax.Array) -> replay_method.StepContext:
+  """What the replay method knows of this step's fresh rollouts.
+
+  Args:
+    config: StepConfig (G, the estimator, the reward and effective signals).
+    rollout: the fresh Rollout, N = B * G rows, group-major.
+    step: int32 policy step (the state's).
+    rng: the step's update key; the method's own is ``keys.replay`` of it.
+
+  Returns:
+    StepContext: the fresh rows as [B, G, ...], their [B, G] advantages (on the reward
+    signal) and the [B] effective groups (on the effective signal).
+  """
+  g = config.group_size
+  b = rollout.num_rows // g
+  signal = lambda name: rollout.scores_N if name == "score" else rollout.success_N
+  adv_BxG = advantages_lib.group_advantages(signal(config.reward_signal).reshape(b, g),
+                                            config.estimator)
+  effective_B = advantages_lib.effective_groups(signal(config.effective_signal).reshape(b, g))
+  fresh = jax.tree.map(lambda x: x.reshape((b, g) + x.shape[1:]), rollout)
+  return replay_method.StepContext(fresh=fresh, advantages_BxG=adv_BxG, effective_B=effective_B,
+                                   step=step, rng=keys.replay(rng, step))
+
+
+def _compose(config: StepConfig, ctx: replay_method.StepContext, replay: ReplayState,
+             start_logp, replaying: bool) -> tuple[ReplayState, replay_method.Composition, dict]:
+  """The replay method's eviction and composition of the update batch.
+
+  Args:
+    config: StepConfig (its replay method).
+    ctx: the StepContext.
+    replay: the ReplayState as it came in ([C] entries of E rollouts).
+    start_logp: Rollout of n rows -> [n, T] log pi_prox (for methods that score candidates).
+    replaying: the method can replay (static).
+
+  Returns:
+    (the buffer after eviction, the Composition of N + R rows, {"replay_evicted": the entries
+    evicted} when replaying, else {}).
+  """
+  rc = config.replay
+  evicted = rc.evict(replay, ctx.step)
+  metrics = {}
   if replaying:
-    extra_metrics["buffer_occupancy"] = jnp.mean(replay.valid_C.astype(jnp.float32))
-  metrics.update(extra_metrics)
+    live = lambda buffer: jnp.sum(buffer.valid_C.astype(jnp.float32))
+    metrics["replay_evicted"] = live(replay) - live(evicted)
+  return evicted, rc.compose(ctx, evicted, start_logp), metrics
+
+
+def _proximal_pass(config: StepConfig, comp: replay_method.Composition, start_logp,
+                   replaying: bool) -> jax.Array | None:
+  """The one no-grad pass at the start-of-step parameters over the whole batch, when needed.
+
+  Needed for every row with ``prox_pass="all"``; for the replayed rows when the objective uses
+  pi_prox and the method did not make the pass itself (``Composition.prox_logp_NxT``).
+
+  Args:
+    config: StepConfig (prox_pass, the method's objective).
+    comp: the Composition of N + R rows.
+    start_logp: Rollout of n rows -> [n, T] log pi_prox.
+    replaying: the method can replay (static).
+
+  Returns:
+    [N + R, T] float32 log pi_prox, or None when no pass is needed.
+  """
+  uses_prox = replaying and objectives.OBJECTIVES[config.replay.objective].uses_prox
+  if config.prox_pass == "all" or (uses_prox and comp.prox_logp_NxT is None):
+    return start_logp(comp.rollout)
+  return None
+
+
+def _sampler_mismatch(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContext,
+                      comp: replay_method.Composition,
+                      full_NxT: jax.Array | None) -> tuple[replay_method.StepContext, dict]:
+  """With ``prox_pass="all"``: how far the trainer's log-probs of the fresh tokens are from the
+  sampler's, and the fresh rows' pi_gen for the buffer (the trainer's, not the sampler's).
+
+  Args:
+    config: StepConfig (prox_pass).
+    rollout: the fresh Rollout, N rows.
+    ctx: the StepContext.
+    comp: the Composition of N + R rows.
+    full_NxT: [N + R, T] log pi_prox of every row (``_proximal_pass``; None unless "all").
+
+  Returns:
+    (ctx with ``gen_logp_BxGxT`` set, {"fresh_logp_mismatch": mean |log pi_prox - log mu| over
+    the fresh rows' loss tokens}), or (ctx, {}) unchanged with ``prox_pass="replayed"``.
+  """
+  if config.prox_pass != "all":
+    return ctx, {}
+  n = rollout.num_rows
+  mu_NxT, replayed_N = comp.rollout.behaviour_logp_NxT, comp.replayed_N
+  fresh_tok = (comp.loss_mask_NxT & ~replayed_N[:, None]).astype(jnp.float32)
+  mismatch = (jnp.sum(jnp.abs(full_NxT - mu_NxT) * fresh_tok)
+              / jnp.maximum(jnp.sum(fresh_tok), 1.0))
+  # What this step's rows store as pi_gen: the pass over the fresh rows at their places in the
+  # batch (rows 0..N-1; POPO's replaced ineffective groups are not in the batch and keep mu,
+  # which matters only for POPO-ineff, whose stored ineffective groups have advantage 0).
+  fresh_gen_NxT = jnp.where(replayed_N[:n, None], rollout.behaviour_logp_NxT, full_NxT[:n])
+  ctx = ctx.replace(gen_logp_BxGxT=fresh_gen_NxT.reshape(ctx.fresh.behaviour_logp_NxT.shape))
+  return ctx, {"fresh_logp_mismatch": mismatch}
+
+
+def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_method.Composition,
+                  full_NxT: jax.Array | None, ref_params, replaying: bool) -> UpdateBatch:
+  """The UpdateBatch: the composed rows with the loss's denominators and reference log-probs.
+
+  Fresh rows: mu is the sampler's log mu and pi_prox is mu (or the start-of-step pass with
+  ``prox_pass="all"``, so that rho starts at 1 exactly and w = pi_prox / mu corrects the
+  sampler/trainer mismatch). Replayed rows: the objective's denominators (``objectives.py``)
+  of their mu, their pi_prox (the method's own pass when it made one, else ``full_NxT``) and
+  their stored pi_gen.
+
+  Args:
+    graphdef: the model's structure.
+    config: StepConfig.
+    comp: the Composition of N + R rows.
+    full_NxT: [N + R, T] float32 log pi_prox of every row, or None (``_proximal_pass``).
+    ref_params: the frozen reference's parameters (used when the KL coefficient is > 0).
+    replaying: the method can replay (static).
+
+  Returns:
+    UpdateBatch of N + R rows.
+  """
+  mixed, replayed_N = comp.rollout, comp.replayed_N
+  mu_NxT = mixed.behaviour_logp_NxT
+  prox_NxT = full_NxT if config.prox_pass == "all" else mu_NxT
+  behaviour_NxT = mu_NxT
+  if replaying:
+    objective = objectives.OBJECTIVES[config.replay.objective]
+    replayed_prox_NxT = None
+    if objective.uses_prox:
+      replayed_prox_NxT = full_NxT if comp.prox_logp_NxT is None else comp.prox_logp_NxT
+    replayed_mu_NxT, replayed_ratio_NxT = objective.denominators(mu_NxT, replayed_prox_NxT,
+                                                                 comp.gen_logp_NxT)
+    behaviour_NxT = jnp.where(replayed_N[:, None], replayed_mu_NxT, mu_NxT)
+    prox_NxT = jnp.where(replayed_N[:, None], replayed_ratio_NxT, prox_NxT)
+  tokens = Tokens.of(mixed)
+  ref_NxT = None
+  if config.loss.kl_coef > 0:
+    ref_NxT, _ = policy.logprobs(graphdef, jax.lax.stop_gradient(ref_params), tokens, config)
+    ref_NxT = jax.lax.stop_gradient(ref_NxT)
+  return UpdateBatch(
+      tokens=tokens, loss_mask=comp.loss_mask_NxT, advantages=comp.advantages_N,
+      behaviour_logp=behaviour_NxT, prox_logp=prox_NxT, ref_logp=ref_NxT,
+      # The loss pass measures how far pi_theta is from each replayed row's pi_gen.
+      replayed=replayed_N if replaying else None,
+      gen_logp=comp.gen_logp_NxT if replaying else None)
+
+
+def _metrics(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContext,
+             comp: replay_method.Composition, batch: UpdateBatch, per_update: dict,
+             replay_out: ReplayState, replaying: bool, stage_metrics: list[dict],
+             insert_metrics: dict) -> dict:
+  """Every metric of the step but ``skipped`` (``step_metrics.py``).
+
+  Args:
+    config: StepConfig.
+    rollout: the fresh Rollout, N rows.
+    ctx: the StepContext ([B, G] advantages, [B] effective groups).
+    comp: the Composition of N + R rows (the method's metrics).
+    batch: the UpdateBatch of N + R rows.
+    per_update: name -> [E, M] per-update metrics of the update scan.
+    replay_out: the buffer after the method's insertion ([C] entries).
+    replaying: the method can replay (static).
+    stage_metrics: the earlier stages' metrics, in order.
+    insert_metrics: the method's metrics of its insertion.
+
+  Returns:
+    name -> float32 scalar.
+  """
+  metrics = step_metrics.update_metrics(per_update, replaying)
+  metrics.update(step_metrics.batch_metrics(rollout, ctx.advantages_BxG, ctx.effective_B, batch))
+  for more in stage_metrics:
+    metrics.update(more)
+  if replaying:
+    metrics.update(step_metrics.replay_age_metrics(batch.loss_mask, comp.replayed_N,
+                                                   comp.rollout.version_N, ctx.step))
+    metrics.update(comp.metrics)
+  if config.effective_signal != config.reward_signal:
+    metrics["effective_advantage_disagree"] = step_metrics.effective_disagreement(
+        ctx.advantages_BxG, ctx.effective_B)
+  metrics.update(insert_metrics)
+  if replaying:
+    metrics["buffer_occupancy"] = jnp.mean(replay_out.valid_C.astype(jnp.float32))
   metrics["ineffective_fraction"] = 1.0 - metrics["effective_fraction"]
-  # NaN/inf guard, on the device: a non-finite loss or gradient anywhere in the step leaves
-  # parameters, optimiser state (so the schedule's count too) and buffer exactly as they came
-  # in; the host counts the skips (metric "skipped") and stops after too many in a row.
+  return metrics
+
+
+def _finite_guard(state: TrainState, replay_in: ReplayState, params, opt_state,
+                  replay_out: ReplayState,
+                  per_update: dict) -> tuple[TrainState, ReplayState, jax.Array]:
+  """NaN/inf guard, on the device: a non-finite loss or gradient anywhere in the step leaves
+  parameters, optimiser state (so the schedule's count too) and buffer exactly as they came
+  in; the host counts the skips (metric "skipped") and stops after too many in a row.
+
+  Args:
+    state: the TrainState the step started from.
+    replay_in: the ReplayState the step started from.
+    params, opt_state: after the update scan.
+    replay_out: the ReplayState after the method's insertion.
+    per_update: name -> [E, M] per-update metrics ("loss", "grad_norm").
+
+  Returns:
+    (the next TrainState, its ReplayState, float32 1.0 when the step was skipped, else 0.0).
+  """
   finite = (jnp.all(jnp.isfinite(per_update["loss"]))
             & jnp.all(jnp.isfinite(per_update["grad_norm"])))
   keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
   params, opt_state = keep((params, opt_state), (state.params, state.opt_state))
-  replay = keep(replay, replay_in)
-  metrics["skipped"] = 1.0 - finite.astype(jnp.float32)
   new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
-  return new_state, replay, metrics
+  return new_state, keep(replay_out, replay_in), 1.0 - finite.astype(jnp.float32)
 
 
-def _rows_batch(rows: Rollout) -> dict:
-  """The token arrays a log-prob pass reads, by name."""
-  return {"prompt_ids_NxP": rows.prompt_ids_NxP, "prompt_mask_NxP": rows.prompt_mask_NxP,
-          "completion_ids_NxT": rows.completion_ids_NxT}
-
-
-def _mean_over(x: jax.Array, where: jax.Array) -> jax.Array:
-  """Mean of ``x`` over the entries where ``where`` (0 when there are none), float32."""
-  w = where.astype(jnp.float32)
-  return jnp.sum(x.astype(jnp.float32) * w) / jnp.maximum(jnp.sum(w), 1.0)
-
-
-def _replay_age_metrics(mask_NxT, replayed_N, version_N, step) -> dict:
-  """Rows replayed in the loss and their age in train steps (step - version)."""
-  used_N = replayed_N & jnp.any(mask_NxT, axis=-1)
-  age_N = (step - version_N).astype(jnp.float32)
-  return {"replay_rows": jnp.sum(used_N.astype(jnp.float32)),
-          "replay_age_mean": _mean_over(age_N, used_N),
-          "replay_age_max": jnp.max(jnp.where(used_N, age_N, 0.0))}
-
-
-def _replay_drift_sums(logp_NxT, mb, is_cap: float) -> dict:
-  """Per-update sums over the minibatch's replayed tokens of the policy's divergence from each
-  row's pi_gen, from the loss pass's own log pi_theta (whatever the objective sets pi_prox and
-  mu to): ``_sum/`` keys are summed and ``_max/`` keys maxed over the updates, then divided by
-  ``_replay_drift_metrics``."""
-  tok = mb["mask_NxT"] & mb["replayed_N"][:, None]
-  tok_f = tok.astype(jnp.float32)
-  log_r = jax.lax.stop_gradient(logp_NxT.astype(jnp.float32)) - mb["replay_gen_logp_NxT"]
-  r = jnp.exp(jnp.clip(log_r, -20.0, 20.0))
-  return {"_sum/replay_tokens": jnp.sum(tok_f),
-          "_sum/replay_sq_log_ratio": jnp.sum(jnp.square(log_r) * tok_f),
-          "_sum/replay_ratio": jnp.sum(r * tok_f),
-          "_sum/replay_over_cap": jnp.sum((r > is_cap) * tok_f),
-          "_max/replay_ratio": jnp.max(jnp.where(tok, r, 0.0))}
-
-
-def _replay_drift_metrics(per_update: dict) -> dict:
-  """Replay diagnostics over every update's replayed tokens (``_replay_drift_sums``):
-  replay_drift = mean (log pi_theta - log pi_gen)^2; replay_is_weight_mean / max = pi_theta /
-  pi_gen, the importance weight of the policy being trained against the one that generated
-  the row (pi_gen = mu in float32); replay_is_capped_frac = share of those above ``is_cap``."""
-  tokens = jnp.maximum(jnp.sum(per_update["_sum/replay_tokens"]), 1.0)
-  total = lambda name: jnp.sum(per_update[f"_sum/{name}"]) / tokens
-  return {"replay_drift": total("replay_sq_log_ratio"),
-          "replay_is_weight_mean": total("replay_ratio"),
-          "replay_is_weight_max": jnp.max(per_update["_max/replay_ratio"]),
-          "replay_is_capped_frac": total("replay_over_cap")}
+def _policy_logprobs(graphdef: nnx.GraphDef, params, batch: dict, config: StepConfig,
+                     with_entropy: bool = False, remat: bool = False,
+                     grouped: bool | None = None):
+  """``policy.logprobs`` of a dict of the rows' token arrays (``prompt_ids_NxP``,
+  ``prompt_mask_NxP``, ``completion_ids_NxT``): the pass bench/throughput.py times."""
+  tokens = Tokens(prompt_ids=batch["prompt_ids_NxP"], prompt_mask=batch["prompt_mask_NxP"],
+                  completion_ids=batch["completion_ids_NxT"])
+  return policy.logprobs(graphdef, params, tokens, config, with_entropy, remat, grouped)
 
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
+from grpo_jax import objectives
 from grpo_jax.losses import LossConfig, aggregate, kl_penalty, policy_loss
+from grpo_jax.replay import method as replay_method
 
 LOG = np.log
 
@@ -356,3 +358,21 @@ def test_policy_loss_matches_float64_reference_property(batch):
   grad = np.asarray(grad)
   assert np.all(np.isfinite(grad))
   assert np.all(grad[~mask] == 0.0)
+
+
+@pytest.mark.parametrize("name,weight,ratio", [("decoupled", "prox / mu", "prox"),
+                                               ("pi_old", "1", "prox"),
+                                               ("align_mu", "gen / mu", "gen")])
+def test_each_objective_sets_the_behaviour_weight_and_the_ratio_denominator(name, weight, ratio):
+  """Every replay objective has its denominators (objectives.OBJECTIVES): through the loss, the
+  behaviour weight w = pi_prox' / mu' and the ratio rho = pi_theta / pi_prox' of its row."""
+  assert set(objectives.OBJECTIVES) == set(replay_method.OBJECTIVES)
+  objective = objectives.OBJECTIVES[name]
+  logp, mu, prox, gen = (jnp.full((1, 1), v, jnp.float32) for v in (-1.0, -1.5, -1.2, -1.4))
+  behaviour, denominator = objective.denominators(mu, prox if objective.uses_prox else None, gen)
+  _, aux = policy_loss(logp, denominator, behaviour, jnp.ones((1,), jnp.float32),
+                       jnp.ones((1, 1), bool), LossConfig(is_mode="truncate", is_cap=10.0))
+  e = {"prox": np.exp(-1.2), "gen": np.exp(-1.4), "mu": np.exp(-1.5)}
+  expected_w = {"prox / mu": e["prox"] / e["mu"], "1": 1.0, "gen / mu": e["gen"] / e["mu"]}
+  np.testing.assert_allclose(float(aux["is_weight_mean"]), expected_w[weight], rtol=1e-6)
+  np.testing.assert_allclose(float(aux["ratio_mean"]), np.exp(-1.0) / e[ratio], rtol=1e-6)

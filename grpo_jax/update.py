@@ -1,0 +1,106 @@
+"""The update of one train step: ``num_epochs`` passes of ``num_minibatches`` shuffled
+minibatches, each a loss, a gradient and an optax update, all inside one ``lax.scan``.
+
+References: PPO epochs and minibatches (arXiv 1707.06347).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from grpo_jax import keys
+from grpo_jax import losses
+from grpo_jax import policy
+from grpo_jax import step_metrics
+from grpo_jax.batch import UpdateBatch
+from grpo_jax.models.qwen3 import prompts_repeat
+from grpo_jax.sharding import constrain
+from grpo_jax.step_config import StepConfig
+from grpo_jax.types import TrainState
+
+
+def update_scan(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config: StepConfig,
+                state: TrainState, batch: UpdateBatch, rng: jax.Array,
+                replaying: bool) -> tuple[tuple, dict]:
+  """Every update of the step, from the state's parameters and optimiser state.
+
+  Args:
+    graphdef: the model's structure.
+    tx: the optimiser.
+    config: StepConfig (epochs E, minibatches M, shuffle, loss).
+    state: the TrainState the step started from.
+    batch: the UpdateBatch, N + R rows (a multiple of M).
+    rng: the step's update key; each epoch's shuffle is ``keys.shuffle`` of it.
+    replaying: the replay method can replay (static): the loss pass also sums the replay
+      drift (``step_metrics.replay_drift_sums``).
+
+  Returns:
+    ((params, opt_state) after the last update, name -> [E, M] per-update metrics).
+  """
+  step = functools.partial(_minibatch_update, graphdef, tx, config, replaying)
+  epoch = functools.partial(_epoch, step, config, batch)
+  return jax.lax.scan(epoch, (state.params, state.opt_state),
+                      keys.shuffle(rng, state.step, config.num_epochs))
+
+
+def epoch_order(key: jax.Array, rows: int, config: StepConfig) -> jax.Array:
+  """A permutation of the batch's rows for one epoch (``StepConfig.shuffle``): [rows] int32."""
+  g, m = config.group_size, config.num_minibatches
+  if config.shuffle == "groups" and rows % (g * m) == 0:
+    groups = jax.random.permutation(key, rows // g)
+    return (groups[:, None] * g + jnp.arange(g)[None]).reshape(rows)
+  return jax.random.permutation(key, rows)
+
+
+def _epoch(minibatch_update, config: StepConfig, batch: UpdateBatch, carry, key: jax.Array):
+  """One pass over the batch in M minibatches of U = (N + R) / M shuffled rows."""
+  rows, m = batch.num_rows, config.num_minibatches
+  perm = epoch_order(key, rows, config)
+  # Under a mesh each minibatch's rows are split like the batch (the scan runs over the
+  # unsplit minibatch axis).
+  shaped = jax.tree.map(
+      lambda x: constrain(x[perm].reshape((m, rows // m) + x.shape[1:]), (None, "batch")), batch)
+  return jax.lax.scan(minibatch_update, carry, shaped)
+
+
+def _loss(graphdef: nnx.GraphDef, config: StepConfig, replaying: bool, params,
+          mb: UpdateBatch, grouped: bool) -> tuple[jax.Array, dict]:
+  """The policy loss of one minibatch of U rows (differentiated in ``params``) and its aux."""
+  c = config
+  logp_UxT, entropy_UxT = policy.logprobs(graphdef, params, mb.tokens, c, c.compute_entropy,
+                                          remat=c.remat == "layer", grouped=grouped)
+  loss, aux = losses.policy_loss(logp_UxT, mb.prox_logp, mb.behaviour_logp, mb.advantages,
+                                 mb.loss_mask, c.loss, ref_logp_NxT=mb.ref_logp,
+                                 entropy_NxT=entropy_UxT)
+  if replaying:
+    aux.update(step_metrics.replay_drift_sums(logp_UxT, mb, c.loss.is_cap))
+  return loss, aux
+
+
+def _minibatch_update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                      config: StepConfig, replaying: bool, carry, mb: UpdateBatch):
+  """One gradient and optax update on a minibatch of U rows: (carry, its metrics)."""
+  params, opt_state = carry
+  loss_fn = functools.partial(_loss, graphdef, config, replaying)
+  grad_fn = lambda grouped: functools.partial(
+      jax.value_and_grad(loss_fn, has_aux=True), grouped=grouped)
+  if policy.grouped_pass_possible(mb.num_rows, config):
+    # The check around the whole gradient, so that each branch is a plain forward+backward.
+    repeat = prompts_repeat(mb.tokens.prompt_ids, mb.tokens.prompt_mask, config.group_size)
+    (loss, aux), grads = jax.lax.cond(repeat, grad_fn(True), grad_fn(False), params, mb)
+  else:
+    (loss, aux), grads = grad_fn(False)(params, mb)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  params = optax.apply_updates(params, updates)
+  out = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
+  # The rate this update used, when the optimiser exposes it (optax.inject_hyperparams).
+  lr = optax.tree_utils.tree_get(opt_state, "learning_rate",
+                                 filtering=lambda _, v: isinstance(v, jax.Array))
+  if lr is not None:
+    out["learning_rate"] = jnp.asarray(lr, jnp.float32)
+  return (params, opt_state), out
