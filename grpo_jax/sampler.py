@@ -9,6 +9,9 @@ shape (tests/test_sampler.py counts them).
 The log-prob recorded for each token is that of the distribution it was actually drawn from
 (temperature, then optional top-k and top-p, renormalised): the behaviour policy mu of the
 off-policy corrections in POPO (arXiv 2606.01281) and decoupled PPO (arXiv 2110.00641).
+
+The model is any ``models.CausalLM`` (its ``init_cache`` and cached ``hidden_states``); shape
+letters: ``types.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from grpo_jax import sharding as sharding_lib
-from grpo_jax.models.qwen3 import KVCache, positions_from_mask, prompts_repeat
+from grpo_jax.models.causal_lm import CausalLM, positions_from_mask, prompts_repeat
 from grpo_jax.types import Completions
 
 _NEG_INF = -jnp.inf
@@ -98,21 +101,21 @@ def _inverse_cdf_sample(key, logp_NxV):
   where it reaches u, since u > 0.
   """
   cdf_NxV = jnp.cumsum(jnp.exp(logp_NxV), axis=-1)
-  u_N1 = jax.random.uniform(key, (cdf_NxV.shape[0], 1), minval=jnp.finfo(jnp.float32).tiny)
-  return jnp.argmax(cdf_NxV >= u_N1 * cdf_NxV[:, -1:], axis=-1)
+  u_Nx1 = jax.random.uniform(key, (cdf_NxV.shape[0], 1), minval=jnp.finfo(jnp.float32).tiny)
+  return jnp.argmax(cdf_NxV >= u_Nx1 * cdf_NxV[:, -1:], axis=-1)
 
 
 def _choose(logits_NxV, key, config: SamplingConfig):
   """Draws one token per row; returns (tokens [N], behaviour log-probs [N])."""
   if config.temperature == 0:
-    tokens = jnp.argmax(logits_NxV, axis=-1)
-    logp_all = jax.nn.log_softmax(logits_NxV.astype(jnp.float32), axis=-1)
+    tokens_N = jnp.argmax(logits_NxV, axis=-1)
+    logp_NxV = jax.nn.log_softmax(logits_NxV.astype(jnp.float32), axis=-1)
   else:
-    filtered = filter_logits(logits_NxV, config)
-    logp_all = jax.nn.log_softmax(filtered, axis=-1)
-    tokens = _inverse_cdf_sample(key, logp_all)
-  logp = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
-  return tokens.astype(jnp.int32), logp
+    filtered_NxV = filter_logits(logits_NxV, config)
+    logp_NxV = jax.nn.log_softmax(filtered_NxV, axis=-1)
+    tokens_N = _inverse_cdf_sample(key, logp_NxV)
+  logp_N = jnp.take_along_axis(logp_NxV, tokens_N[:, None], axis=-1)[:, 0]
+  return tokens_N.astype(jnp.int32), logp_N
 
 
 def _in_compute_dtype(params: nnx.State, dtype) -> nnx.State:
@@ -126,30 +129,31 @@ def _in_compute_dtype(params: nnx.State, dtype) -> nnx.State:
                       params)
 
 
-def _prefill(model, prompt_ids_NxP, prompt_mask_NxP, size: int, group: int):
-  """The prompts' KV cache (``size`` slots) and the logits of each row's first token.
+def _prefill(model: CausalLM, prompt_ids_NxP, prompt_mask_NxP, size: int, group: int):
+  """The prompts' cache (``size`` slots) and the logits of each row's first token.
 
   With ``group > 1`` and prompts that repeat in runs of ``group`` rows (``prompts_repeat``),
   only the first row of each run is run through the model and its cache entries and logits
   are repeated: the prefill costs N / group rows instead of N.
 
   Returns:
-    (float32 logits [N, V], KVCache for N rows with index P).
+    (float32 logits [N, V], the model's cache for N rows with P slots written).
   """
   n = prompt_ids_NxP.shape[0]
 
-  def prefill(ids, mask):
-    cache = KVCache.init(model.config, ids.shape[0], size)
-    hidden, cache = model.hidden_states(ids, mask, positions_from_mask(mask), cache)
-    return model.logits(hidden[:, -1]), cache
+  def prefill(ids_NxP, mask_NxP):
+    cache = model.init_cache(ids_NxP.shape[0], size)
+    hidden_NxPxD, cache = model.hidden_states(ids_NxP, mask_NxP, positions_from_mask(mask_NxP),
+                                              cache)
+    return model.logits(hidden_NxPxD[:, -1]), cache
 
   if group <= 1 or n % group:
     return prefill(prompt_ids_NxP, prompt_mask_NxP)
 
-  def shared(ids, mask):
-    logits, cache = prefill(ids[::group], mask[::group])
+  def shared(ids_NxP, mask_NxP):
+    logits_BxV, cache = prefill(ids_NxP[::group], mask_NxP[::group])
     repeat = lambda x: jnp.repeat(x, group, axis=0) if x.ndim else x
-    return repeat(logits), jax.tree.map(repeat, cache)
+    return repeat(logits_BxV), jax.tree.map(repeat, cache)
 
   return jax.lax.cond(prompts_repeat(prompt_ids_NxP, prompt_mask_NxP, group), shared, prefill,
                       prompt_ids_NxP, prompt_mask_NxP)
@@ -172,47 +176,48 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
     Completions with [N, T] tokens, mask, behaviour log-probs, lengths and truncation flags.
   """
   dtype = jnp.dtype(nnx.merge(graphdef, params).config.dtype)
-  model = nnx.merge(graphdef, _in_compute_dtype(params, dtype))
+  model: CausalLM = nnx.merge(graphdef, _in_compute_dtype(params, dtype))
   n, p = prompt_ids_NxP.shape
   t_max = config.max_new_tokens
-  prompt_mask = prompt_mask_NxP.astype(bool)
-  logits, cache = _prefill(model, prompt_ids_NxP, prompt_mask, p + t_max, config.prompt_group)
-  first_position_N = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)
-  eos = jnp.asarray(config.eos_ids, jnp.int32)
+  prompt_mask_NxP = prompt_mask_NxP.astype(bool)
+  logits_NxV, cache = _prefill(model, prompt_ids_NxP, prompt_mask_NxP, p + t_max,
+                               config.prompt_group)
+  first_position_N = jnp.sum(prompt_mask_NxP, axis=-1).astype(jnp.int32)
+  eos_ids = jnp.asarray(config.eos_ids, jnp.int32)
 
-  def emit(t, logits, tokens, logp, done, lengths):
+  def emit(t, logits_NxV, tokens_NxT, logp_NxT, done_N, lengths_N):
     """Draws token t of every unfinished row and records it."""
-    token_N, logp_N = _choose(logits, jax.random.fold_in(rng, t), config)
-    token_N = jnp.where(done, config.pad_id, token_N)
-    logp_N = jnp.where(done, 0.0, logp_N)
-    tokens = jax.lax.dynamic_update_slice(tokens, token_N[:, None], (0, t))
-    logp = jax.lax.dynamic_update_slice(logp, logp_N[:, None], (0, t))
-    lengths = lengths + (~done).astype(jnp.int32)
-    return token_N, tokens, logp, done | jnp.isin(token_N, eos), lengths
+    token_N, logp_N = _choose(logits_NxV, jax.random.fold_in(rng, t), config)
+    token_N = jnp.where(done_N, config.pad_id, token_N)
+    logp_N = jnp.where(done_N, 0.0, logp_N)
+    tokens_NxT = jax.lax.dynamic_update_slice(tokens_NxT, token_N[:, None], (0, t))
+    logp_NxT = jax.lax.dynamic_update_slice(logp_NxT, logp_N[:, None], (0, t))
+    lengths_N = lengths_N + (~done_N).astype(jnp.int32)
+    return token_N, tokens_NxT, logp_NxT, done_N | jnp.isin(token_N, eos_ids), lengths_N
 
   # Token 0 comes from the prefill logits; each loop iteration feeds the previous token and
   # draws the next, so exactly one decode forward runs per token after the first, none wasted.
-  token_N, tokens, logp, done, lengths = emit(
-      0, logits, jnp.full((n, t_max), config.pad_id, jnp.int32),
+  token_N, tokens_NxT, logp_NxT, done_N, lengths_N = emit(
+      0, logits_NxV, jnp.full((n, t_max), config.pad_id, jnp.int32),
       jnp.zeros((n, t_max), jnp.float32), jnp.zeros((n,), bool), jnp.zeros((n,), jnp.int32))
 
   def cond(state):
-    t, done = state[0], state[4]
-    return (t < t_max) & ~jnp.all(done)
+    t, done_N = state[0], state[4]
+    return (t < t_max) & ~jnp.all(done_N)
 
   def body(state):
-    t, cache, token_N, tokens, done, logp, lengths = state
-    h, cache = model.hidden_states(token_N[:, None], jnp.ones((n, 1), bool),
-                                   (first_position_N + t - 1)[:, None], cache)
-    token_N, tokens, logp, done, lengths = emit(t, model.logits(h[:, 0]), tokens, logp, done,
-                                                lengths)
-    return t + 1, cache, token_N, tokens, done, logp, lengths
+    t, cache, token_N, tokens_NxT, done_N, logp_NxT, lengths_N = state
+    h_Nx1xD, cache = model.hidden_states(token_N[:, None], jnp.ones((n, 1), bool),
+                                         (first_position_N + t - 1)[:, None], cache)
+    token_N, tokens_NxT, logp_NxT, done_N, lengths_N = emit(
+        t, model.logits(h_Nx1xD[:, 0]), tokens_NxT, logp_NxT, done_N, lengths_N)
+    return t + 1, cache, token_N, tokens_NxT, done_N, logp_NxT, lengths_N
 
-  state = (jnp.ones((), jnp.int32), cache, token_N, tokens, done, logp, lengths)
-  _, _, _, tokens, done, logp, lengths = jax.lax.while_loop(cond, body, state)
-  mask = jnp.arange(t_max)[None, :] < lengths[:, None]
-  return Completions(tokens_NxT=tokens, mask_NxT=mask, logp_NxT=logp, lengths_N=lengths,
-                     truncated_N=~done)
+  state = (jnp.ones((), jnp.int32), cache, token_N, tokens_NxT, done_N, logp_NxT, lengths_N)
+  _, _, _, tokens_NxT, done_N, logp_NxT, lengths_N = jax.lax.while_loop(cond, body, state)
+  mask_NxT = jnp.arange(t_max)[None, :] < lengths_N[:, None]
+  return Completions(tokens_NxT=tokens_NxT, mask_NxT=mask_NxT, logp_NxT=logp_NxT,
+                     lengths_N=lengths_N, truncated_N=~done_N)
 
 
 def make_sampler(graphdef: nnx.GraphDef, config: SamplingConfig, mesh=None):

@@ -9,9 +9,9 @@ A ``jax.sharding.Mesh`` with three named axes, sized from ``config.mesh``:
 
 Arrays are described by *logical* axes (``("embed", "mlp")`` for an MLP kernel), and
 ``LOGICAL_RULES`` maps each logical axis to mesh axes, in the manner of MaxText / big_vision:
-parameters by their path (``PARAM_AXES``: embedding, attention q/k/v/o, MLP, norms), batch rows
-and replay-buffer entries along ``BATCH_AXES`` (data and fsdp together), optimiser state
-following the parameter it belongs to (matched by path), scalars replicated. Inside jitted code
+parameters by their path (each model family's ``param_axes`` table, ``models/family.py``),
+batch rows and replay-buffer entries along ``BATCH_AXES`` (data and fsdp together), optimiser
+state following the parameter it belongs to (matched by path), scalars replicated. Inside jitted code
 ``constrain`` pins activations to the same rules, and is a no-op when no mesh is set, so the
 model code is identical with and without a mesh.
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
@@ -46,25 +46,6 @@ LOGICAL_RULES = {
     "kv_heads": ("tensor",),  # K * Dh: key/value heads; K in the KV cache
     "mlp": ("tensor",),  # F: SwiGLU width
 }
-
-# (module name, parameter name) -> logical axes of each dimension, for the Qwen3 family
-# (models/qwen3.py; kernels are [in, out]). Parameters not listed (the RMSNorm scales) are
-# replicated: they are tiny and every shard needs all of them.
-PARAM_AXES = {
-    ("embed_tokens", "embedding"): ("vocab", "embed"),
-    ("lm_head", "kernel"): ("embed", "vocab"),
-    ("q_proj", "kernel"): ("embed", "heads"),
-    ("k_proj", "kernel"): ("embed", "kv_heads"),
-    ("v_proj", "kernel"): ("embed", "kv_heads"),
-    ("q_proj", "bias"): ("heads",),
-    ("k_proj", "bias"): ("kv_heads",),
-    ("v_proj", "bias"): ("kv_heads",),
-    ("o_proj", "kernel"): ("heads", "embed"),
-    ("gate_proj", "kernel"): ("embed", "mlp"),
-    ("up_proj", "kernel"): ("embed", "mlp"),
-    ("down_proj", "kernel"): ("mlp", "embed"),
-}
-
 
 class MeshError(ValueError):
   """A mesh that does not fit the devices or the arrays; the message names the config field."""
@@ -197,42 +178,63 @@ def _path_names(path) -> list[str]:
   return names[:-1] if names and names[-1] == "value" else names
 
 
-def param_logical_axes(names: Sequence, ndim: int) -> tuple:
+def family_param_axes() -> dict:
+  """Every registered model family's parameter axes (``models.family.param_axes``), the
+  default table of the functions below."""
+  # Imported at use: the model modules import this one.
+  from grpo_jax.models import family  # pylint: disable=g-import-not-at-top
+  return family.param_axes()
+
+
+def param_logical_axes(names: Sequence, ndim: int,
+                       param_axes: Optional[Mapping] = None) -> tuple:
   """Logical axes of the array at a parameter path (optimiser state uses the same path).
 
   Args:
     names: the path, e.g. ``('layers', 0, 'mlp', 'up_proj', 'kernel')``, or that path inside
       an optimiser state (``(..., 'mu', 'layers', '0', 'mlp', 'up_proj', 'kernel')``).
     ndim: the array's rank.
+    param_axes: (module, parameter) -> logical axes, a model family's ``param_axes``
+      (default: every registered family's, ``family_param_axes``).
 
   Returns:
-    The last two names (module, parameter) looked up in ``PARAM_AXES``; anything else, or an
+    The last two names (module, parameter) looked up in ``param_axes``; anything else, or an
     entry whose rank does not match (an optimiser's factored statistics), is replicated.
   """
+  if param_axes is None:
+    param_axes = family_param_axes()
   key = tuple(str(n) for n in names[-2:])
-  axes = PARAM_AXES.get(key) if len(names) >= 2 else None
+  axes = param_axes.get(key) if len(names) >= 2 else None
   if axes is None or len(axes) != ndim:
     return (None,) * ndim
   return axes
 
 
-def param_sharding(mesh: Mesh, names: Sequence, shape: Sequence[int]) -> NamedSharding:
+def param_sharding(mesh: Mesh, names: Sequence, shape: Sequence[int],
+                   param_axes: Optional[Mapping] = None) -> NamedSharding:
   """The NamedSharding of one parameter (or optimiser-state array) by its path.
+
+  Args:
+    mesh: the mesh.
+    names: the parameter's path.
+    shape: its global shape.
+    param_axes: as ``param_logical_axes``.
 
   Raises:
     MeshError: a dimension the mesh axes do not divide (names the parameter and the fields).
   """
-  spec = logical_spec(param_logical_axes(names, len(shape)))
+  spec = logical_spec(param_logical_axes(names, len(shape), param_axes))
   check_divisible(".".join(str(n) for n in names), shape, spec, dict(mesh.shape))
   return NamedSharding(mesh, spec)
 
 
-def tree_shardings(mesh: Mesh, tree) -> Any:
+def tree_shardings(mesh: Mesh, tree, param_axes: Optional[Mapping] = None) -> Any:
   """NamedShardings for parameters, optimiser state or a TrainState, matched by path.
 
   Args:
     mesh: the mesh.
     tree: a pytree of arrays or ShapeDtypeStructs (only shapes are read).
+    param_axes: as ``param_logical_axes``.
 
   Returns:
     The same structure with a NamedSharding at every leaf.
@@ -240,8 +242,9 @@ def tree_shardings(mesh: Mesh, tree) -> Any:
   Raises:
     MeshError: a parameter dimension the mesh axes do not divide (names the parameter).
   """
+  param_axes = family_param_axes() if param_axes is None else param_axes
   return jax.tree_util.tree_map_with_path(
-      lambda path, leaf: param_sharding(mesh, _path_names(path), leaf.shape), tree)
+      lambda path, leaf: param_sharding(mesh, _path_names(path), leaf.shape, param_axes), tree)
 
 
 def rows_sharding(mesh: Mesh) -> NamedSharding:

@@ -15,7 +15,7 @@ from flax import nnx
 
 from grpo_jax import assets, step as step_lib
 from grpo_jax.models import from_pretrained
-from grpo_jax.models.qwen3 import attention, blocked_attention
+from grpo_jax.models.attention import attention, blocked_attention
 from grpo_jax.replay import init_replay
 from grpo_jax.types import Rollout
 

@@ -1,5 +1,7 @@
-"""Qwen3-family model: parity with transformers, checkpoint I/O, KV cache, errors."""
+"""Qwen3-family model: parity with transformers, checkpoint I/O, KV cache, errors; the model
+family registry and from_pretrained's dispatch through it."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -10,9 +12,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from grpo_jax.models import (CheckpointError, KVCache, ModelConfig, Qwen3, from_pretrained,
-                             positions_from_mask, save_pretrained)
-from grpo_jax.models.hf import hf_name
+from grpo_jax import assets, registry, sharding
+from grpo_jax.models import (FAMILIES, CheckpointError, KVCache, ModelConfig, Qwen3,
+                             from_pretrained, positions_from_mask, save_pretrained)
+from grpo_jax.models import family as family_lib
+from grpo_jax.models.qwen3_checkpoint import hf_name
 
 TOL = 1e-4  # the issue's bound on max |logits - transformers logits|
 
@@ -195,3 +199,80 @@ def test_model_config_validation():
   with pytest.raises(ValueError, match="dtype"):
     ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2,
                 num_kv_heads=1, head_dim=4, dtype="int8")
+
+
+def test_families_are_registered_by_model_type():
+  assert FAMILIES.names() == ("qwen3", "qwen2")
+  assert FAMILIES.get("qwen2") is FAMILIES.get("qwen3")  # one model, two config.json types
+  cfg = ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,
+                    num_heads=2, num_kv_heads=1, head_dim=4)
+  assert cfg.model_type == "qwen3" and cfg.replace(qk_norm=False).model_type == "qwen2"
+
+
+def test_unknown_model_type_is_one_line_naming_the_known_ones(tmp_path, data_dir):
+  shutil.copytree(data_dir / "tiny_qwen3", tmp_path / "m")
+  cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+  cfg.update(model_type="no_such_family", architectures=["NoSuchForCausalLM"])
+  (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(CheckpointError) as error:
+    from_pretrained(os.fspath(tmp_path / "m"))
+  message = str(error.value)
+  assert "\n" not in message and "'no_such_family'" in message
+  assert message.endswith("supported model types: " + ", ".join(FAMILIES.names()))
+
+
+def _toy_family(built: list) -> family_lib.Family:
+  """The qwen3 family under another model_type, recording each model it builds."""
+  qwen3 = FAMILIES.get("qwen3")
+
+  def config_from_hf(hf, **dtypes):
+    return qwen3.config_from_hf({**hf, "model_type": "qwen3"}, **dtypes)
+
+  def build(config, *, rngs):
+    built.append(config)
+    return qwen3.build(config, rngs=rngs)
+
+  return dataclasses.replace(qwen3, config_from_hf=config_from_hf, build=build)
+
+
+def test_a_registered_family_is_found_by_from_pretrained(tmp_path, data_dir, tiny_qwen3,
+                                                         monkeypatch):
+  built = []
+  families = registry.Registry("model family")
+  families.register("toy")(_toy_family(built))
+  monkeypatch.setattr(family_lib, "FAMILIES", families)
+  shutil.copytree(data_dir / "tiny_qwen3", tmp_path / "m")
+  cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+  (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, "model_type": "toy"}))
+  model = from_pretrained(os.fspath(tmp_path / "m"))
+  assert built == [model.config] == [tiny_qwen3.config]
+  ids = jnp.arange(12, dtype=jnp.int32)[None] % 128
+  np.testing.assert_array_equal(model(ids), tiny_qwen3(ids))
+  # The dispatch knows only what is registered: qwen3 is not, here.
+  with pytest.raises(CheckpointError, match=r"model_type='qwen3'.*supported model types: toy$"):
+    from_pretrained(os.fspath(data_dir / "tiny_qwen3"))
+  assert sharding.family_param_axes() == dict(FAMILIES.get("qwen3").param_axes)
+
+
+@pytest.mark.parametrize("name", ["embedded", "tiny_qwen2"])
+def test_qwen3_family_param_axes_cover_every_parameter(name, tiny_qwen2):
+  """Every parameter (embedded Qwen3: q/k norm, tied; tiny Qwen2: q/k/v bias, LM head) has
+  its logical axes in the family's table, one per dimension: none is replicated by omission."""
+  model = from_pretrained(assets.EMBEDDED_MODEL) if name == "embedded" else tiny_qwen2
+  axes = FAMILIES.get(model.config.model_type).param_axes
+  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    key = tuple(str(p) for p in path[-2:])
+    assert key in axes, f"{'.'.join(map(str, path))} has no entry in the family's param_axes"
+    assert len(axes[key]) == var[...].ndim, key
+    assert sharding.param_logical_axes(path, var[...].ndim) == axes[key]
+
+
+def test_families_that_disagree_on_a_parameter_are_an_error(monkeypatch):
+  qwen3 = FAMILIES.get("qwen3")
+  other = dataclasses.replace(qwen3, param_axes={("q_proj", "kernel"): ("heads", "embed")})
+  families = registry.Registry("model family")
+  families.register("qwen3")(qwen3)
+  families.register("other")(other)
+  monkeypatch.setattr(family_lib, "FAMILIES", families)
+  with pytest.raises(ValueError, match=r"'qwen3' and 'other' give parameter q_proj.kernel"):
+    family_lib.param_axes()

@@ -16,7 +16,7 @@ from grpo_jax import losses
 from grpo_jax import sampler as sampler_lib
 from grpo_jax import step as step_lib
 from grpo_jax.logprobs import completion_logprobs_and_entropy
-from grpo_jax.models.qwen3 import prompts_repeat
+from grpo_jax.models.causal_lm import prompts_repeat
 from grpo_jax.replay import init_replay
 from grpo_jax.types import Rollout
 

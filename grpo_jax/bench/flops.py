@@ -9,7 +9,7 @@ Conventions, the same in every function here:
   (``cost_analysis()``) adds those, a few percent at the shapes of this project
   (tests/test_bench_flops.py compares the two).
 * Attention is counted as the hardware executes it here, not as the causal minimum: the model
-  computes the full masked [queries, keys] score matrix (``qwen3.attention``), so a
+  computes the full masked [queries, keys] score matrix (``attention.attention``), so a
   teacher-forced pass over S = P + T tokens costs S * S score entries per head, not
   S * (S + 1) / 2; a cached pass attends every query to all the cache's slots, written or not
   (the sampler's cache has P + T slots from the start).
@@ -18,8 +18,8 @@ Conventions, the same in every function here:
   Recomputation under ``remat="layer"`` is not counted: these are model FLOPs, the work the
   step needs, the numerator of model FLOPs utilisation.
 
-Shape letters as in ``models/qwen3.py``: D width, H query heads, K key/value heads, Dh head dim,
-F MLP width, V vocab, L layers; N rows, P prompt length, T completion length.
+Shape letters (``types.py``): D width, H query heads, K key/value heads, W head width, F MLP
+width, V vocab, L layers; N rows, P prompt length, T completion length.
 
 ``fit_growth`` (the fits of ``bench/growth.py``) is here too, as another pure function.
 """
@@ -34,7 +34,7 @@ from grpo_jax.models.qwen3 import ModelConfig
 def matmul_flops_per_token(config: ModelConfig) -> int:
   """FLOPs of the L decoder blocks' weight matmuls for one token (attention products excluded).
 
-  Per layer: q [D, H*Dh], k and v [D, K*Dh] each, o [H*Dh, D], gate and up [D, F], down [F, D].
+  Per layer: q [D, H*W], k and v [D, K*W] each, o [H*W, D], gate and up [D, F], down [F, D].
   """
   c = config
   macs = (c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
@@ -45,8 +45,8 @@ def matmul_flops_per_token(config: ModelConfig) -> int:
 def attention_flops(config: ModelConfig, queries: int, keys: int) -> int:
   """FLOPs of the attention products of ``queries`` tokens over ``keys`` slots, one row, L layers.
 
-  Per layer, query and key slot: scores (H heads of a Dh dot product) and the weighted sum of
-  values (H heads of Dh multiply-adds), 2 * H * Dh multiply-adds. GQA shares keys between the
+  Per layer, query and key slot: scores (H heads of a W dot product) and the weighted sum of
+  values (H heads of W multiply-adds), 2 * H * W multiply-adds. GQA shares keys between the
   H / K query heads of a group but does not share the products, so K does not appear.
   """
   c = config

@@ -77,7 +77,7 @@ from ml_collections import config_flags  # noqa: E402
 from grpo_jax import console  # noqa: E402
 from grpo_jax import configuration, losses, optim, replay as replay_lib  # noqa: E402
 from grpo_jax import sampler as sampler_lib, sharding, step as step_lib  # noqa: E402
-from grpo_jax.models import ModelConfig, Qwen3  # noqa: E402
+from grpo_jax.models import FAMILIES, ModelConfig, Qwen3  # noqa: E402
 from grpo_jax.types import Rollout  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -180,9 +180,8 @@ def architecture_of(config) -> ModelConfig:
   m = config.model
   if m.arch:
     return architectures.architecture(m.arch, param_dtype=m.param_dtype, dtype=m.dtype)
-  import transformers  # pylint: disable=g-import-not-at-top
-  return hf.config_from_hf(transformers.AutoConfig.from_pretrained(m.path),
-                           param_dtype=m.param_dtype, dtype=m.dtype)
+  return hf.config_from_hf(hf.read_hf_config(m.path), param_dtype=m.param_dtype,
+                           dtype=m.dtype)
 
 
 def _with_shardings(tree, shardings):
@@ -211,7 +210,8 @@ def config_memory(config) -> dict:
   mesh = sharding.make_mesh(sharding.MeshConfig.from_config(config.mesh))
   configuration.check_mesh(config, mesh)
   cfg = architecture_of(config)
-  graphdef, params = nnx.split(nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0))))
+  build = FAMILIES.get(cfg.model_type).build
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: build(cfg, rngs=nnx.Rngs(0))))
   params = _with_shardings(params, sharding.tree_shardings(mesh, params))
   tx = optim.make_optimizer(config)
   state = jax.eval_shape(lambda p: step_lib.init_train_state(p, tx), params)

@@ -1,9 +1,10 @@
 """Attention kernels of the Qwen3-family decoder (pure functions over heads-grouped arrays).
 
-Shape letters as in ``models/qwen3.py``: B rows, T queries, S key slots, K key/value heads,
-G query heads per key/value head, Dh head dim; P prompt and N = B * group continuation rows
-in the grouped kernels. Scores and softmax in float32. References: grouped-query attention
-(arXiv 2305.13245); query chunking (Rabe & Staats, arXiv 2112.05682).
+Shape letters: ``types.py``. N rows, X queries (a block of positions), S key slots, K key/value
+heads, Q query heads per key/value head, W head width; B prompts, P prompt and T continuation
+positions, G continuations per prompt (N = B * G) in the grouped kernels. Scores and softmax in
+float32. References: grouped-query attention (arXiv 2305.13245); query chunking (Rabe &
+Staats, arXiv 2112.05682).
 """
 
 from __future__ import annotations
@@ -15,53 +16,53 @@ import jax.numpy as jnp
 _MASK_VALUE = -1e30
 
 
-def attention(q_BxTxKxGxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS):
+def attention(q_NxXxKxQxW, k_NxSxKxW, v_NxSxKxW, mask_NxXxS):
   """Grouped-query softmax attention with float32 scores and softmax.
 
   Returns:
-    [B, T, K, G, Dh] in the values' dtype.
+    [N, X, K, Q, W] in the values' dtype.
   """
-  head_dim = q_BxTxKxGxDh.shape[-1]
-  scores = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxDh, k_BxSxKxDh,
+  head_dim = q_NxXxKxQxW.shape[-1]
+  scores = jnp.einsum("nxkqw,nskw->nkqxs", q_NxXxKxQxW, k_NxSxKxW,
                       preferred_element_type=jnp.float32) * (head_dim ** -0.5)
-  scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxDh.dtype)
-  return jnp.einsum("bkgts,bskd->btkgd", probs, v_BxSxKxDh)
+  scores = jnp.where(mask_NxXxS[:, None, None], scores, _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_NxSxKxW.dtype)
+  return jnp.einsum("nkqxs,nskw->nxkqw", probs, v_NxSxKxW)
 
 
-def grouped_attention(qp_BxPxKxGxDh, kp_BxPxKxDh, vp_BxPxKxDh, qc_NxTxKxGxDh, kc_NxTxKxDh,
-                      vc_NxTxKxDh, prompt_mask_BxP, group: int, query_block: int = 0):
-  """``attention`` over B prompts, each continued by ``group`` rows (N = B * group).
+def grouped_attention(qp_BxPxKxQxW, kp_BxPxKxW, vp_BxPxKxW, qc_NxTxKxQxW, kc_NxTxKxW,
+                      vc_NxTxKxW, prompt_mask_BxP, group: int, query_block: int = 0):
+  """``attention`` over B prompts, each continued by G = ``group`` rows (N = B * G).
 
-  Row i of the continuations follows prompt i // group. Prompt tokens attend causally to their
+  Row i of the continuations follows prompt i // G. Prompt tokens attend causally to their
   prompt's real tokens; continuation tokens attend to every real token of their prompt and
   causally to their own row: the same sets of keys, and the same float32 softmax, as
   ``attention`` over the N rows of [prompt; continuation], but each prompt's queries, keys and
-  values are computed once instead of ``group`` times. The continuation softmax runs over the
-  P prompt keys and T own keys together (one [N, K, G, T, P + T] score array, as before).
+  values are computed once instead of G times. The continuation softmax runs over the
+  P prompt keys and T own keys together (one [N, K, Q, T, P + T] score array, as before).
   ``query_block > 0`` runs both parts ``query_block`` queries at a time, each block
-  rematerialised (as ``blocked_attention``): [N, K, G, query_block, P + T] scores at a time.
+  rematerialised (as ``blocked_attention``): [N, K, Q, query_block, P + T] scores at a time.
 
   Returns:
-    (prompt outputs [B, P, K, G, Dh], continuation outputs [N, T, K, G, Dh]), values' dtype.
+    (prompt outputs [B, P, K, Q, W], continuation outputs [N, T, K, Q, W]), values' dtype.
   """
-  b, p = prompt_mask_BxP.shape
-  n, t = qc_NxTxKxGxDh.shape[:2]
+  p = prompt_mask_BxP.shape[1]
+  n, t = qc_NxTxKxQxW.shape[:2]
   prompt_mask_BxP = prompt_mask_BxP.astype(bool)
   causal = lambda size: jnp.tril(jnp.ones((size, size), bool))
-  mask_pp = causal(p)[None] & prompt_mask_BxP[:, None, :]
+  mask_BxPxP = causal(p)[None] & prompt_mask_BxP[:, None, :]
   if 0 < query_block < p:
-    out_p = blocked_attention(qp_BxPxKxGxDh, kp_BxPxKxDh, vp_BxPxKxDh, mask_pp, query_block)
+    out_p = blocked_attention(qp_BxPxKxQxW, kp_BxPxKxW, vp_BxPxKxW, mask_BxPxP, query_block)
   else:
-    out_p = attention(qp_BxPxKxGxDh, kp_BxPxKxDh, vp_BxPxKxDh, mask_pp)
-  attend = lambda q, causal_QxT: _continuation_attention(
-      q, kp_BxPxKxDh, vp_BxPxKxDh, kc_NxTxKxDh, vc_NxTxKxDh, prompt_mask_BxP, causal_QxT, group)
+    out_p = attention(qp_BxPxKxQxW, kp_BxPxKxW, vp_BxPxKxW, mask_BxPxP)
+  attend = lambda q, causal_XxT: _continuation_attention(
+      q, kp_BxPxKxW, vp_BxPxKxW, kc_NxTxKxW, vc_NxTxKxW, prompt_mask_BxP, causal_XxT, group)
   if not 0 < query_block < t:
-    return out_p, attend(qc_NxTxKxGxDh, causal(t))
+    return out_p, attend(qc_NxTxKxQxW, causal(t))
   num_blocks = -(-t // query_block)
   pad = num_blocks * query_block - t
   # Padding queries (zero, with no key of their own row) attend to the prompt and are dropped.
-  q = jnp.pad(qc_NxTxKxGxDh, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
+  q = jnp.pad(qc_NxTxKxQxW, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
   rows = jnp.pad(causal(t), ((0, pad), (0, 0)))
   q_blocks = jnp.swapaxes(q.reshape((n, num_blocks, query_block) + q.shape[2:]), 0, 1)
   out = jax.lax.map(jax.checkpoint(lambda xs: attend(*xs)),
@@ -70,106 +71,106 @@ def grouped_attention(qp_BxPxKxGxDh, kp_BxPxKxDh, vp_BxPxKxDh, qc_NxTxKxGxDh, kc
   return out_p, out[:, :t]
 
 
-def _continuation_attention(qc_NxQxKxGxDh, kp_BxPxKxDh, vp_BxPxKxDh, kc_NxTxKxDh, vc_NxTxKxDh,
-                            prompt_mask_BxP, causal_QxT, group: int):
-  """Q continuation queries per row over their prompt's P keys and their row's T keys.
+def _continuation_attention(qc_NxXxKxQxW, kp_BxPxKxW, vp_BxPxKxW, kc_NxTxKxW, vc_NxTxKxW,
+                            prompt_mask_BxP, causal_XxT, group: int):
+  """X continuation queries per row over their prompt's P keys and their row's T keys.
 
-  ``causal_QxT`` says which of the row's own T keys each query sees.
+  ``causal_XxT`` says which of the row's own T keys each query sees.
 
   Returns:
-    [N, Q, K, G, Dh] in the values' dtype.
+    [N, X, K, Q, W] in the values' dtype.
   """
   b, p = prompt_mask_BxP.shape
-  n, q, k, g, dh = qc_NxQxKxGxDh.shape
-  qc = qc_NxQxKxGxDh.reshape(b, group, q, k, g, dh)
-  scores_p = jnp.einsum("bjtkgd,bskd->bjkgts", qc, kp_BxPxKxDh,
-                        preferred_element_type=jnp.float32) * (dh ** -0.5)
+  n, x, k, q, w = qc_NxXxKxQxW.shape
+  qc_BxGxXxKxQxW = qc_NxXxKxQxW.reshape(b, group, x, k, q, w)
+  scores_p = jnp.einsum("bgxkqw,bskw->bgkqxs", qc_BxGxXxKxQxW, kp_BxPxKxW,
+                        preferred_element_type=jnp.float32) * (w ** -0.5)
   scores_p = jnp.where(prompt_mask_BxP[:, None, None, None, None, :], scores_p, _MASK_VALUE)
-  scores_c = jnp.einsum("ntkgd,nskd->nkgts", qc_NxQxKxGxDh, kc_NxTxKxDh,
-                        preferred_element_type=jnp.float32) * (dh ** -0.5)
-  scores_c = jnp.where(causal_QxT, scores_c, _MASK_VALUE)
-  scores = jnp.concatenate([scores_p.reshape(n, k, g, q, p), scores_c], axis=-1)
-  probs = jax.nn.softmax(scores, axis=-1).astype(vc_NxTxKxDh.dtype)
-  probs_p = probs[..., :p].reshape(b, group, k, g, q, p)
+  scores_c = jnp.einsum("nxkqw,nskw->nkqxs", qc_NxXxKxQxW, kc_NxTxKxW,
+                        preferred_element_type=jnp.float32) * (w ** -0.5)
+  scores_c = jnp.where(causal_XxT, scores_c, _MASK_VALUE)
+  scores = jnp.concatenate([scores_p.reshape(n, k, q, x, p), scores_c], axis=-1)
+  probs = jax.nn.softmax(scores, axis=-1).astype(vc_NxTxKxW.dtype)
+  probs_p = probs[..., :p].reshape(b, group, k, q, x, p)
   # The prompt part and the row's own part are summed in float32 and rounded once, as the one
   # product of ``attention`` rounds: two bfloat16 halves rounded apart, then added, moved the
   # grouped pass's log-probs by 0.012 on average (up to 0.04) from the per-row pass (and from
   # the sampler) under bfloat16 matmuls; now they agree exactly (test_shared_prompts.py).
   f32 = jnp.float32
-  out_p = jnp.einsum("bjkgts,bskd->bjtkgd", probs_p, vp_BxPxKxDh, preferred_element_type=f32)
-  out_c = jnp.einsum("nkgts,nskd->ntkgd", probs[..., p:], vc_NxTxKxDh, preferred_element_type=f32)
-  return (out_p.reshape(n, q, k, g, dh) + out_c).astype(vc_NxTxKxDh.dtype)
+  out_p = jnp.einsum("bgkqxs,bskw->bgxkqw", probs_p, vp_BxPxKxW, preferred_element_type=f32)
+  out_c = jnp.einsum("nkqxs,nskw->nxkqw", probs[..., p:], vc_NxTxKxW, preferred_element_type=f32)
+  return (out_p.reshape(n, x, k, q, w) + out_c).astype(vc_NxTxKxW.dtype)
 
 
-def blocked_attention(q_BxTxKxGxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS, block: int):
-  """``attention`` for ``block`` queries at a time, each block rematerialised.
+def blocked_attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, mask_NxSxS, block: int):
+  """``attention`` for X = ``block`` queries at a time, each block rematerialised.
 
   Every query's softmax runs over all S keys as before, so each output row is computed by the
-  same operations; only T is cut into blocks (a loop over T / block), and each block's scores
-  [B, K, G, block, S] are recomputed in a backward pass instead of stored. Memory per layer
-  O(block * S) instead of O(T * S): query chunking of Rabe & Staats, "Self-attention does not
-  need O(n^2) memory" (arXiv 2112.05682), without their key chunking (S is at most P + T).
+  same operations; only the S queries are cut into blocks (a loop over S / X), and each
+  block's scores [N, K, Q, X, S] are recomputed in a backward pass instead of stored. Memory
+  per layer O(X * S) instead of O(S * S): query chunking of Rabe & Staats, "Self-attention does
+  not need O(n^2) memory" (arXiv 2112.05682), without their key chunking (S is at most P + T).
 
   Returns:
-    [B, T, K, G, Dh] in the values' dtype.
+    [N, S, K, Q, W] in the values' dtype.
   """
-  b, t = q_BxTxKxGxDh.shape[:2]
-  num_blocks = -(-t // block)
-  pad = num_blocks * block - t
+  n, s = q_NxSxKxQxW.shape[:2]
+  num_blocks = -(-s // block)
+  pad = num_blocks * block - s
   if pad:  # padding queries attend to nothing (uniform weights, finite) and are dropped
-    q_BxTxKxGxDh = jnp.pad(q_BxTxKxGxDh, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
-    mask_BxTxS = jnp.pad(mask_BxTxS, ((0, 0), (0, pad), (0, 0)))
-  # [B, T', ...] -> [T' / block, B, block, ...]: the loop runs over the leading axis.
-  to_blocks = lambda x: jnp.swapaxes(x.reshape((b, num_blocks, block) + x.shape[2:]), 0, 1)
+    q_NxSxKxQxW = jnp.pad(q_NxSxKxQxW, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
+    mask_NxSxS = jnp.pad(mask_NxSxS, ((0, 0), (0, pad), (0, 0)))
+  # [N, S', ...] -> [S' / X, N, X, ...]: the loop runs over the leading axis.
+  to_blocks = lambda a: jnp.swapaxes(a.reshape((n, num_blocks, block) + a.shape[2:]), 0, 1)
 
   @jax.checkpoint
   def one(xs):
-    q_blk, mask_blk = xs
-    return attention(q_blk, k_BxSxKxDh, v_BxSxKxDh, mask_blk)
+    q_NxXxKxQxW, mask_NxXxS = xs
+    return attention(q_NxXxKxQxW, k_NxSxKxW, v_NxSxKxW, mask_NxXxS)
 
-  out = jax.lax.map(one, (to_blocks(q_BxTxKxGxDh), to_blocks(mask_BxTxS)))
-  out = jnp.swapaxes(out, 0, 1).reshape((b, num_blocks * block) + out.shape[3:])
-  return out[:, :t]
+  out = jax.lax.map(one, (to_blocks(q_NxSxKxQxW), to_blocks(mask_NxSxS)))
+  out = jnp.swapaxes(out, 0, 1).reshape((n, num_blocks * block) + out.shape[3:])
+  return out[:, :s]
 
 
-def cached_attention(q_BxTxKxGxDh, k_BxKxDhxS, v_BxKxSxDh, mask_BxTxS):
-  """Attention of T new tokens over the cache's S slots, in the cache's layout (KVCache).
+def cached_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, mask_NxXxS):
+  """Attention of X new tokens over the cache's S slots, in the cache's layout (KVCache).
 
   Scores and softmax in float32 (queries and keys are read as float32: under bfloat16 the
   products of bfloat16 values are then exact, as in the training pass's float32 accumulation).
-  With T = 1 (decoding) both products are one batched matmul per (row, kv head) over the cache
+  With X = 1 (decoding) both products are one batched matmul per (row, kv head) over the cache
   as stored.
 
   Returns:
-    [B, T, K, G, Dh] in the values' dtype.
+    [N, X, K, Q, W] in the values' dtype.
   """
-  head_dim = q_BxTxKxGxDh.shape[-1]
-  scores = jnp.einsum("btkgd,bkds->bkgts", q_BxTxKxGxDh.astype(jnp.float32),
-                      k_BxKxDhxS.astype(jnp.float32)) * (head_dim ** -0.5)
-  scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASK_VALUE)
+  head_dim = q_NxXxKxQxW.shape[-1]
+  scores = jnp.einsum("nxkqw,nkws->nkqxs", q_NxXxKxQxW.astype(jnp.float32),
+                      k_NxKxWxS.astype(jnp.float32)) * (head_dim ** -0.5)
+  scores = jnp.where(mask_NxXxS[:, None, None], scores, _MASK_VALUE)
   # Probabilities rounded to the values' dtype (as ``attention``), the product in float32.
-  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxKxSxDh.dtype).astype(jnp.float32)
-  out = jnp.einsum("bkgts,bksd->btkgd", probs, v_BxKxSxDh.astype(jnp.float32))
-  return out.astype(v_BxKxSxDh.dtype)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_NxKxSxW.dtype).astype(jnp.float32)
+  out = jnp.einsum("nkqxs,nksw->nxkqw", probs, v_NxKxSxW.astype(jnp.float32))
+  return out.astype(v_NxKxSxW.dtype)
 
 
-def decode_attention(q_BxKxGxDh, k_BxKxDhxS, v_BxKxSxDh, mask_BxS):
+def decode_attention(q_NxKxQxW, k_NxKxWxS, v_NxKxSxW, mask_NxS):
   """``cached_attention`` for one new token per row, as broadcast multiplies and reductions.
 
-  The same float32 math; XLA:CPU runs a batched matmul of B * K tiny [G, Dh] @ [Dh, S] blocks
-  as B * K separate small GEMMs, while here both reductions run over a major axis of the cache
-  (Dh for the scores, S for the output) with the minor axis (S, then Dh) contiguous and
+  The same float32 math; XLA:CPU runs a batched matmul of N * K tiny [Q, W] @ [W, S] blocks
+  as N * K separate small GEMMs, while here both reductions run over a major axis of the cache
+  (W for the scores, S for the output) with the minor axis (S, then W) contiguous and
   vectorised, in two fused loops (docs/benchmarks.md: Step speed).
 
   Returns:
-    [B, 1, K, G, Dh] in the values' dtype.
+    [N, 1, K, Q, W] in the values' dtype.
   """
-  head_dim = q_BxKxGxDh.shape[-1]
-  q = q_BxKxGxDh.astype(jnp.float32)[..., None]  # [B, K, G, Dh, 1]
-  scores_BxKxGxS = jnp.sum(q * k_BxKxDhxS.astype(jnp.float32)[:, :, None], axis=3)
-  scores_BxKxGxS = scores_BxKxGxS * (head_dim ** -0.5)
-  scores_BxKxGxS = jnp.where(mask_BxS[:, None, None], scores_BxKxGxS, _MASK_VALUE)
-  probs = jax.nn.softmax(scores_BxKxGxS, axis=-1).astype(v_BxKxSxDh.dtype)
-  out = jnp.sum(probs[..., None].astype(jnp.float32)
-                * v_BxKxSxDh.astype(jnp.float32)[:, :, None], axis=3)  # [B, K, G, Dh]
-  return out.astype(v_BxKxSxDh.dtype)[:, None]
+  head_dim = q_NxKxQxW.shape[-1]
+  q_NxKxQxWx1 = q_NxKxQxW.astype(jnp.float32)[..., None]
+  scores_NxKxQxS = jnp.sum(q_NxKxQxWx1 * k_NxKxWxS.astype(jnp.float32)[:, :, None], axis=3)
+  scores_NxKxQxS = scores_NxKxQxS * (head_dim ** -0.5)
+  scores_NxKxQxS = jnp.where(mask_NxS[:, None, None], scores_NxKxQxS, _MASK_VALUE)
+  probs = jax.nn.softmax(scores_NxKxQxS, axis=-1).astype(v_NxKxSxW.dtype)
+  out_NxKxQxW = jnp.sum(probs[..., None].astype(jnp.float32)
+                        * v_NxKxSxW.astype(jnp.float32)[:, :, None], axis=3)
+  return out_NxKxQxW.astype(v_NxKxSxW.dtype)[:, None]

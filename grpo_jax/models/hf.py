@@ -1,12 +1,10 @@
-"""Hugging Face checkpoint folders <-> the NNX Qwen3 model.
+"""Hugging Face checkpoint folders <-> the NNX model of their family.
 
-``from_pretrained(path)`` reads ``config.json`` through transformers' own config classes and the
-weights through safetensors (numpy, no torch), single-file or sharded with
-``model.safetensors.index.json``. ``save_pretrained(model, path)`` writes a folder that
+``from_pretrained(path)`` reads ``config.json``, finds the model family of its ``model_type``
+(``family.FAMILIES``), and reads the weights the family's ``hf_name`` maps through safetensors
+(numpy, no torch), single-file or sharded with ``model.safetensors.index.json``.
+``save_pretrained(model, path)`` writes a folder that
 ``transformers.AutoModelForCausalLM.from_pretrained`` loads.
-
-Hugging Face stores a linear layer as ``weight [out, in]``; Flax as ``kernel [in, out]``. The
-mapping below is the only place that knows both names.
 """
 
 from __future__ import annotations
@@ -22,9 +20,10 @@ import numpy as np
 from flax import nnx
 
 from grpo_jax import sharding as sharding_lib
-from grpo_jax.models.qwen3 import ModelConfig, Qwen3
+from grpo_jax.models import family as family_lib
+from grpo_jax.models.causal_lm import CausalLM
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2")
+_CONFIG = "config.json"
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
 
@@ -33,88 +32,42 @@ class CheckpointError(ValueError):
   """A checkpoint folder that cannot be loaded, with a message naming what is wrong."""
 
 
-def hf_name(path: tuple) -> tuple[str, bool]:
-  """Hugging Face tensor name for an NNX parameter path, and whether to transpose it.
+def family_for(model_type, architectures=None) -> family_lib.Family:
+  """The registered family of a ``config.json`` ``model_type``.
 
-  Args:
-    path: a parameter path such as ``('layers', 0, 'self_attn', 'q_proj', 'kernel')``.
-
-  Returns:
-    (name, transpose), e.g. ``('model.layers.0.self_attn.q_proj.weight', True)``.
+  Raises:
+    CheckpointError: an unknown model type (one line naming the known ones).
   """
-  *module, leaf = [str(p) for p in path]
-  if module == ["lm_head"]:
-    return "lm_head.weight", True
-  suffix = {"kernel": "weight", "bias": "bias", "scale": "weight", "embedding": "weight"}[leaf]
-  return ".".join(["model", *module, suffix]), leaf == "kernel"
-
-
-def _rope_theta(hf_config) -> float:
-  params = getattr(hf_config, "rope_parameters", None) or {}
-  scaling = getattr(hf_config, "rope_scaling", None) or {}
-  kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-  if kind != "default":
-    raise CheckpointError(f"rope_type {kind!r} is not supported yet (only 'default' RoPE); "
-                          "remove rope scaling from config.json or add it to models/qwen3.py")
-  theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
-  if theta is None:
-    raise CheckpointError("config.json has no rope_theta (nor rope_parameters.rope_theta)")
-  return float(theta)
-
-
-def config_from_hf(hf_config, *, param_dtype: str = "float32",
-                   dtype: str = "float32") -> ModelConfig:
-  """Our ModelConfig from a transformers Qwen3Config / Qwen2Config."""
-  model_type = getattr(hf_config, "model_type", None)
-  if model_type not in SUPPORTED_MODEL_TYPES:
-    archs = getattr(hf_config, "architectures", None)
+  if model_type not in family_lib.FAMILIES:
     raise CheckpointError(f"unsupported architecture: model_type={model_type!r} "
-                          f"(architectures={archs}); supported model types: "
-                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")
-  if getattr(hf_config, "use_sliding_window", False):
-    raise CheckpointError("use_sliding_window=true is not supported (full attention only)")
-  heads = hf_config.num_attention_heads
-  head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-  is_qwen3 = model_type == "qwen3"
-  return ModelConfig(
-      vocab_size=hf_config.vocab_size,
-      hidden_size=hf_config.hidden_size,
-      intermediate_size=hf_config.intermediate_size,
-      num_layers=hf_config.num_hidden_layers,
-      num_heads=heads,
-      num_kv_heads=hf_config.num_key_value_heads or heads,
-      head_dim=head_dim,
-      rope_theta=_rope_theta(hf_config),
-      rms_norm_eps=hf_config.rms_norm_eps,
-      tie_word_embeddings=bool(hf_config.tie_word_embeddings),
-      qkv_bias=bool(getattr(hf_config, "attention_bias", False)) if is_qwen3 else True,
-      qk_norm=is_qwen3,
-      param_dtype=param_dtype,
-      dtype=dtype)
+                          f"(architectures={architectures}); supported model types: "
+                          f"{', '.join(family_lib.FAMILIES.names())}")
+  return family_lib.FAMILIES.get(model_type)
 
 
-def config_to_hf(config: ModelConfig):
-  """A transformers config object describing ``config`` (Qwen3 when it has q/k norm)."""
-  import transformers  # pylint: disable=g-import-not-at-top
+def read_hf_config(path: str) -> dict:
+  """The ``config.json`` of a Hugging Face model folder, as a dict.
 
-  common = dict(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-                intermediate_size=config.intermediate_size,
-                num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
-                num_key_value_heads=config.num_kv_heads, rms_norm_eps=config.rms_norm_eps,
-                tie_word_embeddings=config.tie_word_embeddings,
-                rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-                max_position_embeddings=32768, hidden_act="silu", torch_dtype=config.param_dtype)
-  if config.qk_norm:
-    cfg = transformers.Qwen3Config(head_dim=config.head_dim, attention_bias=config.qkv_bias,
-                                   **common)
-    cfg.architectures = ["Qwen3ForCausalLM"]
-  else:
-    if not config.qkv_bias or config.head_dim * config.num_heads != config.hidden_size:
-      raise CheckpointError("a model without q/k norm is saved as Qwen2, which requires "
-                            "qkv_bias=True and head_dim * num_heads == hidden_size")
-    cfg = transformers.Qwen2Config(**common)
-    cfg.architectures = ["Qwen2ForCausalLM"]
-  return cfg
+  Raises:
+    FileNotFoundError: the folder or its config.json does not exist.
+  """
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"model folder not found: {path}")
+  file = os.path.join(path, _CONFIG)
+  if not os.path.exists(file):
+    raise FileNotFoundError(f"{path} has no config.json (is it a Hugging Face model folder?)")
+  with open(file) as f:
+    return json.load(f)
+
+
+def config_from_hf(hf_config: dict, *, param_dtype: str = "float32", dtype: str = "float32"):
+  """The model config of a ``config.json`` dict, by its family (``model_type``).
+
+  Raises:
+    CheckpointError: an unknown model type, or a setting its family does not support.
+  """
+  family = family_for(hf_config.get("model_type"), hf_config.get("architectures"))
+  return family.config_from_hf(hf_config, param_dtype=param_dtype, dtype=dtype)
 
 
 def _weight_files(path: str) -> dict[str, str]:
@@ -148,8 +101,8 @@ def _safetensors(file: str):
 
 
 def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "float32",
-                    rngs: Optional[nnx.Rngs] = None, mesh=None) -> Qwen3:
-  """Loads a Hugging Face Qwen3/Qwen2 checkpoint folder as an NNX ``Qwen3``.
+                    rngs: Optional[nnx.Rngs] = None, mesh=None) -> CausalLM:
+  """Loads a Hugging Face checkpoint folder as the NNX model of its family (Qwen3, Qwen2).
 
   With a ``mesh`` every parameter is built shard by shard (``jax.make_array_from_callback``):
   each device's block is read from the safetensors file as a slice (memory-mapped, transposed
@@ -163,7 +116,8 @@ def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "fl
     param_dtype: dtype the parameters are stored in after loading.
     dtype: compute dtype.
     rngs: unused by loading (all parameters come from the checkpoint); kept for symmetry.
-    mesh: optional ``jax.sharding.Mesh``; parameters are laid out by ``sharding.PARAM_AXES``.
+    mesh: optional ``jax.sharding.Mesh``; parameters are laid out by the family's
+      ``param_axes``.
 
   Returns:
     The model, with every parameter taken from the checkpoint.
@@ -174,27 +128,23 @@ def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "fl
     sharding.MeshError: a parameter dimension the mesh does not divide.
   """
   del rngs
-  import transformers  # pylint: disable=g-import-not-at-top
-
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f"model folder not found: {path}")
-  if not os.path.exists(os.path.join(path, "config.json")):
-    raise FileNotFoundError(f"{path} has no config.json (is it a Hugging Face model folder?)")
-  config = config_from_hf(transformers.AutoConfig.from_pretrained(path),
-                          param_dtype=param_dtype, dtype=dtype)
-  abstract = nnx.eval_shape(lambda: Qwen3(config, rngs=nnx.Rngs(0)))
+  hf_config = read_hf_config(path)
+  model_type = hf_config.get("model_type")
+  family = family_for(model_type, hf_config.get("architectures"))
+  config = family.config_from_hf(hf_config, param_dtype=param_dtype, dtype=dtype)
+  abstract = nnx.eval_shape(lambda: family.build(config, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   files = _weight_files(path)
 
   wanted = {}
   for p, var in nnx.to_flat_state(state):
-    name, transpose = hf_name(p)
+    name, transpose = family.hf_name(p)
     wanted[name] = (p, transpose, var)
   missing = sorted(n for n in wanted if n not in files)
   if missing:
     shown = ", ".join(missing[:8]) + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else "")
     raise CheckpointError(f"{path} is missing {len(missing)} tensor(s) the "
-                          f"{'qwen3' if config.qk_norm else 'qwen2'} architecture needs: {shown}")
+                          f"{model_type} architecture needs: {shown}")
 
   by_file: dict[str, list[str]] = {}
   for name in wanted:
@@ -204,7 +154,8 @@ def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "fl
     with _safetensors(file) as f:
       for name in names:
         p, transpose, var = wanted[name]
-        sharding = None if mesh is None else sharding_lib.param_sharding(mesh, p, var.shape)
+        sharding = None if mesh is None else sharding_lib.param_sharding(
+            mesh, p, var.shape, family.param_axes)
         array = _read_tensor(f, file, name, transpose, var.shape, jnp.dtype(param_dtype),
                              sharding)
         flat.append((p, var.replace(array)))
@@ -244,12 +195,12 @@ def _read_tensor(f, file: str, name: str, transpose: bool, shape: tuple, dtype,
   return jax.make_array_from_callback(tuple(shape), sharding, block)
 
 
-def save_pretrained(model: Qwen3, path: str, *, tokenizer=None,
+def save_pretrained(model: CausalLM, path: str, *, tokenizer=None,
                     max_shard_bytes: Optional[int] = None) -> None:
   """Writes ``model`` as a Hugging Face folder (config.json + safetensors).
 
   Args:
-    model: the NNX model.
+    model: the NNX model (its family is its config's ``model_type``).
     path: output folder (created if needed).
     tokenizer: optional transformers tokenizer, saved alongside.
     max_shard_bytes: when set, split the weights into shards of at most this many bytes and
@@ -257,11 +208,12 @@ def save_pretrained(model: Qwen3, path: str, *, tokenizer=None,
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
 
+  family = family_for(model.config.model_type)
   os.makedirs(path, exist_ok=True)
-  config_to_hf(model.config).save_pretrained(path)
+  family.config_to_hf(model.config).save_pretrained(path)
   tensors = {}
   for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    name, transpose = hf_name(p)
+    name, transpose = family.hf_name(p)
     array = np.asarray(jax.device_get(var[...]))
     tensors[name] = np.ascontiguousarray(array.T if transpose else array)
   for stale in (_SINGLE, _INDEX):
