@@ -11,9 +11,9 @@ Arrays are described by *logical* axes (``("embed", "mlp")`` for an MLP kernel),
 ``LOGICAL_RULES`` maps each logical axis to mesh axes, in the manner of MaxText / big_vision:
 parameters by their path (each model family's ``param_axes`` table, ``models/family.py``),
 batch rows and replay-buffer entries along ``BATCH_AXES`` (data and fsdp together), optimiser
-state following the parameter it belongs to (matched by path), scalars replicated. Inside jitted code
-``constrain`` pins activations to the same rules, and is a no-op when no mesh is set, so the
-model code is identical with and without a mesh.
+state following the parameter it belongs to (matched by path), scalars replicated. Inside
+jitted code ``constrain`` pins activations to the same rules, and is a no-op when no mesh is
+set, so the model code is identical with and without a mesh.
 
 GSPMD (XLA's SPMD partitioner) inserts the collectives: all-gathers of fsdp-split weights,
 reductions of the partial sums of tensor-split matmuls, the gradient reduction over the batch

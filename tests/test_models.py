@@ -173,6 +173,16 @@ def test_missing_folder_and_config(tmp_path):
     from_pretrained(os.fspath(tmp_path))
 
 
+def test_unreadable_config_is_named(tmp_path, data_dir):
+  shutil.copytree(data_dir / "tiny_qwen3", tmp_path / "m")
+  (tmp_path / "m" / "config.json").write_text('{"model_type": "qwen3", ')  # torn
+  with pytest.raises(CheckpointError, match=r"config.json is not readable JSON"):
+    from_pretrained(os.fspath(tmp_path / "m"))
+  (tmp_path / "m" / "config.json").write_text("[]")
+  with pytest.raises(CheckpointError, match=r"config.json holds a list, not a JSON object"):
+    from_pretrained(os.fspath(tmp_path / "m"))
+
+
 def test_unsupported_architecture_is_named(tmp_path, data_dir):
   shutil.copytree(data_dir / "tiny_qwen2", tmp_path / "m")
   cfg = json.loads((tmp_path / "m" / "config.json").read_text())

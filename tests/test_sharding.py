@@ -79,6 +79,18 @@ def test_parameter_axes_by_path(path, ndim, axes):
   assert sharding.param_logical_axes(path, ndim) == axes
 
 
+def test_parameter_axes_come_from_the_given_family_table():
+  """A family's own table, when given, is the only one read: its names, nothing else's."""
+  table = {("wqkv", "kernel"): ("embed", "heads")}
+  assert sharding.param_logical_axes(("layers", 0, "wqkv", "kernel"), 2, table) == (
+      "embed", "heads")
+  assert sharding.param_logical_axes(("layers", 0, "mlp", "up_proj", "kernel"), 2, table) == (
+      None, None)
+  tree = {"layers": {"0": {"wqkv": {"kernel": jax.ShapeDtypeStruct((8, 4), jnp.float32)}}}}
+  spec = sharding.tree_shardings(MESH_222, tree, table)["layers"]["0"]["wqkv"]["kernel"].spec
+  assert spec == P("fsdp", "tensor")
+
+
 def test_a_dimension_the_mesh_does_not_divide_names_the_parameter_and_the_field():
   with pytest.raises(sharding.MeshError, match=(
       r"config.mesh: layers.0.self_attn.k_proj.kernel has 64 along dimension 1, which "

@@ -50,6 +50,7 @@ def read_hf_config(path: str) -> dict:
 
   Raises:
     FileNotFoundError: the folder or its config.json does not exist.
+    CheckpointError: config.json is not a JSON object (a torn write or download).
   """
   if not os.path.isdir(path):
     raise FileNotFoundError(f"model folder not found: {path}")
@@ -57,7 +58,14 @@ def read_hf_config(path: str) -> dict:
   if not os.path.exists(file):
     raise FileNotFoundError(f"{path} has no config.json (is it a Hugging Face model folder?)")
   with open(file) as f:
-    return json.load(f)
+    try:
+      config = json.load(f)
+    except ValueError as e:
+      raise CheckpointError(f"{file} is not readable JSON ({e}); download or save it "
+                            "again") from None
+  if not isinstance(config, dict):
+    raise CheckpointError(f"{file} holds a {type(config).__name__}, not a JSON object")
+  return config
 
 
 def config_from_hf(hf_config: dict, *, param_dtype: str = "float32", dtype: str = "float32"):

@@ -37,7 +37,7 @@ def _rope_theta(hf_config) -> float:
   kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
   if kind != "default":
     raise CheckpointError(f"rope_type {kind!r} is not supported yet (only 'default' RoPE); "
-                          "remove rope scaling from config.json or add it to models/qwen3.py")
+                          "remove rope scaling from config.json or add it to models/layers.py")
   theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
   if theta is None:
     raise CheckpointError("config.json has no rope_theta (nor rope_parameters.rope_theta)")
