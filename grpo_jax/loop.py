@@ -143,8 +143,8 @@ def setup(config, workdir: str) -> Run:
   ckpt = checkpoint_lib.Checkpointer(workdir, config.checkpoint.keep)
   start = ckpt.latest_step() or 0
   complete = workdir_lib.is_complete(config, ckpt, start)
-  tb_dir = os.path.join(workdir, "tensorboard")
-  tb_dir = tb_dir if os.path.isdir(tb_dir) else None
+  tensorboard = os.path.join(workdir, "tensorboard")
+  tensorboard = tensorboard if os.path.isdir(tensorboard) else None  # before a writer makes it
   # Only process 0 writes metrics and logs (console.say is silent on the others).
   writer = (metrics_lib.MetricWriter if sharding_lib.is_primary() and not complete
             else metrics_lib.NullWriter)(workdir)
@@ -162,7 +162,7 @@ def setup(config, workdir: str) -> Run:
       allocator=allocator, graphdef=graphdef, train_step=train_step, state=state,
       replay=replay, ref_params=ref_params, ckpt=ckpt, writer=writer,
       paths={"metrics": os.path.join(workdir, "metrics.jsonl"),
-             "tensorboard": tb_dir if complete else writer.tensorboard_dir,
+             "tensorboard": tensorboard if complete else writer.tensorboard_dir,
              "checkpoints": ckpt.directory},
       eval_problems=task.eval_problems(config.eval.num_prompts), timer=timer, timers=timers,
       counters=counters, start=start, complete=complete)

@@ -18,7 +18,7 @@ from grpo_jax import losses
 from grpo_jax import policy
 from grpo_jax import step_metrics
 from grpo_jax.batch import UpdateBatch
-from grpo_jax.models.qwen3 import prompts_repeat
+from grpo_jax.models.causal_lm import prompts_repeat
 from grpo_jax.sharding import constrain
 from grpo_jax.step_config import StepConfig
 from grpo_jax.types import TrainState
