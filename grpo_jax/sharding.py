@@ -18,8 +18,7 @@ set, so the model code is identical with and without a mesh.
 GSPMD (XLA's SPMD partitioner) inserts the collectives: all-gathers of fsdp-split weights,
 reductions of the partial sums of tensor-split matmuls, the gradient reduction over the batch
 axes. Multi-host runs (``initialize_distributed``) use the same global mesh over every process's
-devices; every process runs the same program on the same host inputs (README: "Sharding,
-multi-host, bf16 and memory").
+devices; every process runs the same program on the same host inputs (docs/scaling.md).
 """
 
 from __future__ import annotations

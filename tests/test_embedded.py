@@ -31,7 +31,7 @@ def test_folder_is_small_and_hugging_face_shaped():
 
 
 def test_held_out_calibration_reproduces(summary):
-  """Re-measures the numbers the README states: mean@8 at temperature 1 on 256 held-out prompts.
+  """Re-measures the numbers docs/embedded_model.md states: mean@8 at temperature 1 on 256 held-out prompts.
 
   Same model, prompts, seed and batch layout as sft.py's final evaluation, so on the same
   machine the result equals the recorded one exactly; the tolerance of 10 samples in 2048

@@ -15,7 +15,7 @@ advantage and whether eviction has dropped it. After every operation the checks 
   (and drift); the valid slots are exactly the live, non-evicted entries.
 
 The small hypothesis tests of each method (tests/test_replay.py, test_popo.py,
-test_rollout_replay.py, test_headroom.py) compare against Python models in the default run;
+test_prioritized_replay.py, test_headroom.py) compare against Python models in the default run;
 this file is marked slow (``-m "not slow"`` leaves it out; the README's command runs it).
 """
 

@@ -157,7 +157,7 @@ def fits(points: list[dict], x_name: str) -> dict:
 
 
 def markdown(points: list[dict], sweeps: dict, header: str) -> str:
-  """The README table: one row per point, then one per (sweep, quantity) fit."""
+  """The table of docs/results/growth.md: one row per point, then one per (sweep, quantity) fit."""
   lines = [header, "",
            "| rows | T | gen s | train step s | step GFLOP | sampler peak MiB | step peak MiB |",
            "|---|---|---|---|---|---|---|"]

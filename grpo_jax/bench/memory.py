@@ -1,6 +1,6 @@
 """Compiled memory of the train step and the sampler, from abstract shapes (no weights).
 
-Per-device memory of a preset on a mesh of fake CPU devices (the table in docs/benchmarks.md):
+Per-device memory of a preset on a mesh of fake CPU devices (the table in docs/scaling.md):
 
     python -m grpo_jax.bench.memory --config=configs/popo.py:qwen3_8b --mesh=8
 
@@ -55,7 +55,7 @@ def _fake_devices(argv) -> int:
 # keeps rematerialised activations alive anyway (jax.checkpoint saves nothing on its schedule);
 # the memory-minimising scheduler it falls back to without it is the one that reflects what an
 # accelerator's memory-aware scheduler does. Used by the --config mode (the table in
-# docs/benchmarks.md).
+# docs/scaling.md).
 CPU_MEMORY_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
 if __name__ == "__main__" and any(a.startswith("--config") for a in sys.argv):
