@@ -1,5 +1,6 @@
 """The train loop end to end: the real CLI on :smoke, exact resume, config validation."""
 
+import functools
 import os
 import re
 import subprocess
@@ -150,8 +151,8 @@ def test_resume_gives_exactly_the_uninterrupted_run(tmp_path, module):
   def config(total):
     c = module.get_config("smoke")
     c.rl.reward_signal = c.rl.effective_signal = "score"
-    c.replay.warmup_steps = 1
-    c.replay.drift_tau = 1e3  # Headroom-Drift: admit whatever the tiny batches' updates move
+    c.replay.prioritized.warmup_steps = 1
+    c.replay.headroom.tau = 1e3  # Headroom-Drift: admit whatever the tiny batches' updates move
     c.total_steps = total
     c.eval.every = 100  # evaluations never change the trajectory; keep them out of the way
     c.checkpoint.every = 2
@@ -243,8 +244,8 @@ def test_method_presets_validate(module, preset):
 
 
 def _refused(c, field, value, message):
-  group, name = field.split(".")
-  c[group][name] = value
+  *groups, name = field.split(".")
+  functools.reduce(lambda parent, key: parent[key], groups, c)[name] = value
   with pytest.raises(configuration.ConfigError, match=message):
     configuration.validate(c)
 
@@ -264,9 +265,9 @@ def _refused(c, field, value, message):
     ("replay.objective", "on_policy", "objective"),
     ("allocation.method", "oversample", "allocation.method"),
     ("allocation.selector", "random", "allocation.selector"),
-    ("allocation.tau_lo", 0.95, "tau_lo"),
+    ("allocation.sara.tau_lo", 0.95, "tau_lo"),
     ("allocation.selector", "mopps", "task.train_size.*needs prompts that come back"),
-    ("allocation.oversample", 0, "allocation.oversample"),
+    ("allocation.dynamic_sampling.oversample", 0, "allocation.dynamic_sampling: oversample"),
     ("rl.score_base", "format", "rl.score_base"),
 ])
 def test_invalid_values_name_the_field(field, value, message):
@@ -274,9 +275,10 @@ def test_invalid_values_name_the_field(field, value, message):
 
 
 @pytest.mark.parametrize("module,field,value,message", [
-    (popo, "replay.unfilled", "zero", "config.replay: unfilled"),
-    (rollout_replay, "replay.age_unit", "epochs", "config.replay: age_unit"),
-    (dapo, "allocation.oversample", 31, "allocation.oversample"),
+    (popo, "replay.popo.unfilled", "zero", "config.replay.popo: unfilled"),
+    (rollout_replay, "replay.prioritized.age_unit", "epochs",
+     "config.replay.prioritized: age_unit"),
+    (dapo, "allocation.dynamic_sampling.oversample", 31, "allocation.dynamic_sampling.oversample"),
 ])
 def test_invalid_method_values_name_the_field(module, field, value, message):
   _refused(module.get_config(), field, value, message)
@@ -285,7 +287,7 @@ def test_invalid_method_values_name_the_field(module, field, value, message):
 def test_rollout_replay_ages_in_updates_are_refused_below_one_step():
   """tau_max = 3 gradient steps with 4 updates per train step could never replay anything."""
   c = rollout_replay.get_config("paper")
-  c.replay.max_age, c.rl.num_minibatches = 3, 4
+  c.replay.prioritized.tau_max, c.rl.num_minibatches = 3, 4
   with pytest.raises(configuration.ConfigError, match="less than one train step"):
     configuration.validate(c)
 
