@@ -31,8 +31,8 @@ class Tokens:
   @classmethod
   def of(cls, rows: Rollout) -> Tokens:
     """The token arrays of ``rows``."""
-    return cls(prompt_ids=rows.prompt_ids_NxP, prompt_mask=rows.prompt_mask_NxP,
-               completion_ids=rows.completion_ids_NxT)
+    return cls(prompt_ids=rows.prompt_ids, prompt_mask=rows.prompt_mask,
+               completion_ids=rows.completion_ids)
 
 
 @flax.struct.dataclass

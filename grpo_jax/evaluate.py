@@ -127,10 +127,11 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
     ids, mask = tokenization.encode_prompts(tokenizer, chunk, prompt_len)
     out = sample(params, ids, mask, keys.evaluation_batch(seed, start))
     out = jax.device_get(out)
-    texts = tokenization.decode_completions(tokenizer, out.tokens_NxT[:real], out.mask_NxT[:real])
+    texts = tokenization.decode_completions(tokenizer, out.completion_ids[:real],
+                                            out.completion_mask[:real])
     scores += [task.score(t, p) for t, p in zip(texts, owners[start:start + real])]
-    lengths += out.lengths_N[:real].tolist()
-    truncated += out.truncated_N[:real].tolist()
+    lengths += out.lengths[:real].tolist()
+    truncated += out.truncated[:real].tolist()
   scores_NxK = np.asarray(scores, np.float64).reshape(len(problems), k)
   success = np.vectorize(task.is_success)(scores_NxK)
   metrics = group_metrics(success, np.asarray(lengths).reshape(len(problems), k))

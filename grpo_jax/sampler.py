@@ -27,7 +27,7 @@ from flax import nnx
 
 from grpo_jax import sharding as sharding_lib
 from grpo_jax.models.causal_lm import CausalLM, positions_from_mask, prompts_repeat
-from grpo_jax.types import Completions
+from grpo_jax.types import Rollout
 
 _NEG_INF = -jnp.inf
 
@@ -161,7 +161,7 @@ def _prefill(model: CausalLM, prompt_ids_NxP, prompt_mask_NxP, size: int, group:
 
 def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
            prompt_mask_NxP: jax.Array, rng: jax.Array, *,
-           config: SamplingConfig) -> Completions:
+           config: SamplingConfig) -> Rollout:
   """Samples one completion per prompt row (pure; jit with ``make_sampler``).
 
   Args:
@@ -173,7 +173,9 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
     config: static sampling settings.
 
   Returns:
-    Completions with [N, T] tokens, mask, behaviour log-probs, lengths and truncation flags.
+    A Rollout of the N rows: the prompts, [N, T] completion tokens, mask and behaviour
+    log-probs, the truncation flags; scores, success, prompt_id and version unset (0, False,
+    -1, 0) for the host to fill.
   """
   dtype = jnp.dtype(nnx.merge(graphdef, params).config.dtype)
   model: CausalLM = nnx.merge(graphdef, _in_compute_dtype(params, dtype))
@@ -216,12 +218,15 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
   state = (jnp.ones((), jnp.int32), cache, token_N, tokens_NxT, done_N, logp_NxT, lengths_N)
   _, _, _, tokens_NxT, done_N, logp_NxT, lengths_N = jax.lax.while_loop(cond, body, state)
   mask_NxT = jnp.arange(t_max)[None, :] < lengths_N[:, None]
-  return Completions(tokens_NxT=tokens_NxT, mask_NxT=mask_NxT, logp_NxT=logp_NxT,
-                     lengths_N=lengths_N, truncated_N=~done_N)
+  return Rollout(prompt_ids=prompt_ids_NxP, prompt_mask=prompt_mask_NxP,
+                 completion_ids=tokens_NxT, completion_mask=mask_NxT, behaviour_logp=logp_NxT,
+                 truncated=~done_N, scores=jnp.zeros((n,), jnp.float32),
+                 success=jnp.zeros((n,), bool), prompt_id=jnp.full((n,), -1, jnp.int32),
+                 version=jnp.zeros((n,), jnp.int32))
 
 
 def make_sampler(graphdef: nnx.GraphDef, config: SamplingConfig, mesh=None):
-  """``fn(params, prompt_ids_NxP, prompt_mask_NxP, rng) -> Completions``, jitted once per shape.
+  """``fn(params, prompt_ids_NxP, prompt_mask_NxP, rng) -> Rollout``, jitted once per shape.
 
   With a ``mesh`` the prompts' rows (and the KV cache's) are split over the batch axes, the
   parameters keep the layout they come with (``sharding.tree_shardings``), and the completions

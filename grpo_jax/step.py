@@ -125,7 +125,7 @@ def _context(config: StepConfig, rollout: Rollout, step: jax.Array,
   """
   g = config.group_size
   b = rollout.num_rows // g
-  signal = lambda name: rollout.scores_N if name == "score" else rollout.success_N
+  signal = lambda name: rollout.scores if name == "score" else rollout.success
   adv_BxG = advantages_lib.group_advantages(signal(config.reward_signal).reshape(b, g),
                                             config.estimator)
   effective_B = advantages_lib.effective_groups(signal(config.effective_signal).reshape(b, g))
@@ -200,15 +200,15 @@ def _sampler_mismatch(config: StepConfig, rollout: Rollout, ctx: replay_method.S
   if config.prox_pass != "all":
     return ctx, {}
   n = rollout.num_rows
-  mu_NxT, replayed_N = comp.rollout.behaviour_logp_NxT, comp.replayed_N
+  mu_NxT, replayed_N = comp.rollout.behaviour_logp, comp.replayed_N
   fresh_tok = (comp.loss_mask_NxT & ~replayed_N[:, None]).astype(jnp.float32)
   mismatch = (jnp.sum(jnp.abs(full_NxT - mu_NxT) * fresh_tok)
               / jnp.maximum(jnp.sum(fresh_tok), 1.0))
   # What this step's rows store as pi_gen: the pass over the fresh rows at their places in the
   # batch (rows 0..N-1; POPO's replaced ineffective groups are not in the batch and keep mu,
   # which matters only for POPO-ineff, whose stored ineffective groups have advantage 0).
-  fresh_gen_NxT = jnp.where(replayed_N[:n, None], rollout.behaviour_logp_NxT, full_NxT[:n])
-  ctx = ctx.replace(gen_logp_BxGxT=fresh_gen_NxT.reshape(ctx.fresh.behaviour_logp_NxT.shape))
+  fresh_gen_NxT = jnp.where(replayed_N[:n, None], rollout.behaviour_logp, full_NxT[:n])
+  ctx = ctx.replace(gen_logp_BxGxT=fresh_gen_NxT.reshape(ctx.fresh.behaviour_logp.shape))
   return ctx, {"fresh_logp_mismatch": mismatch}
 
 
@@ -234,7 +234,7 @@ def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_metho
     UpdateBatch of N + R rows.
   """
   mixed, replayed_N = comp.rollout, comp.replayed_N
-  mu_NxT = mixed.behaviour_logp_NxT
+  mu_NxT = mixed.behaviour_logp
   prox_NxT = full_NxT if config.prox_pass == "all" else mu_NxT
   behaviour_NxT = mu_NxT
   if replaying:
@@ -286,7 +286,7 @@ def _metrics(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContex
     metrics.update(more)
   if replaying:
     metrics.update(step_metrics.replay_age_metrics(batch.loss_mask, comp.replayed_N,
-                                                   comp.rollout.version_N, ctx.step))
+                                                   comp.rollout.version, ctx.step))
     metrics.update(comp.metrics)
   if config.effective_signal != config.reward_signal:
     metrics["effective_advantage_disagree"] = step_metrics.effective_disagreement(
@@ -321,16 +321,6 @@ def _finite_guard(state: TrainState, replay_in: ReplayState, params, opt_state,
   params, opt_state = keep((params, opt_state), (state.params, state.opt_state))
   new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, keep(replay_out, replay_in), 1.0 - finite.astype(jnp.float32)
-
-
-def _policy_logprobs(graphdef: nnx.GraphDef, params, batch: dict, config: StepConfig,
-                     with_entropy: bool = False, remat: bool = False,
-                     grouped: bool | None = None):
-  """``policy.logprobs`` of a dict of the rows' token arrays (``prompt_ids_NxP``,
-  ``prompt_mask_NxP``, ``completion_ids_NxT``): the pass bench/throughput.py times."""
-  tokens = Tokens(prompt_ids=batch["prompt_ids_NxP"], prompt_mask=batch["prompt_mask_NxP"],
-                  completion_ids=batch["completion_ids_NxT"])
-  return policy.logprobs(graphdef, params, tokens, config, with_entropy, remat, grouped)
 
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,

@@ -57,14 +57,14 @@ def batch_metrics(rollout: Rollout, adv_BxG: jax.Array, effective_B: jax.Array,
     the rows that count in the loss.
   """
   b, g = adv_BxG.shape
-  fresh_row_N = jnp.any(rollout.completion_mask_NxT, axis=-1)
+  fresh_row_N = jnp.any(rollout.completion_mask, axis=-1)
   fresh_group_B = jnp.any(fresh_row_N.reshape(b, g), axis=-1)
   loss_row_N = jnp.any(batch.loss_mask, axis=-1)
-  lengths_N = jnp.sum(rollout.completion_mask_NxT, axis=-1).astype(jnp.float32)
+  lengths_N = jnp.sum(rollout.completion_mask, axis=-1).astype(jnp.float32)
   adv_N = batch.advantages
   return dict(
-      reward_mean=mean_over(rollout.scores_N, fresh_row_N),
-      success_mean=mean_over(rollout.success_N, fresh_row_N),
+      reward_mean=mean_over(rollout.scores, fresh_row_N),
+      success_mean=mean_over(rollout.success, fresh_row_N),
       effective_fraction=mean_over(effective_B, fresh_group_B),
       advantage_abs_mean=mean_over(jnp.abs(adv_N), loss_row_N),
       completion_length_mean=mean_over(lengths_N, fresh_row_N),

@@ -27,56 +27,54 @@ import jax
 
 
 @flax.struct.dataclass
-class Completions:
-  """What the sampler returns for N left-padded prompts.
-
-  Attributes:
-    tokens_NxT: int32 completion tokens; ``pad_id`` after the end of each completion.
-    mask_NxT: bool, True for generated tokens up to and including the first EOS.
-    logp_NxT: float32 log-probability of each token under the distribution it was sampled
-      from (temperature and top-k / top-p applied); 0 where ``mask_NxT`` is False.
-    lengths_N: int32 number of True entries of ``mask_NxT``.
-    truncated_N: bool, True when a row reached T tokens without emitting EOS.
-  """
-
-  tokens_NxT: jax.Array
-  mask_NxT: jax.Array
-  logp_NxT: jax.Array
-  lengths_N: jax.Array
-  truncated_N: jax.Array
-
-
-@flax.struct.dataclass
 class Rollout:
-  """One step's fresh rollouts: B groups of G, flattened group-major to N = B * G rows.
+  """Sampled rows and what they earned: the one container from the sampler to the loss.
 
-  Rows g * G .. g * G + G - 1 belong to group g (the same prompt).
+  numpy arrays on the host (allocation rounds, ``allocation.rounds.Rows``), jax arrays on the
+  device (the train step, the replay buffer); the same fields throughout. Shapes below are of a
+  flat batch of N rows; the leading [N] becomes [B, G] when the step groups the rows and
+  [C, E] in the buffer, the trailing dimensions stay. In a step's batch rows g * G ..
+  g * G + G - 1 belong to group g (the same prompt).
+
+  The sampler fills the generation fields (prompt_*, completion_*, behaviour_logp, truncated)
+  and leaves the others unset (score 0, no success, prompt_id -1, version 0); the host's
+  reward sets scores and success, and ``rounds.assemble`` the prompt's data position and the
+  policy version.
 
   Attributes:
-    prompt_ids_NxP: int32 prompts, left padded.
-    prompt_mask_NxP: bool, True for real prompt tokens.
-    completion_ids_NxT: int32 sampled completions.
-    completion_mask_NxT: bool, True up to and including EOS.
-    behaviour_logp_NxT: float32 log mu of each sampled token (0 where masked).
-    scores_N: float32 reward (task score plus any shaping such as the overlong penalty).
-    success_N: bool, the task's accuracy signal (score >= success threshold).
-    prompt_id_N: int32 data position of the prompt (identifies the group's prompt).
-    version_N: int32 policy step that generated the row.
+    prompt_ids: int32 [N, P] prompts, left padded.
+    prompt_mask: bool [N, P], True for real prompt tokens.
+    completion_ids: int32 [N, T] sampled tokens; ``pad_id`` after the end of each completion.
+    completion_mask: bool [N, T], True up to and including the first EOS.
+    behaviour_logp: float32 [N, T] log mu of each sampled token under the distribution it was
+      sampled from (0 where masked).
+    truncated: bool [N], the row reached T tokens without EOS.
+    scores: float32 [N] reward (the reward function's score plus any shaping such as the
+      overlong penalty).
+    success: bool [N], the task's accuracy signal.
+    prompt_id: int32 [N] data position of the prompt (identifies the group's prompt).
+    version: int32 [N] policy step that generated the row.
   """
 
-  prompt_ids_NxP: jax.Array
-  prompt_mask_NxP: jax.Array
-  completion_ids_NxT: jax.Array
-  completion_mask_NxT: jax.Array
-  behaviour_logp_NxT: jax.Array
-  scores_N: jax.Array
-  success_N: jax.Array
-  prompt_id_N: jax.Array
-  version_N: jax.Array
+  prompt_ids: Any
+  prompt_mask: Any
+  completion_ids: Any
+  completion_mask: Any
+  behaviour_logp: Any
+  truncated: Any
+  scores: Any
+  success: Any
+  prompt_id: Any
+  version: Any
 
   @property
   def num_rows(self) -> int:
-    return self.completion_ids_NxT.shape[0]
+    return self.completion_ids.shape[0]
+
+  @property
+  def lengths(self):
+    """int32 [N] generated tokens of each row (EOS included)."""
+    return self.completion_mask.sum(-1).astype("int32")
 
 
 @flax.struct.dataclass

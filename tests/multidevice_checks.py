@@ -109,11 +109,11 @@ def rollouts(graphdef, params) -> list[Rollout]:
     mask[::3, :2] = False  # some left padding
     c = jax.device_get(sample(params, ids, mask, jax.random.key(i)))
     s = np.asarray(scores, np.float32)
-    out.append(Rollout(prompt_ids_NxP=ids, prompt_mask_NxP=mask, completion_ids_NxT=c.tokens_NxT,
-                       completion_mask_NxT=c.mask_NxT, behaviour_logp_NxT=c.logp_NxT,
-                       scores_N=s, success_N=s >= 1.0,
-                       prompt_id_N=np.repeat(np.arange(B) + 10 * i, G).astype(np.int32),
-                       version_N=np.full((N,), i, np.int32)))
+    out.append(Rollout(prompt_ids=ids, prompt_mask=mask, completion_ids=c.completion_ids,
+                       completion_mask=c.completion_mask, behaviour_logp=c.behaviour_logp,
+                       scores=s, truncated=c.truncated, success=s >= 1.0,
+                       prompt_id=np.repeat(np.arange(B) + 10 * i, G).astype(np.int32),
+                       version=np.full((N,), i, np.int32)))
   return out
 
 
@@ -192,12 +192,12 @@ def main(out_path: str):
   many = sharded_sample(sharded_params, ids, mask, jax.random.key(3))
   sharded_sample(sharded_params, ids[::-1].copy(), mask, jax.random.key(4))
   results["sampler"] = {
-      "tokens_equal": bool(np.array_equal(one.tokens_NxT, np.asarray(many.tokens_NxT))),
-      "mask_equal": bool(np.array_equal(one.mask_NxT, np.asarray(many.mask_NxT))),
-      "logp_max_abs_diff": max_abs_diff(one.logp_NxT, many.logp_NxT),
-      "tokens_spec": str(many.tokens_NxT.sharding.spec),
+      "tokens_equal": bool(np.array_equal(one.completion_ids, np.asarray(many.completion_ids))),
+      "mask_equal": bool(np.array_equal(one.completion_mask, np.asarray(many.completion_mask))),
+      "logp_max_abs_diff": max_abs_diff(one.behaviour_logp, many.behaviour_logp),
+      "tokens_spec": str(many.completion_ids.sharding.spec),
       "cache_size": sharded_sample._cache_size(),  # pylint: disable=protected-access
-      "generated": int(np.sum(one.mask_NxT)),
+      "generated": int(np.sum(one.completion_mask)),
   }
 
   batches = rollouts(graphdef, params)

@@ -156,12 +156,13 @@ def test_one_definition_of_effective_on_host_and_device():
   scores = np.array([[0.0, 1e-9, 0.0, 1e-9], [0.0, 0.1, 0.0, 0.0]], np.float32)
   assert scores[0, 1] != scores[0, 0]
   device = np.asarray(jax.jit(effective_groups)(jnp.asarray(scores)))
-  host = [rounds.is_effective(rounds.Rows(
-      prompt_ids_RxP=np.zeros((4, 1), np.int32), prompt_mask_RxP=np.ones((4, 1), bool),
-      tokens_RxT=np.zeros((4, 1), np.int32), mask_RxT=np.ones((4, 1), bool),
-      logp_RxT=np.zeros((4, 1), np.float32), scores_R=row, success_R=row >= 1.0,
-      lengths_R=np.ones(4, np.int32), truncated_R=np.zeros(4, bool),
-      errors_R=np.zeros(4, bool), texts=[""] * 4), "score") for row in scores]
+  from grpo_jax.types import Rollout  # pylint: disable=g-import-not-at-top
+  host = [rounds.is_effective(rounds.Rows(rollout=Rollout(
+      prompt_ids=np.zeros((4, 1), np.int32), prompt_mask=np.ones((4, 1), bool),
+      completion_ids=np.zeros((4, 1), np.int32), completion_mask=np.ones((4, 1), bool),
+      behaviour_logp=np.zeros((4, 1), np.float32), truncated=np.zeros(4, bool), scores=row,
+      success=row >= 1.0, prompt_id=np.full(4, -1, np.int32), version=np.zeros(4, np.int32)),
+      errors=np.zeros(4, bool), texts=[""] * 4), "score") for row in scores]
   assert device.tolist() == host == [False, True]
   assert effective_groups(scores).tolist() == [False, True]  # numpy in, numpy out
   adv = np.asarray(group_advantages(jnp.asarray(scores), "grpo"))

@@ -20,6 +20,7 @@ from grpo_jax.allocation.sara import decide
 from grpo_jax.models import from_pretrained
 from grpo_jax.replay import init_replay
 from grpo_jax.tasks import countdown
+from grpo_jax.types import Rollout
 from tests.test_step import MIXED, SHIFT_N, _copy, _rollout
 
 P, T = 3, 2
@@ -93,13 +94,15 @@ class ScriptedRounds:
     assert start + count <= len(self.script[prompt.index]), (prompt.index, start, count)
     self.used[prompt.index] = start + count
     success = np.array(self.script[prompt.index][start:start + count], bool)
-    return Rows(prompt_ids_RxP=np.full((count, P), 7, np.int32),
-                prompt_mask_RxP=np.ones((count, P), bool),
-                tokens_RxT=np.ones((count, T), np.int32), mask_RxT=np.ones((count, T), bool),
-                logp_RxT=np.full((count, T), -0.5, np.float32),
-                scores_R=success.astype(np.float32), success_R=success,
-                lengths_R=np.full((count,), T, np.int32), truncated_R=np.zeros((count,), bool),
-                errors_R=np.zeros((count,), bool), texts=["x"] * count)
+    rollout = Rollout(prompt_ids=np.full((count, P), 7, np.int32),
+                      prompt_mask=np.ones((count, P), bool),
+                      completion_ids=np.ones((count, T), np.int32),
+                      completion_mask=np.ones((count, T), bool),
+                      behaviour_logp=np.full((count, T), -0.5, np.float32),
+                      truncated=np.zeros((count,), bool), scores=success.astype(np.float32),
+                      success=success, prompt_id=np.full((count,), -1, np.int32),
+                      version=np.zeros((count,), np.int32))
+    return Rows(rollout=rollout, errors=np.zeros((count,), bool), texts=["x"] * count)
 
   def run(self, params, requests, rng, spare=None):
     del params, rng
@@ -159,7 +162,7 @@ class ListSelector:
 
 
 def _ids(rollout):
-  return np.asarray(rollout.prompt_id_N).tolist()
+  return np.asarray(rollout.prompt_id).tolist()
 
 
 def test_uniform_is_one_round_of_full_groups():
@@ -169,7 +172,7 @@ def test_uniform_is_one_round_of_full_groups():
   alloc = FullGroups(selector, ScriptedRounds(b * g, script), num_groups=b, group_size=g)
   rollout, stats = alloc.collect(None, 3, jax.random.key(0))
   assert _ids(rollout) == [0] * 4 + [1] * 4
-  np.testing.assert_array_equal(rollout.version_N, [3] * 8)
+  np.testing.assert_array_equal(rollout.version, [3] * 8)
   assert stats["rollouts"] == 8 and stats["alloc/rollouts_in_update"] == 8
   assert stats["alloc/rounds"] == 1 and stats["alloc/empty_groups"] == 0
   assert stats["alloc/effective_groups"] == 1  # prompt 0 is mixed, prompt 1 is not
@@ -202,8 +205,8 @@ def test_dynamic_sampling_stops_at_its_cap_with_empty_groups():
   assert stats["alloc/rounds"] == 3 and stats["rollouts"] == 24
   assert stats["alloc/capped"] == 1 and stats["alloc/empty_groups"] == 2
   assert stats["alloc/rollouts_in_update"] == 0
-  assert not np.asarray(rollout.completion_mask_NxT).any()
-  assert not np.asarray(rollout.success_N).any() and not np.asarray(rollout.scores_N).any()
+  assert not np.asarray(rollout.completion_mask).any()
+  assert not np.asarray(rollout.success).any() and not np.asarray(rollout.scores).any()
 
 
 @pytest.mark.parametrize("oversample, rounds, ids, dropped", [
@@ -243,7 +246,7 @@ def test_dynamic_sampling_round_cap_cuts_a_generation_batch():
   assert stats["alloc/generation_batches"] == 2 and stats["alloc/capped"] == 1
   assert stats["alloc/empty_groups"] == 1 and stats["alloc/rollouts_in_update"] == 4
   assert _ids(rollout)[:4] == [4] * 4
-  assert not np.asarray(rollout.completion_mask_NxT)[4:].any()
+  assert not np.asarray(rollout.completion_mask)[4:].any()
 
 
 @pytest.mark.parametrize("pool, rounds", [(5, 3), (4, 2)])
@@ -283,7 +286,7 @@ def test_sara_commits_abandons_and_counts_every_rollout():
   # each, not counted). Then both groups are complete.
   assert rounds_.rounds == [[4, 4, 4, 4], [4, 4]]
   assert _ids(rollout) == [0] * 8 + [3] * 8
-  np.testing.assert_array_equal(np.asarray(rollout.success_N),
+  np.testing.assert_array_equal(np.asarray(rollout.success),
                                 np.array(script[0] + script[3], bool))
   assert stats["rollouts"] == 16 + 8  # probes + completions; the 8 audit rows are not counted
   assert sum(rounds_.used.values()) == 16 + 8 + 8
@@ -335,7 +338,7 @@ def test_sara_round_cap_leaves_empty_groups():
   # G = 4, K = 2: 2 agreeing -> P_eff = 1 - 3/5 = 0.4 <= 0.45: abandon at once. The last of
   # the 3 rounds starts no prompt and has nothing to sample.
   assert stats["alloc/committed"] == 0 and stats["alloc/empty_groups"] == 2
-  assert not np.asarray(rollout.completion_mask_NxT).any()
+  assert not np.asarray(rollout.completion_mask).any()
 
 
 def test_sara_caps_a_round_at_its_slots_and_drops_the_undecided_after_b_commits():
@@ -378,7 +381,7 @@ def test_sara_last_round_only_completes_committed_groups():
   assert stats["alloc/committed"] == 1 and stats["alloc/incomplete"] == 0
   assert stats["alloc/undecided"] == 3 and stats["alloc/empty_groups"] == 1
   assert _ids(rollout)[:8] == [0] * 8
-  mask = np.asarray(rollout.completion_mask_NxT)
+  mask = np.asarray(rollout.completion_mask)
   assert mask[:8].all() and not mask[8:].any()
 
 
@@ -448,9 +451,9 @@ def _check_sara_steps(alloc, rounds_, script, steps):
         stats["alloc/committed"] + stats["alloc/abandoned"] + stats["alloc/surplus"])
     # The batch: B * G rows, each group empty or G rows of one prompt, its script in order.
     assert rollout.num_rows == b * g
-    ids = np.asarray(rollout.prompt_id_N).reshape(b, g)
-    mask = np.asarray(rollout.completion_mask_NxT).any(-1).reshape(b, g)
-    success = np.asarray(rollout.success_N).reshape(b, g)
+    ids = np.asarray(rollout.prompt_id).reshape(b, g)
+    mask = np.asarray(rollout.completion_mask).any(-1).reshape(b, g)
+    success = np.asarray(rollout.success).reshape(b, g)
     full = 0
     for j in range(b):
       if not mask[j].any():
@@ -618,18 +621,13 @@ def test_an_empty_group_changes_nothing_in_the_update(split, aggregation):
   graphdef, params = split
   g = 4
   full = _rollout(split, MIXED, shift=SHIFT_N)
-  empty = rounds.empty_rows(Rows(  # group 1 replaced by an empty group
-      prompt_ids_RxP=np.asarray(full.prompt_ids_NxP[4:]),
-      prompt_mask_RxP=np.asarray(full.prompt_mask_NxP[4:]),
-      tokens_RxT=np.asarray(full.completion_ids_NxT[4:]),
-      mask_RxT=np.asarray(full.completion_mask_NxT[4:]),
-      logp_RxT=np.asarray(full.behaviour_logp_NxT[4:]), scores_R=np.asarray(full.scores_N[4:]),
-      success_R=np.asarray(full.success_N[4:]), lengths_R=np.zeros(4, np.int32),
-      truncated_R=np.zeros(4, bool), errors_R=np.zeros(4, bool), texts=[""] * 4), 4)
+  host = jax.tree.map(lambda x: np.asarray(x[4:]), full)
+  empty = rounds.empty_rows(  # group 1 replaced by an empty group
+      Rows(rollout=host, errors=np.zeros(4, bool), texts=[""] * 4), 4).rollout
   with_empty = full.replace(
-      completion_mask_NxT=full.completion_mask_NxT.at[4:].set(empty.mask_RxT),
-      behaviour_logp_NxT=full.behaviour_logp_NxT.at[4:].set(empty.logp_RxT),
-      scores_N=full.scores_N.at[4:].set(0.0), success_N=full.success_N.at[4:].set(False))
+      completion_mask=full.completion_mask.at[4:].set(empty.completion_mask),
+      behaviour_logp=full.behaviour_logp.at[4:].set(empty.behaviour_logp),
+      scores=full.scores.at[4:].set(0.0), success=full.success.at[4:].set(False))
   alone = jax.tree.map(lambda x: x[:4], full)
   tx = optax.sgd(0.1)
   config = step_lib.StepConfig(group_size=g, num_minibatches=1,

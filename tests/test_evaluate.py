@@ -95,7 +95,7 @@ def test_small_evaluation_samples_only_its_rows(monkeypatch, embedded):
   # 2 problems x k = 2 samples = 4 rows < 512: one batch of 4 rows, not 512.
   assert [rows for _, rows, _ in calls] == [4]
   assert calls[0][0] == (1,)  # no model_path: the tokenizer's EOS only
-  lengths = calls[0][2].lengths_N
+  lengths = calls[0][2].lengths
   assert m["mean_length"] == pytest.approx(lengths.mean())
   # 3 problems x 2 = 6 rows with rows_per_batch 5 -> rounded down to 4 (whole groups): batches
   # of 4 rows, the second holding 2 real rows padded to 4.
@@ -104,7 +104,7 @@ def test_small_evaluation_samples_only_its_rows(monkeypatch, embedded):
                             rows_per_batch=5, **KW)
   assert [rows for _, rows, _ in calls] == [4, 4]
   assert m["mean_length"] == pytest.approx(
-      np.concatenate([calls[0][2].lengths_N, calls[1][2].lengths_N[:2]]).mean())
+      np.concatenate([calls[0][2].lengths, calls[1][2].lengths[:2]]).mean())
 
 
 def test_batch_size_does_not_change_the_results(monkeypatch, embedded):
@@ -121,14 +121,14 @@ def test_batch_size_does_not_change_the_results(monkeypatch, embedded):
   padded_calls = _spy(monkeypatch, pad_to=64)
   padded = evaluate_lib.evaluate(graphdef, params, tokenizer, AnswerTask(), [0, 1], **KW)
   assert calls[0][1] == 4 and padded_calls[0][1] == 64
-  for name in ("tokens_NxT", "mask_NxT", "lengths_N"):
+  for name in ("completion_ids", "completion_mask", "lengths"):
     np.testing.assert_array_equal(getattr(calls[0][2], name), getattr(padded_calls[0][2], name))
   # The CPU matmuls round differently for 4 and 64 rows (~1e-6 in the log-probs); a draw could
   # only flip if its uniform fell within that of a CDF step, which these seeds do not.
-  np.testing.assert_allclose(calls[0][2].logp_NxT, padded_calls[0][2].logp_NxT, atol=1e-5)
+  np.testing.assert_allclose(calls[0][2].behaviour_logp, padded_calls[0][2].behaviour_logp, atol=1e-5)
   assert small == padded
   # Sampled at temperature 1, the 4 rows are not all the same completion.
-  assert len({tuple(r) for r in np.asarray(calls[0][2].tokens_NxT).tolist()}) > 1
+  assert len({tuple(r) for r in np.asarray(calls[0][2].completion_ids).tolist()}) > 1
 
 
 def test_model_path_adds_generation_config_stop_tokens(monkeypatch, tmp_path, embedded):

@@ -51,13 +51,14 @@ def _group_rows(ids, adv_sign):
   shape = lambda *s: (k, GH) + s
   ids = jnp.asarray(ids, jnp.int32)
   return Rollout(
-      prompt_ids_NxP=jnp.broadcast_to(ids[:, None, None], shape(PH)),
-      prompt_mask_NxP=jnp.ones(shape(PH), bool),
-      completion_ids_NxT=jnp.broadcast_to(ids[:, None, None], shape(TH)),
-      completion_mask_NxT=jnp.ones(shape(TH), bool),
-      behaviour_logp_NxT=jnp.full(shape(TH), -1.0), scores_N=jnp.zeros(shape()),
-      success_N=jnp.zeros(shape(), bool), prompt_id_N=jnp.broadcast_to(ids[:, None], shape()),
-      version_N=jnp.zeros(shape(), jnp.int32)), jnp.broadcast_to(
+      prompt_ids=jnp.broadcast_to(ids[:, None, None], shape(PH)),
+      prompt_mask=jnp.ones(shape(PH), bool),
+      completion_ids=jnp.broadcast_to(ids[:, None, None], shape(TH)),
+      completion_mask=jnp.ones(shape(TH), bool),
+      behaviour_logp=jnp.full(shape(TH), -1.0), scores=jnp.zeros(shape()),
+      truncated=jnp.zeros(shape(), bool),
+      success=jnp.zeros(shape(), bool), prompt_id=jnp.broadcast_to(ids[:, None], shape()),
+      version=jnp.zeros(shape(), jnp.int32)), jnp.broadcast_to(
           jnp.asarray(adv_sign, jnp.float32)[:, None] * jnp.asarray([1.0, -1.0]), (k, GH))
 
 
@@ -65,7 +66,7 @@ def _fake_policy(shift_by_id):
   """log pi = log mu + shift[id] on every token: group id's drift is shift[id]^2."""
   shift = jnp.asarray(shift_by_id, jnp.float32)
   def logp_fn(rows):
-    return rows.behaviour_logp_NxT + shift[rows.prompt_id_N][:, None]
+    return rows.behaviour_logp + shift[rows.prompt_id][:, None]
   return logp_fn
 
 
@@ -109,7 +110,7 @@ def test_admission_walk_against_a_python_model(heads, shifts, valid, gate, order
   passes = [i for i in candidates if not gate or shifts[i] ** 2 <= 1e-3]
   admitted = passes[:2]
   n = BH * GH
-  got = [int(i) for i, r in zip(np.asarray(comp.rollout.prompt_id_N[n:]),
+  got = [int(i) for i, r in zip(np.asarray(comp.rollout.prompt_id[n:]),
                                 np.asarray(comp.replayed_N[n:])) if r]
   assert got == [i for i in admitted for _ in range(GH)]
   if gate:
@@ -120,7 +121,7 @@ def test_admission_walk_against_a_python_model(heads, shifts, valid, gate, order
   # Replayed rows' pi_prox is the candidate pass: log mu + shift.
   for row, r in enumerate(np.asarray(comp.replayed_N[n:])):
     if r:
-      i = int(comp.rollout.prompt_id_N[n + row])
+      i = int(comp.rollout.prompt_id[n + row])
       np.testing.assert_allclose(comp.prox_logp_NxT[n + row], -1.0 + shifts[i], rtol=1e-6)
 
 
@@ -145,7 +146,7 @@ def test_headroom_cache_refresh_and_insertion():
   np.testing.assert_allclose(new.headroom_C[0], ((1 - p) + p) / 2, rtol=1e-6)
   # Entry 0 (H 0.9) failed the gate (0.09 > 1e-3); entry 1 passed and was used once.
   np.testing.assert_array_equal(new.use_count_C[:2], [0, 1])
-  assert int(new.num_inserted) == 3 and int(new.rollouts.prompt_id_N[2, 0]) == 100
+  assert int(new.num_inserted) == 3 and int(new.rollouts.prompt_id[2, 0]) == 100
   np.testing.assert_allclose(new.headroom_C[2], 0.5, rtol=1e-6)
 
 
@@ -175,14 +176,14 @@ def test_train_step_loss_with_admitted_groups(split, tiny_qwen3, objective):
   # Headroom order: entry 1 (H 0.6) first, then entry 0.
   order = jnp.asarray([4, 5, 6, 7, 0, 1, 2, 3])
   cat = lambda a, b: jnp.concatenate([a, b[order]])
-  ids = cat(rollout.completion_ids_NxT, old.completion_ids_NxT)
-  prompts = cat(rollout.prompt_ids_NxP, old.prompt_ids_NxP)
-  pmask = cat(rollout.prompt_mask_NxP, old.prompt_mask_NxP)
-  cmask = cat(rollout.completion_mask_NxT, old.completion_mask_NxT)
-  mu = cat(rollout.behaviour_logp_NxT, old.behaviour_logp_NxT)
+  ids = cat(rollout.completion_ids, old.completion_ids)
+  prompts = cat(rollout.prompt_ids, old.prompt_ids)
+  pmask = cat(rollout.prompt_mask, old.prompt_mask)
+  cmask = cat(rollout.completion_mask, old.completion_mask)
+  mu = cat(rollout.behaviour_logp, old.behaviour_logp)
   adv = jnp.concatenate([jnp.asarray(MIXED_ADV), stored_adv.reshape(-1)[order]])
   logp = completion_logprobs(tiny_qwen3, prompts, pmask, ids)
-  teacher = jnp.concatenate([rollout.behaviour_logp_NxT, logp[B * G:]])
+  teacher = jnp.concatenate([rollout.behaviour_logp, logp[B * G:]])
   prox = mu if objective == "align_mu" else teacher
   expected, _ = losses.policy_loss(logp, prox, mu, adv, cmask, losses.LossConfig())
   other, _ = losses.policy_loss(logp, teacher if objective == "align_mu" else mu, mu, adv, cmask,
@@ -225,7 +226,7 @@ def test_no_drifted_or_over_age_group_is_ever_used(steps, max_age):
     comp, replay = run(replay, jnp.asarray(ids), jnp.asarray(effective),
                        jnp.asarray(shift_by_id), jnp.int32(step))
     n = BH * GH
-    used = {int(i) for i, r in zip(np.asarray(comp.rollout.prompt_id_N[n:]),
+    used = {int(i) for i, r in zip(np.asarray(comp.rollout.prompt_id[n:]),
                                    np.asarray(comp.replayed_N[n:])) if r}
     for i in used:
       assert shift_by_id[i] ** 2 <= 1e-3 and i in mixed_ids and version[i] < step
@@ -241,7 +242,7 @@ def test_no_drifted_or_over_age_group_is_ever_used(steps, max_age):
               for i, e in zip([100 * (step + 1) + j for j in range(BH)], effective) if e]
   last = len(steps) - 1
   expected = {i for i in inserted[-4:] if not max_age or last - version[i] <= max_age}
-  stored = {int(i) for i, v in zip(replay.rollouts.prompt_id_N[:, 0], replay.valid_C) if v}
+  stored = {int(i) for i, v in zip(replay.rollouts.prompt_id[:, 0], replay.valid_C) if v}
   assert stored == expected
 
 

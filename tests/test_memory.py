@@ -62,10 +62,11 @@ def _rollout(split, seed=0):
   cfg = sampler_lib.SamplingConfig(max_new_tokens=T, eos_ids=(5,), pad_id=0)
   out = sampler_lib.make_sampler(graphdef, cfg)(params, ids, mask, jax.random.key(seed))
   scores = jnp.asarray([1, 0, 0, 1, 0, 1, 0, 0], jnp.float32)
-  return Rollout(prompt_ids_NxP=jnp.asarray(ids), prompt_mask_NxP=jnp.asarray(mask),
-                 completion_ids_NxT=out.tokens_NxT, completion_mask_NxT=out.mask_NxT,
-                 behaviour_logp_NxT=out.logp_NxT, scores_N=scores, success_N=scores > 0,
-                 prompt_id_N=jnp.repeat(jnp.arange(B), G), version_N=jnp.zeros(B * G, jnp.int32))
+  return Rollout(prompt_ids=jnp.asarray(ids), prompt_mask=jnp.asarray(mask),
+                 completion_ids=out.completion_ids, completion_mask=out.completion_mask,
+                 behaviour_logp=out.behaviour_logp, truncated=out.truncated,
+                 scores=scores, success=scores > 0,
+                 prompt_id=jnp.repeat(jnp.arange(B), G), version=jnp.zeros(B * G, jnp.int32))
 
 
 def _step(split, rollout, tx, **kw):

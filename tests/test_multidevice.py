@@ -113,7 +113,7 @@ def test_state_and_buffer_layouts(report, method):
   if method == "popo":
     replay = r["replay_specs"]
     # Entries [C, ...] split like the batch; scalars (write position, count) replicated.
-    assert replay[".rollouts.completion_ids_NxT"] == "P(('data', 'fsdp'),)"
+    assert replay[".rollouts.completion_ids"] == "P(('data', 'fsdp'),)"
     assert replay[".valid_C"] == "P(('data', 'fsdp'),)"
     assert replay[".write_pos"] == "P()"
 

@@ -52,8 +52,8 @@ def _buffer_with(split, scores, version=0, shift=0.0):
   replay = replay_lib.init_replay(4, G, P, T)
   replay = replay_lib.insert(replay, fresh, jnp.asarray(STORED_ADV), jnp.ones(B, bool), version)
   if shift:
-    shifted = replay.rollouts.behaviour_logp_NxT + shift * replay.rollouts.completion_mask_NxT
-    replay = replay.replace(rollouts=replay.rollouts.replace(behaviour_logp_NxT=shifted),
+    shifted = replay.rollouts.behaviour_logp + shift * replay.rollouts.completion_mask
+    replay = replay.replace(rollouts=replay.rollouts.replace(behaviour_logp=shifted),
                             gen_logp_CxExT=jnp.copy(shifted))
   return replay, rollout
 
@@ -79,7 +79,7 @@ def test_ineffective_slot_takes_the_most_recent_stored_group(split):
   rollout = _rollout(split, ONE_INEFFECTIVE)
   # The stored groups as if an older policy had sampled them: log mu 0.3 below this policy's.
   replay, _ = _buffer_with(split, ALL_EFFECTIVE, shift=-0.3)
-  stored_tokens = float(np.asarray(replay.rollouts.completion_mask_NxT[1]).sum())
+  stored_tokens = float(np.asarray(replay.rollouts.completion_mask[1]).sum())
   _, new_replay, m = _run(split, POPO, rollout, replay, lr=0.0)  # (replay is donated)
   assert float(m["replay_slots_filled"]) == 1.0
   assert float(m["ineffective_fraction"]) == 0.5
@@ -88,15 +88,15 @@ def test_ineffective_slot_takes_the_most_recent_stored_group(split):
   np.testing.assert_array_equal(new_replay.use_count_C[:2], [0, 1])
   # Only the effective fresh group 0 was inserted (at slot 2); the ineffective one was not.
   assert int(new_replay.num_inserted) == 3
-  np.testing.assert_array_equal(new_replay.rollouts.completion_ids_NxT[2],
-                                rollout.completion_ids_NxT[:G])
+  np.testing.assert_array_equal(new_replay.rollouts.completion_ids[2],
+                                rollout.completion_ids[:G])
   # Replayed tokens: pi_theta / mu = e^0.3 = 1.3499 and (log pi_theta - log mu)^2 = 0.09 (lr 0:
   # pi_theta = pi_prox). The decoupled loss applies w = pi_prox / mu = e^0.3 to them and 1 to
   # the fresh group's tokens, so its mean weight is the token-weighted average of the two (a
   # weight wired to the wrong rows, or to mu / mu, gives another number).
   assert float(m["replay_is_weight_mean"]) == pytest.approx(np.exp(0.3), rel=1e-4)
   assert float(m["replay_drift"]) == pytest.approx(0.09, rel=1e-3)
-  fresh_tokens = float(np.asarray(rollout.completion_mask_NxT)[:G].sum())
+  fresh_tokens = float(np.asarray(rollout.completion_mask)[:G].sum())
   expected_w = (fresh_tokens + np.exp(0.3) * stored_tokens) / (fresh_tokens + stored_tokens)
   assert float(m["is_weight_mean"]) == pytest.approx(expected_w, rel=1e-4)
   evicted = replay_lib.evict(new_replay, jnp.int32(1), max_uses=1)
@@ -119,13 +119,13 @@ def test_each_objective_equals_a_hand_composed_loss(split, tiny_qwen3, objective
   _, _, m = _run(split, cfg, rollout, replay, loss=loss_cfg, lr=0.0)
   # Composed batch: group 0 fresh, group 1 = stored entry 1 (the old rollout's group 1).
   rows = lambda x, y: jnp.concatenate([x[:G], y[G:]])
-  ids = rows(rollout.completion_ids_NxT, old.completion_ids_NxT)
-  prompts = rows(rollout.prompt_ids_NxP, old.prompt_ids_NxP)
-  pmask = rows(rollout.prompt_mask_NxP, old.prompt_mask_NxP)
-  cmask = rows(rollout.completion_mask_NxT, old.completion_mask_NxT)
-  mu = rows(rollout.behaviour_logp_NxT, old.behaviour_logp_NxT - 0.5 * old.completion_mask_NxT)
+  ids = rows(rollout.completion_ids, old.completion_ids)
+  prompts = rows(rollout.prompt_ids, old.prompt_ids)
+  pmask = rows(rollout.prompt_mask, old.prompt_mask)
+  cmask = rows(rollout.completion_mask, old.completion_mask)
+  mu = rows(rollout.behaviour_logp, old.behaviour_logp - 0.5 * old.completion_mask)
   logp = completion_logprobs(tiny_qwen3, prompts, pmask, ids)
-  teacher_prox = rows(rollout.behaviour_logp_NxT, logp)
+  teacher_prox = rows(rollout.behaviour_logp, logp)
   prox, beh = {"decoupled": (teacher_prox, mu), "pi_old": (teacher_prox, teacher_prox),
                "align_mu": (mu, mu)}[objective]
   adv = jnp.asarray(A0 + STORED_ADV[1].tolist())
@@ -154,11 +154,11 @@ def test_grpo_filter_loss_equals_grpo_on_the_kept_groups_alone(split, tiny_qwen3
   _, _, m = _run(split, popo.PopoConfig(fill="drop"), rollout,
                  replay_lib.init_replay(0, G, P, T), lr=0.0, reward_signal="score")
   kept = slice(0, G)
-  logp = completion_logprobs(tiny_qwen3, rollout.prompt_ids_NxP[kept],
-                             rollout.prompt_mask_NxP[kept], rollout.completion_ids_NxT[kept])
-  mu = rollout.behaviour_logp_NxT[kept]
+  logp = completion_logprobs(tiny_qwen3, rollout.prompt_ids[kept],
+                             rollout.prompt_mask[kept], rollout.completion_ids[kept])
+  mu = rollout.behaviour_logp[kept]
   expected, _ = losses.policy_loss(logp, mu, mu, jnp.asarray(A0),
-                                   rollout.completion_mask_NxT[kept], losses.LossConfig())
+                                   rollout.completion_mask[kept], losses.LossConfig())
   assert float(m["loss"]) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
   assert abs(float(expected)) > 1e-3  # a loss the denominator can change
 
@@ -195,16 +195,16 @@ def test_popo_kl_ranks_by_the_kl_estimate_not_the_squared_log_ratio():
   so the KL picks the first group and the mean squared log-ratio (the code before) the second."""
   shifts = jnp.asarray([0.5, -0.45])
   rows = jax.tree.map(lambda x: x[:2], _fresh(0, [True, True, False, False]))
-  rows = rows.replace(behaviour_logp_NxT=jnp.broadcast_to(shifts[:, None, None], (2, GC, TC)) - 1.,
-                      completion_mask_NxT=jnp.ones((2, GC, TC), bool))
+  rows = rows.replace(behaviour_logp=jnp.broadcast_to(shifts[:, None, None], (2, GC, TC)) - 1.,
+                      completion_mask=jnp.ones((2, GC, TC), bool))
   replay = replay_lib.insert(replay_lib.init_replay(2, GC, PC, TC), rows, jnp.ones((2, GC)),
                              jnp.ones(2, bool), 0)
-  policy = lambda r: jnp.full(r.behaviour_logp_NxT.shape, -1.0)  # log pi = -1 everywhere
+  policy = lambda r: jnp.full(r.behaviour_logp.shape, -1.0)  # log pi = -1 everywhere
   np.testing.assert_allclose(popo.stored_kl(replay, policy), [0.1065307, 0.1183122], rtol=1e-5)
   cfg = popo.PopoConfig(fill="replay", priority="lowest_kl", slots=1)
   effective = jnp.asarray([True, False, True, True])
   comp = cfg.compose(_ctx(_fresh(1, effective), _adv(1), effective, jnp.int32(1)), replay, policy)
-  replayed = np.asarray(comp.rollout.prompt_id_N).reshape(BC, GC)[1, 0]
+  replayed = np.asarray(comp.rollout.prompt_id).reshape(BC, GC)[1, 0]
   assert replayed == 0  # entry 0 (delta = +0.5): the lower KL
   assert float(comp.metrics["replay_kl_selected"]) == pytest.approx(0.1065307, rel=1e-5)
 
@@ -225,7 +225,7 @@ def test_max_age_keeps_an_entry_exactly_max_age_steps_old():
   effective = jnp.asarray([False, False, True, True])
   comp = cfg.compose(_ctx(_fresh(10, effective), _adv(10), effective, jnp.int32(10)), evicted,
                      _no_pass)
-  ids = np.asarray(comp.rollout.prompt_id_N).reshape(BC, GC)[:, 0]
+  ids = np.asarray(comp.rollout.prompt_id).reshape(BC, GC)[:, 0]
   assert ids[0] == 1 and not bool(np.asarray(comp.replayed_N).reshape(BC, GC)[1, 0])
   # The same rule in rollout-level replay: tau_max 4 train steps.
   rr = prioritized.PrioritizedReplayConfig(tau_max=4)
@@ -245,11 +245,12 @@ def _fresh(step, effective):
   full = lambda v, *s, d=jnp.int32: jnp.broadcast_to(jnp.asarray(v, d).reshape(
       (BC, 1) + (1,) * len(s)), (BC, GC) + s)
   return Rollout(
-      prompt_ids_NxP=full(ids, PC), prompt_mask_NxP=jnp.ones((BC, GC, PC), bool),
-      completion_ids_NxT=full(ids, TC), completion_mask_NxT=full(np.arange(BC) % 2 == 0, TC,
+      prompt_ids=full(ids, PC), prompt_mask=jnp.ones((BC, GC, PC), bool),
+      completion_ids=full(ids, TC), completion_mask=full(np.arange(BC) % 2 == 0, TC,
                                                                    d=bool),
-      behaviour_logp_NxT=jnp.zeros((BC, GC, TC)), scores_N=jnp.asarray(success, jnp.float32),
-      success_N=jnp.asarray(success), prompt_id_N=full(ids), version_N=full(np.full(BC, step)))
+      behaviour_logp=jnp.zeros((BC, GC, TC)), scores=jnp.asarray(success, jnp.float32),
+      truncated=jnp.zeros_like(jnp.asarray(success), bool),
+      success=jnp.asarray(success), prompt_id=full(ids), version=full(np.full(BC, step)))
 
 
 def _adv(step):
@@ -336,20 +337,20 @@ def test_compose_matches_the_python_model(steps, max_age, max_uses, slots, inser
     group = lambda x: np.asarray(x).reshape((BC, GC) + np.asarray(x).shape[1:])
     replayed_B = group(comp.replayed_N)[:, 0]
     assert replayed_B.nonzero()[0].tolist() == sorted(expected)
-    ids = group(comp.rollout.prompt_id_N)[:, 0]
+    ids = group(comp.rollout.prompt_id)[:, 0]
     adv, mask = group(comp.advantages_N), group(comp.loss_mask_NxT)
     for b in range(BC):
       if b in expected:
         source = expected[b]["id"]
         assert ids[b] == source
         np.testing.assert_allclose(adv[b], source + np.arange(GC) / 10)
-        age = step - int(group(comp.rollout.version_N)[b, 0])
+        age = step - int(group(comp.rollout.version)[b, 0])
         assert age >= 1 and (not max_age or age <= max_age)
         np.testing.assert_array_equal(mask[b], (source % 1000) % 2 == 0)
       else:
         assert ids[b] == 1000 * step + b
         np.testing.assert_allclose(adv[b], _adv(step)[b])
-    stored = sorted(int(i) for i, v in zip(replay.rollouts.prompt_id_N[:, 0], replay.valid_C)
+    stored = sorted(int(i) for i, v in zip(replay.rollouts.prompt_id[:, 0], replay.valid_C)
                     if v)
     # Same live entries (eviction is lazy in both: an entry used now goes at the next step).
     assert stored == sorted(e["id"] for e in model.entries)
@@ -360,7 +361,7 @@ def test_drop_masks_only_ineffective_groups():
   effective = jnp.asarray([True, False, True, False])
   comp = cfg.compose(_ctx(_fresh(0, effective), _adv(0), effective, jnp.int32(0)),
                      replay_lib.init_replay(0, GC, PC, TC), _no_pass)
-  fresh_mask = np.asarray(_fresh(0, effective).completion_mask_NxT)
+  fresh_mask = np.asarray(_fresh(0, effective).completion_mask)
   mask = np.asarray(comp.loss_mask_NxT).reshape(BC, GC, TC)
   np.testing.assert_array_equal(mask[1], False)
   np.testing.assert_array_equal(mask[3], False)

@@ -47,13 +47,14 @@ def _fresh(step, adv_N):
   shape = lambda *s: (BR, GR) + s
   grid = lambda v: jnp.asarray(np.asarray(v).reshape(BR, GR))
   return Rollout(
-      prompt_ids_NxP=jnp.broadcast_to(grid(ids)[..., None], shape(PR)).astype(jnp.int32),
-      prompt_mask_NxP=jnp.ones(shape(PR), bool),
-      completion_ids_NxT=jnp.broadcast_to(grid(ids)[..., None], shape(TR)).astype(jnp.int32),
-      completion_mask_NxT=jnp.ones(shape(TR), bool),
-      behaviour_logp_NxT=jnp.zeros(shape(TR)), scores_N=jnp.zeros(shape()),
-      success_N=jnp.zeros(shape(), bool), prompt_id_N=grid(ids).astype(jnp.int32),
-      version_N=jnp.full(shape(), step, jnp.int32)), grid(adv_N).astype(jnp.float32)
+      prompt_ids=jnp.broadcast_to(grid(ids)[..., None], shape(PR)).astype(jnp.int32),
+      prompt_mask=jnp.ones(shape(PR), bool),
+      completion_ids=jnp.broadcast_to(grid(ids)[..., None], shape(TR)).astype(jnp.int32),
+      completion_mask=jnp.ones(shape(TR), bool),
+      behaviour_logp=jnp.zeros(shape(TR)), scores=jnp.zeros(shape()),
+      truncated=jnp.zeros(shape(), bool),
+      success=jnp.zeros(shape(), bool), prompt_id=grid(ids).astype(jnp.int32),
+      version=jnp.full(shape(), step, jnp.int32)), grid(adv_N).astype(jnp.float32)
 
 
 @functools.lru_cache(maxsize=None)
@@ -92,7 +93,7 @@ def test_composition_ages_and_warmup_against_a_python_model(advs, tau_max, warmu
     comp, replay, m = run(replay, fresh, adv_BxG, jnp.int32(step), jax.random.key(step))
     n = BR * GR
     assert comp.rollout.num_rows == n + 2
-    ids = np.asarray(comp.rollout.prompt_id_N)
+    ids = np.asarray(comp.rollout.prompt_id)
     assert ids[:n].tolist() == list(range(100 * step, 100 * step + n))  # fresh first
     live = {sid: (v, a) for sid, v, a in stored[-capacity:] if step - v <= tau_max}
     replayed = [int(i) for i, r in zip(ids[n:], np.asarray(comp.replayed_N[n:])) if r]
@@ -132,7 +133,7 @@ def test_draws_follow_the_priority_distribution():
                                          effective_B=jnp.ones((BR,), bool), step=jnp.int32(1),
                                          rng=k)
   n = 4000
-  draw = jax.jit(jax.vmap(lambda k: cfg.compose(ctx(k), replay, None).rollout.prompt_id_N[-1]))
+  draw = jax.jit(jax.vmap(lambda k: cfg.compose(ctx(k), replay, None).rollout.prompt_id[-1]))
   ids = np.asarray(draw(jax.random.split(jax.random.key(7), n)))
   counts = np.bincount(ids, minlength=4)[:4]
   p = np.asarray([2.0, 1.0, 0.5, 0.001]) / 3.501
@@ -152,7 +153,7 @@ def test_train_step_loss_on_the_fresh_anchored_batch(split, tiny_qwen3):
   stored_adv = jnp.asarray([0.7, -0.4, 0.9, -1.1, 0, 0, 0, 0])
   replay = replay_lib.init_replay(16, 1, P, T)
   rows = jax.tree.map(lambda x: x[:, None], old)
-  rows = rows.replace(behaviour_logp_NxT=rows.behaviour_logp_NxT - 0.2 * rows.completion_mask_NxT)
+  rows = rows.replace(behaviour_logp=rows.behaviour_logp - 0.2 * rows.completion_mask)
   # Stored at version -10: at step 0 they are exactly tau_max = 10 steps old, which the
   # definition keeps (replayed now); at step 1 they are 11 old, which it evicts.
   replay = replay_lib.insert(replay, rows, stored_adv[:, None], stored_adv != 0, -10)
@@ -165,11 +166,11 @@ def test_train_step_loss_on_the_fresh_anchored_batch(split, tiny_qwen3):
   # All four stored rollouts are replayed (R = 4 = live entries), in some priority order; the
   # loss is a sum over rows, so the order does not matter for seq-mean-token-mean.
   cat = lambda a, b: jnp.concatenate([a, b[:4]])
-  ids = cat(rollout.completion_ids_NxT, old.completion_ids_NxT)
-  prompts = cat(rollout.prompt_ids_NxP, old.prompt_ids_NxP)
-  pmask = cat(rollout.prompt_mask_NxP, old.prompt_mask_NxP)
-  cmask = cat(rollout.completion_mask_NxT, old.completion_mask_NxT)
-  mu = cat(rollout.behaviour_logp_NxT, old.behaviour_logp_NxT - 0.2 * old.completion_mask_NxT)
+  ids = cat(rollout.completion_ids, old.completion_ids)
+  prompts = cat(rollout.prompt_ids, old.prompt_ids)
+  pmask = cat(rollout.prompt_mask, old.prompt_mask)
+  cmask = cat(rollout.completion_mask, old.completion_mask)
+  mu = cat(rollout.behaviour_logp, old.behaviour_logp - 0.2 * old.completion_mask)
   adv = jnp.concatenate([jnp.asarray(MIXED_ADV), stored_adv[:4]])
   logp = completion_logprobs(tiny_qwen3, prompts, pmask, ids)
   expected, _ = losses.policy_loss(logp, mu, mu, adv, cmask, losses.LossConfig())

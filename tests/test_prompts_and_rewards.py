@@ -127,25 +127,25 @@ def test_a_round_is_group_major_with_overlong_penalty(tokenizer):
   r = jax.device_get(rollout)
   assert r.num_rows == b * g == 6
   # Rows 0-2 are prompt 7, rows 3-5 prompt 11 (repeat, not tile: tiling gives 7, 11, 7, ...).
-  np.testing.assert_array_equal(r.prompt_id_N, [7, 7, 7, 11, 11, 11])
-  np.testing.assert_array_equal(r.prompt_mask_NxP.sum(1), [2, 2, 2, 5, 5, 5])
+  np.testing.assert_array_equal(r.prompt_id, [7, 7, 7, 11, 11, 11])
+  np.testing.assert_array_equal(r.prompt_mask.sum(1), [2, 2, 2, 5, 5, 5])
   ids_7, _ = tokenization.encode_prompts(tokenizer, [task.prompt(7)], p)
   ids_11, _ = tokenization.encode_prompts(tokenizer, [task.prompt(11)], p)
-  np.testing.assert_array_equal(r.prompt_ids_NxP, np.concatenate([ids_7] * 3 + [ids_11] * 3))
-  np.testing.assert_array_equal(r.version_N, [5] * 6)
+  np.testing.assert_array_equal(r.prompt_ids, np.concatenate([ids_7] * 3 + [ids_11] * 3))
+  np.testing.assert_array_equal(r.version, [5] * 6)
   # Scores: task value of the row's prompt plus 0.5 * the soft overlong penalty with T = 4,
   # buffer 2: length <= 2 -> 0, length 3 -> (2 - 3) / 2 = -0.5, length 4 with EOS -> -1,
   # truncated -> -1; all times 0.5.
-  lengths = r.completion_mask_NxT.sum(1)
-  truncated = ~np.isin(np.take_along_axis(r.completion_ids_NxT, np.maximum(lengths - 1, 0)[:, None],
+  lengths = r.completion_mask.sum(1)
+  truncated = ~np.isin(np.take_along_axis(r.completion_ids, np.maximum(lengths - 1, 0)[:, None],
                                           1)[:, 0], config.eos_ids)
   by_hand = {1: 0.0, 2: 0.0, 3: -0.5, 4: -1.0}
   penalty = np.array([-1.0 if tr else by_hand[n] for n, tr in zip(lengths, truncated)]) * 0.5
   base = np.array([0.5] * 3 + [1.0] * 3)
-  np.testing.assert_allclose(r.scores_N, base + penalty, atol=1e-6)
+  np.testing.assert_allclose(r.scores, base + penalty, atol=1e-6)
   assert truncated.any()  # the 4-token budget cuts the embedded model's answers short
   # Success is judged on the task score, before the penalty.
-  np.testing.assert_array_equal(r.success_N, [False] * 3 + [True] * 3)
+  np.testing.assert_array_equal(r.success, [False] * 3 + [True] * 3)
   assert stats["rollouts"] == 6 and stats["completion_tokens"] == int(lengths.sum())
   assert stats["reward_errors"] == 0
   assert stats["truncated_fraction"] == pytest.approx(truncated.mean())
@@ -155,8 +155,8 @@ def test_a_round_is_group_major_with_overlong_penalty(tokenizer):
                              overlong_buffer=2, overlong_factor=0.5, score_base="accuracy")
   per_prompt, _ = dapo.run(params, [(q, g) for q in prompts], jax.random.key(0))
   rows = rounds.Rows.concat(per_prompt)
-  np.testing.assert_array_equal(rows.tokens_RxT, r.completion_ids_NxT)  # the same samples
-  np.testing.assert_allclose(rows.scores_R, np.array([-1.0] * 3 + [1.0] * 3) + penalty,
+  np.testing.assert_array_equal(rows.rollout.completion_ids, r.completion_ids)  # same samples
+  np.testing.assert_allclose(rows.rollout.scores, np.array([-1.0] * 3 + [1.0] * 3) + penalty,
                              atol=1e-6)
   with pytest.raises(ValueError, match="score_base"):
     rounds.RoundSampler(sample_fn, tokenizer, task, slots=b * g, prompt_len=p,

@@ -18,12 +18,12 @@ def _entries(ids):
   """M candidate entries whose prompt_id is ``ids[m]`` in every rollout (their identity)."""
   ids = jnp.asarray(ids, jnp.int32)
   z = lambda *s, d=jnp.float32: jnp.zeros((M, E) + s, d)
-  return Rollout(prompt_ids_NxP=jnp.broadcast_to(ids[:, None, None], (M, E, P)),
-                 prompt_mask_NxP=z(P, d=bool), completion_ids_NxT=z(T, d=jnp.int32),
-                 completion_mask_NxT=z(T, d=bool), behaviour_logp_NxT=z(T),
-                 scores_N=z(), success_N=z(d=bool),
-                 prompt_id_N=jnp.broadcast_to(ids[:, None], (M, E)),
-                 version_N=z(d=jnp.int32))
+  return Rollout(prompt_ids=jnp.broadcast_to(ids[:, None, None], (M, E, P)),
+                 prompt_mask=z(P, d=bool), completion_ids=z(T, d=jnp.int32),
+                 completion_mask=z(T, d=bool), behaviour_logp=z(T),
+                 scores=z(), truncated=z(d=bool), success=z(d=bool),
+                 prompt_id=jnp.broadcast_to(ids[:, None], (M, E)),
+                 version=z(d=jnp.int32))
 
 
 @jax.jit
@@ -102,7 +102,7 @@ def test_matches_reference_model(ops):
       expected = ref.recent(3)
       got = [int(i) for i, v in zip(idx, ok) if v]
       # Recency order is exact and only live entries come back.
-      assert [int(replay.rollouts.prompt_id_N[i, 0]) for i in got] == [s["id"] for s in expected]
+      assert [int(replay.rollouts.prompt_id[i, 0]) for i in got] == [s["id"] for s in expected]
       assert all(step - int(replay.version_C[i]) <= 3 for i in got)
       replay = replay_lib.mark_used(replay, idx, ok)
       for s in expected:
@@ -112,7 +112,7 @@ def test_matches_reference_model(ops):
       live = bool(replay.valid_C[slot])
       assert live == bool(s and s["valid"])
       if s:
-        assert int(replay.rollouts.prompt_id_N[slot, 0]) == s["id"]
+        assert int(replay.rollouts.prompt_id[slot, 0]) == s["id"]
         assert int(replay.use_count_C[slot]) == s["uses"]
   assert int(replay.num_inserted) == ref.count
   assert int(np.sum(replay.valid_C)) <= C
@@ -123,7 +123,7 @@ def test_insert_more_than_capacity_keeps_the_last_ones():
   replay = replay_lib.insert(replay, _entries([1, 2, 3, 4]), jnp.zeros((M, E)),
                              jnp.ones(M, bool), 0)
   # 4 kept into 3 slots written one by one from slot 0: 1->0, 2->1, 3->2, 4->0.
-  np.testing.assert_array_equal(replay.rollouts.prompt_id_N[:, 0], [4, 2, 3])
+  np.testing.assert_array_equal(replay.rollouts.prompt_id[:, 0], [4, 2, 3])
   assert int(replay.write_pos) == 1 and int(replay.num_inserted) == 4
 
 
@@ -152,10 +152,10 @@ def test_select_pads_when_fewer_entries_exist_and_gather_layout():
   idx, ok = replay_lib.select(replay, 4, "recency")
   np.testing.assert_array_equal(ok, [True, True, False, False])
   rows, adv, gen = replay_lib.gather(replay, idx[:2])
-  assert rows.prompt_ids_NxP.shape == (2 * E, P) and adv.shape == (2 * E,)
+  assert rows.prompt_ids.shape == (2 * E, P) and adv.shape == (2 * E,)
   # No trainer log-probs given at insertion: they default to the entries' log mu.
-  np.testing.assert_array_equal(gen, rows.behaviour_logp_NxT)
-  np.testing.assert_array_equal(rows.prompt_id_N, [8, 8, 7, 7])  # most recent first
+  np.testing.assert_array_equal(gen, rows.behaviour_logp)
+  np.testing.assert_array_equal(rows.prompt_id, [8, 8, 7, 7])  # most recent first
   with pytest.raises(ValueError, match="unknown replay priority"):
     replay_lib.select(replay, 1, "newest")
 
@@ -167,9 +167,9 @@ def test_capacity_zero_is_a_no_op_and_bytes_are_fixed():
   idx, ok = replay_lib.select(empty, 2, "recency")
   assert idx.shape == (2,) and not bool(ok.any())
   full = replay_lib.init_replay(C, E, P, T)
-  # Per rollout: P ids 4*3 + P mask 1*3 + T ids 4*2 + T mask 1*2 + T logp 4*2 + score 4 +
-  # success 1 + prompt id 4 + version 4 = 12+3+8+2+8+4+1+4+4 = 46 bytes; x E=2 -> 92, plus
-  # advantages 2*4 = 8 and trainer log-probs at generation E*T*4 = 16 -> 116 per entry, plus
-  # version, inserted, use count, drift, headroom 4+4+4+4+4 and valid 1 = 21 per entry -> 137;
-  # C=5 -> 685, plus write_pos and num_inserted 8 -> 693.
-  assert full.nbytes == 693
+  # Per rollout: P ids 4*3 + P mask 1*3 + T ids 4*2 + T mask 1*2 + T logp 4*2 + truncated 1 +
+  # score 4 + success 1 + prompt id 4 + version 4 = 12+3+8+2+8+1+4+1+4+4 = 47 bytes; x E=2 ->
+  # 94, plus advantages 2*4 = 8 and trainer log-probs at generation E*T*4 = 16 -> 118 per
+  # entry, plus version, inserted, use count, drift, headroom 4+4+4+4+4 and valid 1 = 21 per
+  # entry -> 139; C=5 -> 695, plus write_pos and num_inserted 8 -> 703.
+  assert full.nbytes == 703

@@ -108,7 +108,7 @@ def _buffer_violations(replay, sh, adv_by_id, check_drift=False):
   """Every counter of the buffer against the shadow (see the module docstring)."""
   c = replay.capacity
   num_ids = sh["index"].shape[0]
-  ids_CxE = replay.rollouts.prompt_id_N
+  ids_CxE = replay.rollouts.prompt_id
   ids = jnp.clip(ids_CxE[:, 0], 0, num_ids - 1)
   valid = replay.valid_C
   live = _live(sh, c)
@@ -177,12 +177,13 @@ def _group_rows(ids_K, step, lead):
   shape = lambda *s: (k, lead) + s
   ids = jnp.broadcast_to(ids_K[:, None], shape())
   return Rollout(
-      prompt_ids_NxP=jnp.zeros(shape(P), jnp.int32), prompt_mask_NxP=jnp.ones(shape(P), bool),
-      completion_ids_NxT=jnp.zeros(shape(T), jnp.int32),
-      completion_mask_NxT=jnp.ones(shape(T), bool),
-      behaviour_logp_NxT=jnp.full(shape(T), -1.0), scores_N=jnp.zeros(shape()),
-      success_N=jnp.zeros(shape(), bool), prompt_id_N=ids.astype(jnp.int32),
-      version_N=jnp.full(shape(), step, jnp.int32))
+      prompt_ids=jnp.zeros(shape(P), jnp.int32), prompt_mask=jnp.ones(shape(P), bool),
+      completion_ids=jnp.zeros(shape(T), jnp.int32),
+      completion_mask=jnp.ones(shape(T), bool),
+      behaviour_logp=jnp.full(shape(T), -1.0), scores=jnp.zeros(shape()),
+      truncated=jnp.zeros(shape(), bool),
+      success=jnp.zeros(shape(), bool), prompt_id=ids.astype(jnp.int32),
+      version=jnp.full(shape(), step, jnp.int32))
 
 
 # ---------------------------------------------------------------------------
@@ -224,7 +225,7 @@ def _raw_config():
                                                         score_C=score_C, rng=k_score))
       prio = jax.random.randint(k_prio, (), 0, len(replay_lib.PRIORITIES))
       idx, ok = jax.lax.switch(prio, [pick(name) for name in replay_lib.PRIORITIES], out)
-      ids = jnp.where(ok, out.rollouts.prompt_id_N[idx, 0], -1)
+      ids = jnp.where(ok, out.rollouts.prompt_id[idx, 0], -1)
       v = _selection_violations(ids, ok, after, step, C, RAW_AGE, RAW_USES, i * RAW_M)
       live = _live(after, C)
       # Every priority returns min(k, live entries): proportional scores are all positive.
@@ -293,7 +294,7 @@ def _method_config(cfg, capacity, entry):
       adv_BxG = adv_by_id[ids, 0].reshape(B, G)
     ctx = method_lib.StepContext(fresh=fresh, advantages_BxG=adv_BxG, effective_B=effective_B,
                                  step=step, rng=k_rng)
-    logp_fn = lambda rows: rows.behaviour_logp_NxT + shift[rows.prompt_id_N][:, None]
+    logp_fn = lambda rows: rows.behaviour_logp + shift[rows.prompt_id][:, None]
     evicted = cfg.evict(replay, step)
     sh = _shadow_evict(sh, step, capacity, max_age, max_uses)
     comp = cfg.compose(ctx, evicted, logp_fn)
@@ -303,7 +304,7 @@ def _method_config(cfg, capacity, entry):
     v = _zeros(VIOLATIONS)
     if isinstance(cfg, popo.PopoConfig):
       replayed_B = comp.replayed_N.reshape(B, G)[:, 0]
-      rep_ids = comp.rollout.prompt_id_N.reshape(B, G)[:, 0]
+      rep_ids = comp.rollout.prompt_id.reshape(B, G)[:, 0]
       v = _selection_violations(rep_ids, replayed_B, sh, step, capacity, max_age, max_uses,
                                 first)
       slots = cfg.slots or B
@@ -324,7 +325,7 @@ def _method_config(cfg, capacity, entry):
       keep = effective_B if cfg.insert == "effective" else jnp.ones((B,), bool)
     elif isinstance(cfg, prioritized.PrioritizedReplayConfig):
       used = comp.replayed_N[n:]
-      used_ids = comp.rollout.prompt_id_N[n:]
+      used_ids = comp.rollout.prompt_id[n:]
       v = _selection_violations(used_ids, used, sh, step, capacity, max_age, max_uses, first)
       r = used.shape[0]
       expected = jnp.where(step >= cfg.warmup_steps, jnp.minimum(r, _count(live)), 0)
@@ -336,7 +337,7 @@ def _method_config(cfg, capacity, entry):
     else:  # Headroom-Drift
       k = cfg.slots
       used = comp.replayed_N[n:].reshape(k, G)[:, 0]
-      used_ids = comp.rollout.prompt_id_N[n:].reshape(k, G)[:, 0]
+      used_ids = comp.rollout.prompt_id[n:].reshape(k, G)[:, 0]
       v = _selection_violations(used_ids, used, sh, step, capacity, max_age, max_uses, first)
       passing = live & (jnp.square(shift) <= cfg.tau) if cfg.gate else live
       # Candidates are every live group (candidates == capacity): min(K, passing) admitted.

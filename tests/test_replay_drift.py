@@ -62,10 +62,10 @@ def _bf16_rollout(graphdef, params, seed, scores):
   cfg = sampler_lib.SamplingConfig(max_new_tokens=T, eos_ids=(5,), pad_id=0, prompt_group=G)
   out = sampler_lib.make_sampler(graphdef, cfg)(params, ids, mask, jax.random.key(seed))
   scores = jnp.asarray(scores, jnp.float32)
-  return Rollout(prompt_ids_NxP=ids, prompt_mask_NxP=mask, completion_ids_NxT=out.tokens_NxT,
-                 completion_mask_NxT=out.mask_NxT, behaviour_logp_NxT=out.logp_NxT,
-                 scores_N=scores, success_N=scores >= 1.0,
-                 prompt_id_N=jnp.repeat(jnp.arange(B), G), version_N=jnp.zeros(B * G, jnp.int32))
+  return Rollout(prompt_ids=ids, prompt_mask=mask, completion_ids=out.completion_ids,
+                 completion_mask=out.completion_mask, behaviour_logp=out.behaviour_logp,
+                 scores=scores, truncated=out.truncated, success=scores >= 1.0,
+                 prompt_id=jnp.repeat(jnp.arange(B), G), version=jnp.zeros(B * G, jnp.int32))
 
 
 def test_bf16_group_replayed_at_its_own_parameters_has_no_drift(data_dir):
@@ -85,9 +85,9 @@ def test_bf16_group_replayed_at_its_own_parameters_has_no_drift(data_dir):
   state, replay, m0 = fn(state, replay, _bf16_rollout(graphdef, state.params, 1, MIXED), None,
                          jax.random.key(0))
   assert float(m0["fresh_logp_mismatch"]) > 0.0
-  stored = np.asarray(replay.rollouts.completion_mask_NxT[:2])
+  stored = np.asarray(replay.rollouts.completion_mask[:2])
   gen = np.asarray(replay.gen_logp_CxExT[:2])[stored]
-  mu = np.asarray(replay.rollouts.behaviour_logp_NxT[:2])[stored]
+  mu = np.asarray(replay.rollouts.behaviour_logp[:2])[stored]
   assert np.any(gen != mu)  # the stored pi_gen is the trainer's, not the sampler's mu
   _, _, m = fn(state, replay, _bf16_rollout(graphdef, state.params, 2, ONE_INEFFECTIVE), None,
                jax.random.key(1))

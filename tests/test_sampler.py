@@ -45,8 +45,8 @@ def test_greedy_equals_stepwise_argmax_of_full_forward(tiny_qwen3, split, prompt
     expected.append(nxt)
     seq = seq.at[:, P + t].set(nxt)
   expected = np.stack(expected, 1)
-  got = np.asarray(out.tokens_NxT)
-  mask_np = np.asarray(out.mask_NxT)
+  got = np.asarray(out.completion_ids)
+  mask_np = np.asarray(out.completion_mask)
   # Rows agree up to and including their EOS; after it the sampler writes PAD.
   np.testing.assert_array_equal(got[mask_np], expected[mask_np])
   assert np.all(got[~mask_np] == PAD)
@@ -57,12 +57,12 @@ def test_behaviour_logprobs_equal_teacher_forced(tiny_qwen3, split, prompts, tem
   ids, mask = prompts
   config = SamplingConfig(max_new_tokens=T, eos_ids=(EOS,), pad_id=PAD, temperature=temperature)
   out = sampler_lib.make_sampler(split[0], config)(split[1], ids, mask, jax.random.key(1))
-  teacher = completion_logprobs(tiny_qwen3, ids, mask, out.tokens_NxT, temperature)
-  m = np.asarray(out.mask_NxT)
+  teacher = completion_logprobs(tiny_qwen3, ids, mask, out.completion_ids, temperature)
+  m = np.asarray(out.completion_mask)
   assert m.sum() > N  # something was generated
-  diff = np.abs(np.asarray(teacher) - np.asarray(out.logp_NxT))[m]
+  diff = np.abs(np.asarray(teacher) - np.asarray(out.behaviour_logp))[m]
   assert diff.max() <= 1e-5
-  assert np.all(np.asarray(out.logp_NxT)[~m] == 0.0)
+  assert np.all(np.asarray(out.behaviour_logp)[~m] == 0.0)
 
 
 def test_eos_stops_a_row_and_masks_the_rest(split, prompts):
@@ -71,22 +71,22 @@ def test_eos_stops_a_row_and_masks_the_rest(split, prompts):
   never = SamplingConfig(max_new_tokens=T, eos_ids=(127,), pad_id=PAD, temperature=0.0)
   free = sampler_lib.make_sampler(graphdef, never)(params, ids, mask, jax.random.key(2))
   # Declare the token row 0 emits at step 2 an EOS: row 0 must now stop at step 2 or earlier.
-  eos = int(free.tokens_NxT[0, 2])
+  eos = int(free.completion_ids[0, 2])
   config = SamplingConfig(max_new_tokens=T, eos_ids=(eos,), pad_id=PAD, temperature=0.0)
   out = sampler_lib.make_sampler(graphdef, config)(params, ids, mask, jax.random.key(2))
-  tokens, m = np.asarray(out.tokens_NxT), np.asarray(out.mask_NxT)
-  assert out.lengths_N[0] <= 3 and not out.truncated_N[0]
+  tokens, m = np.asarray(out.completion_ids), np.asarray(out.completion_mask)
+  assert out.lengths[0] <= 3 and not out.truncated[0]
   for row in range(N):
     hits = np.flatnonzero(tokens[row] == eos)
     if hits.size:
       k = hits[0]
       assert m[row, :k + 1].all() and not m[row, k + 1:].any()
-      assert out.lengths_N[row] == k + 1 and not out.truncated_N[row]
+      assert out.lengths[row] == k + 1 and not out.truncated[row]
       assert np.all(tokens[row, k + 1:] == PAD)
       # Before the EOS, greedy decoding is unchanged.
-      np.testing.assert_array_equal(tokens[row, :k + 1], np.asarray(free.tokens_NxT)[row, :k + 1])
+      np.testing.assert_array_equal(tokens[row, :k + 1], np.asarray(free.completion_ids)[row, :k + 1])
     else:
-      assert m[row].all() and out.lengths_N[row] == T and out.truncated_N[row]
+      assert m[row].all() and out.lengths[row] == T and out.truncated[row]
 
 
 def test_eos_everywhere_stops_the_loop_at_step_zero():
@@ -103,10 +103,10 @@ def test_eos_everywhere_stops_the_loop_at_step_zero():
   ids = jnp.ones((2, 2), jnp.int32)
   out = sampler_lib.make_sampler(graphdef, config)(params, ids, jnp.ones((2, 2), bool),
                                                    jax.random.key(0))
-  np.testing.assert_array_equal(out.tokens_NxT, [[3, 0, 0, 0, 0]] * 2)
-  np.testing.assert_array_equal(out.lengths_N, [1, 1])
-  np.testing.assert_array_equal(out.truncated_N, [False, False])
-  np.testing.assert_array_equal(out.mask_NxT, [[True, False, False, False, False]] * 2)
+  np.testing.assert_array_equal(out.completion_ids, [[3, 0, 0, 0, 0]] * 2)
+  np.testing.assert_array_equal(out.lengths, [1, 1])
+  np.testing.assert_array_equal(out.truncated, [False, False])
+  np.testing.assert_array_equal(out.completion_mask, [[True, False, False, False, False]] * 2)
 
 
 def test_one_compilation_per_shape(split, prompts):
@@ -157,7 +157,7 @@ def filtered_run(request, split, prompts):
   out = sampler_lib.make_sampler(split[0], config)(split[1], ids, mask, jax.random.key(3))
   # Full forward over prompt + completion: the logits at position P - 1 + t predict token t
   # (causal attention: PAD written after a row's end cannot reach earlier positions).
-  seq = jnp.concatenate([ids, out.tokens_NxT], 1)
+  seq = jnp.concatenate([ids, out.completion_ids], 1)
   seq_mask = jnp.concatenate([mask, jnp.ones((N, T), bool)], 1)
   logits = nnx.merge(*split)(seq, seq_mask)[:, P - 1:P - 1 + T]
   return request.param, jax.device_get(out), np.asarray(logits, np.float64)
@@ -165,7 +165,7 @@ def filtered_run(request, split, prompts):
 
 def test_filtered_draws_lie_in_the_kept_set_and_logp_is_renormalised(filtered_run):
   (_, temperature, top_k, top_p), out, logits = filtered_run
-  tokens, m, logp = np.asarray(out.tokens_NxT), np.asarray(out.mask_NxT), np.asarray(out.logp_NxT)
+  tokens, m, logp = np.asarray(out.completion_ids), np.asarray(out.completion_mask), np.asarray(out.behaviour_logp)
   assert m.sum() > 2 * N  # several decode steps per row were checked
   sizes = []
   for row, t in zip(*np.nonzero(m)):
@@ -267,8 +267,8 @@ def test_second_stop_token_from_generation_config_ends_a_row(embedded):
   free = greedy(sampler_lib.sampling_config_for(tokenizer, t_max, temperature=0.0,
                                                 model_path=str(folder)))
   # The token row 0 emits greedily at step 2, not an EOS or PAD: declare it the second stop id.
-  second = int(free.tokens_NxT[0, 2])
-  assert second not in (0, 1) and free.lengths_N[0] > 3
+  second = int(free.completion_ids[0, 2])
+  assert second not in (0, 1) and free.lengths[0] > 3
   _write_generation_config(folder, [second, 1])
   try:
     # Tokenizer's id first, then the file's, the repeated 1 dropped.
@@ -279,11 +279,11 @@ def test_second_stop_token_from_generation_config_ends_a_row(embedded):
     out = greedy(config)
   finally:
     (folder / "generation_config.json").unlink()
-  tokens, m = np.asarray(out.tokens_NxT), np.asarray(out.mask_NxT)
-  free_tokens = np.asarray(free.tokens_NxT)
+  tokens, m = np.asarray(out.completion_ids), np.asarray(out.completion_mask)
+  free_tokens = np.asarray(free.completion_ids)
   for row in range(len(texts)):
     hits = np.flatnonzero(free_tokens[row] == second)
-    stop = hits[0] if hits.size and hits[0] < free.lengths_N[row] else None
+    stop = hits[0] if hits.size and hits[0] < free.lengths[row] else None
     if row == 0:
       assert stop is not None and stop <= 2
     if stop is None:  # unchanged
@@ -293,4 +293,4 @@ def test_second_stop_token_from_generation_config_ends_a_row(embedded):
     np.testing.assert_array_equal(tokens[row, :stop + 1], free_tokens[row, :stop + 1])
     assert np.all(tokens[row, stop + 1:] == 0)
     assert m[row, :stop + 1].all() and not m[row, stop + 1:].any()
-    assert out.lengths_N[row] == stop + 1 and not out.truncated_N[row]
+    assert out.lengths[row] == stop + 1 and not out.truncated[row]

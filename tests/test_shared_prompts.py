@@ -135,9 +135,9 @@ def test_shared_prefill_samples_the_same_tokens(split, batch, broken):
                                         temperature=1.0, prompt_group=group)
     outs.append(sampler_lib.make_sampler(graphdef, config)(params, ids, mask,
                                                            jax.random.key(4)))
-  np.testing.assert_array_equal(outs[1].tokens_NxT, outs[0].tokens_NxT)
-  np.testing.assert_array_equal(outs[1].lengths_N, outs[0].lengths_N)
-  np.testing.assert_allclose(outs[1].logp_NxT, outs[0].logp_NxT, atol=2e-5)
+  np.testing.assert_array_equal(outs[1].completion_ids, outs[0].completion_ids)
+  np.testing.assert_array_equal(outs[1].lengths, outs[0].lengths)
+  np.testing.assert_allclose(outs[1].behaviour_logp, outs[0].behaviour_logp, atol=2e-5)
 
 
 def test_train_step_with_shared_prompts_equals_per_row(split, batch):
@@ -146,11 +146,12 @@ def test_train_step_with_shared_prompts_equals_per_row(split, batch):
   ids, mask, completion, _ = batch
   rng = np.random.RandomState(1)
   success = np.tile([True, False, True, True], B)  # every group mixed
-  rollout = Rollout(prompt_ids_NxP=ids, prompt_mask_NxP=mask, completion_ids_NxT=completion,
-                    completion_mask_NxT=jnp.asarray(rng.rand(N, T) < 0.8),
-                    behaviour_logp_NxT=jnp.asarray(-rng.rand(N, T) * 4, jnp.float32),
-                    scores_N=jnp.asarray(success, jnp.float32), success_N=jnp.asarray(success),
-                    prompt_id_N=jnp.repeat(jnp.arange(B), G), version_N=jnp.zeros(N, jnp.int32))
+  rollout = Rollout(prompt_ids=ids, prompt_mask=mask, completion_ids=completion,
+                    completion_mask=jnp.asarray(rng.rand(N, T) < 0.8),
+                    behaviour_logp=jnp.asarray(-rng.rand(N, T) * 4, jnp.float32),
+                    truncated=jnp.zeros((N,), bool), scores=jnp.asarray(success, jnp.float32),
+                    success=jnp.asarray(success),
+                    prompt_id=jnp.repeat(jnp.arange(B), G), version=jnp.zeros(N, jnp.int32))
   tx = optax.sgd(0.5)  # updates linear in the gradients (Adam would magnify ~0 ones)
   results = []
   for shared in (False, True):
@@ -179,16 +180,16 @@ def test_bfloat16_sampler_and_grouped_pass_run_and_track_float32(data_dir, batch
                                       temperature=1.0, prompt_group=G)
   out = sampler_lib.make_sampler(graphdef, config)(params, ids, mask, jax.random.key(2))
   logp = jax.jit(lambda p: completion_logprobs_and_entropy(
-      nnx.merge(graphdef, p), ids, mask, out.tokens_NxT, prompt_group=G)[0])(params)
-  m = np.asarray(out.mask_NxT)
+      nnx.merge(graphdef, p), ids, mask, out.completion_ids, prompt_group=G)[0])(params)
+  m = np.asarray(out.completion_mask)
   # The sampler's cached bf16 attention and the teacher-forced bf16 pass round differently
   # (hence rl.prox_pass=all under bf16); both follow the same model: log-probs of O(-5) agree
   # to a few 0.1, where a wiring bug gives errors of their own size.
   assert m.sum() > 0
-  assert float(np.max(np.abs(np.asarray(logp)[m] - np.asarray(out.logp_NxT)[m]))) < 0.5
+  assert float(np.max(np.abs(np.asarray(logp)[m] - np.asarray(out.behaviour_logp)[m]))) < 0.5
   # The grouped pass rounds as the per-row pass does: the prompt and own-row halves of each
   # attention output are summed in float32 and rounded once. Rounded apart (the mutation),
   # the two passes differ by 0.012 on average under bf16 (measured; up to 0.04).
   per_row = jax.jit(lambda p: completion_logprobs_and_entropy(
-      nnx.merge(graphdef, p), ids, mask, out.tokens_NxT, prompt_group=1)[0])(params)
+      nnx.merge(graphdef, p), ids, mask, out.completion_ids, prompt_group=1)[0])(params)
   assert float(np.mean(np.abs(np.asarray(logp)[m] - np.asarray(per_row)[m]))) < 1e-4

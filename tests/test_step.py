@@ -33,13 +33,13 @@ def _rollout(split, scores, seed=0, success=None, shift=None):
   out = _sampler(graphdef, cfg)(params, ids, mask, jax.random.key(seed))
   scores = jnp.asarray(scores, jnp.float32)
   success = scores >= 1.0 if success is None else jnp.asarray(success, bool)
-  logp = out.logp_NxT
+  logp = out.behaviour_logp
   if shift is not None:
-    logp = logp + jnp.asarray(shift, jnp.float32)[:, None] * out.mask_NxT
-  return Rollout(prompt_ids_NxP=ids, prompt_mask_NxP=mask, completion_ids_NxT=out.tokens_NxT,
-                 completion_mask_NxT=out.mask_NxT, behaviour_logp_NxT=logp,
-                 scores_N=scores, success_N=success,
-                 prompt_id_N=jnp.repeat(jnp.arange(B), G), version_N=jnp.zeros(B * G, jnp.int32))
+    logp = logp + jnp.asarray(shift, jnp.float32)[:, None] * out.completion_mask
+  return Rollout(prompt_ids=ids, prompt_mask=mask, completion_ids=out.completion_ids,
+                 completion_mask=out.completion_mask, behaviour_logp=logp,
+                 scores=scores, truncated=out.truncated, success=success,
+                 prompt_id=jnp.repeat(jnp.arange(B), G), version=jnp.zeros(B * G, jnp.int32))
 
 
 _SAMPLERS = {}
@@ -125,19 +125,19 @@ def test_step_loss_equals_direct_policy_loss_with_kl_to_another_reference(split,
   _, _, metrics = fn(step_lib.init_train_state(_copy(params), tx), init_replay(0, G, P, T),
                      rollout, ref_params, jax.random.key(0))
   adv = jnp.asarray(MIXED_ADV)
-  args = (rollout.prompt_ids_NxP, rollout.prompt_mask_NxP, rollout.completion_ids_NxT)
+  args = (rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids)
   logp = completion_logprobs(tiny_qwen3, *args)
   ref_logp = completion_logprobs(nnx.merge(graphdef, ref_params), *args)
-  expected, aux = losses.policy_loss(logp, rollout.behaviour_logp_NxT, rollout.behaviour_logp_NxT,
-                                     adv, rollout.completion_mask_NxT, loss_cfg,
+  expected, aux = losses.policy_loss(logp, rollout.behaviour_logp, rollout.behaviour_logp,
+                                     adv, rollout.completion_mask, loss_cfg,
                                      ref_logp_NxT=ref_logp)
   assert float(metrics["loss"]) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
   assert float(aux["kl_ref"]) > 1e-4  # the reference really differs from the policy
   assert float(metrics["kl_ref"]) == pytest.approx(float(aux["kl_ref"]), rel=1e-4)
   # With the same advantages but the old ddof = 0 scale the loss would differ:
   adv0 = adv * jnp.asarray([0.5773503 / 0.5] * 4 + [0.5 / 0.4330127] * 4)
-  wrong, _ = losses.policy_loss(logp, rollout.behaviour_logp_NxT, rollout.behaviour_logp_NxT,
-                                adv0, rollout.completion_mask_NxT, loss_cfg,
+  wrong, _ = losses.policy_loss(logp, rollout.behaviour_logp, rollout.behaviour_logp,
+                                adv0, rollout.completion_mask, loss_cfg,
                                 ref_logp_NxT=ref_logp)
   assert abs(float(wrong) - float(expected)) > 1e-3
 
@@ -159,10 +159,10 @@ def test_estimator_and_reward_signal_switches(split, tiny_qwen3, estimator, sign
     # success [1, 0, 0, 1 | 0, 1, 0, 0], r - mean of the other 3:
     # group 0: 1 - 1/3, 0 - 2/3; group 1: 0 - 1/3, 1 - 0.
     adv = [2 / 3, -2 / 3, -2 / 3, 2 / 3, -1 / 3, 1.0, -1 / 3, -1 / 3]
-  logp = completion_logprobs(tiny_qwen3, rollout.prompt_ids_NxP, rollout.prompt_mask_NxP,
-                             rollout.completion_ids_NxT)
-  expected, _ = losses.policy_loss(logp, rollout.behaviour_logp_NxT, rollout.behaviour_logp_NxT,
-                                   jnp.asarray(adv), rollout.completion_mask_NxT,
+  logp = completion_logprobs(tiny_qwen3, rollout.prompt_ids, rollout.prompt_mask,
+                             rollout.completion_ids)
+  expected, _ = losses.policy_loss(logp, rollout.behaviour_logp, rollout.behaviour_logp,
+                                   jnp.asarray(adv), rollout.completion_mask,
                                    losses.LossConfig())
   assert float(m["loss"]) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
   assert float(m["advantage_abs_mean"]) == pytest.approx(np.mean(np.abs(adv)), rel=1e-5)
@@ -177,11 +177,11 @@ def test_entropy_bonus_switch(split, tiny_qwen3):
   fn = step_lib.make_train_step(graphdef, tx, config)
   _, _, m = fn(step_lib.init_train_state(_copy(params), tx), init_replay(0, G, P, T), rollout,
                None, jax.random.key(0))
-  logp, ent = completion_logprobs_and_entropy(tiny_qwen3, rollout.prompt_ids_NxP,
-                                              rollout.prompt_mask_NxP, rollout.completion_ids_NxT)
-  expected, aux = losses.policy_loss(logp, rollout.behaviour_logp_NxT,
-                                     rollout.behaviour_logp_NxT, jnp.asarray(MIXED_ADV),
-                                     rollout.completion_mask_NxT, loss_cfg, entropy_NxT=ent)
+  logp, ent = completion_logprobs_and_entropy(tiny_qwen3, rollout.prompt_ids,
+                                              rollout.prompt_mask, rollout.completion_ids)
+  expected, aux = losses.policy_loss(logp, rollout.behaviour_logp,
+                                     rollout.behaviour_logp, jnp.asarray(MIXED_ADV),
+                                     rollout.completion_mask, loss_cfg, entropy_NxT=ent)
   assert float(m["loss"]) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
   assert float(m["entropy"]) == pytest.approx(float(aux["entropy"]), rel=1e-5)
   assert float(m["entropy"]) > 0.1  # a real distribution, not a zero placeholder
@@ -231,11 +231,11 @@ def test_minibatch_epoch_loop_equals_a_reference_loop(split, tiny_qwen3, shuffle
       perm = np.asarray(jax.random.permutation(key, n))
     for rows in np.split(perm, m_):
       def loss_fn(q, rows=rows):
-        logp = completion_logprobs(nnx.merge(graphdef, q), rollout.prompt_ids_NxP[rows],
-                                   rollout.prompt_mask_NxP[rows],
-                                   rollout.completion_ids_NxT[rows])
-        mu = rollout.behaviour_logp_NxT[rows]
-        return losses.policy_loss(logp, mu, mu, adv[rows], rollout.completion_mask_NxT[rows],
+        logp = completion_logprobs(nnx.merge(graphdef, q), rollout.prompt_ids[rows],
+                                   rollout.prompt_mask[rows],
+                                   rollout.completion_ids[rows])
+        mu = rollout.behaviour_logp[rows]
+        return losses.policy_loss(logp, mu, mu, adv[rows], rollout.completion_mask[rows],
                                   loss_cfg)
       (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(p)
       updates, opt_state = tx.update(grads, opt_state, p)
@@ -285,8 +285,8 @@ def test_update_raises_logprob_of_positive_advantage_rows(split, tiny_qwen3):
   state, _, _ = fn(step_lib.init_train_state(_copy(params), tx), init_replay(0, G, P, T),
                    rollout, None, jax.random.key(0))
   seq_logp = lambda p: jnp.sum(completion_logprobs(
-      nnx.merge(graphdef, p), rollout.prompt_ids_NxP, rollout.prompt_mask_NxP,
-      rollout.completion_ids_NxT) * rollout.completion_mask_NxT, axis=-1)
+      nnx.merge(graphdef, p), rollout.prompt_ids, rollout.prompt_mask,
+      rollout.completion_ids) * rollout.completion_mask, axis=-1)
   delta = np.asarray(seq_logp(state.params) - seq_logp(params))
   pos = np.asarray(MIXED, bool)
   assert delta[pos].mean() > 0 > delta[~pos].mean()
@@ -318,7 +318,7 @@ def test_prox_pass_all_measures_the_sampler_mismatch(split):
   rollout = _rollout(split, MIXED, shift=SHIFT_N)
   _, _, m = fn(step_lib.init_train_state(_copy(params), tx), init_replay(0, G, P, T), rollout,
                None, jax.random.key(0))
-  tokens = np.asarray(rollout.completion_mask_NxT.sum(-1), np.float64)
+  tokens = np.asarray(rollout.completion_mask.sum(-1), np.float64)
   expected = np.sum(np.abs(SHIFT_N) * tokens) / tokens.sum()
   assert float(m["fresh_logp_mismatch"]) == pytest.approx(expected, abs=1e-4)
   # Fresh rows then carry the behaviour weight pi_prox / mu = exp(-shift) (capped at 2).
@@ -332,7 +332,7 @@ def test_step_config_validation():
     step_lib.StepConfig(group_size=G, prox_pass="some")
 
 
-@pytest.mark.parametrize("field", ["scores_N", "behaviour_logp_NxT"])
+@pytest.mark.parametrize("field", ["scores", "behaviour_logp"])
 def test_non_finite_input_skips_the_update_on_device(split, field):
   """A NaN score (-> NaN advantages) or an inf behaviour log-prob (-> non-finite loss) leaves
   parameters, optimiser state and the replay buffer exactly as they came in; the step counter
@@ -348,7 +348,7 @@ def test_non_finite_input_skips_the_update_on_device(split, field):
   assert float(m["skipped"]) == 0.0 and int(replay.num_inserted) == 2
   before = jax.tree.map(np.asarray, (state.params, state.opt_state, replay))
   bad = good.replace(**{field: getattr(good, field).at[0].set(
-      jnp.nan if field == "scores_N" else jnp.inf)})
+      jnp.nan if field == "scores" else jnp.inf)})
   state, replay, m = fn(state, replay, bad, None, jax.random.key(1))
   assert float(m["skipped"]) == 1.0 and int(state.step) == 2
   after = jax.tree.map(np.asarray, (state.params, state.opt_state, replay))

@@ -105,7 +105,7 @@ class Allocator:
       return self._finish_timed(groups, generated, touched, step, rounds, extra)
 
   def _finish_timed(self, groups, generated, touched, step, rounds, extra):
-    self.selector.observe([(p.index, int(np.sum(r.success_R)), len(r)) for p, r in touched])
+    self.selector.observe([(p.index, int(np.sum(r.rollout.success)), len(r)) for p, r in touched])
     rows = rounds_lib.Rows.concat(generated)
     if groups:
       rollout, empty = rounds_lib.assemble(groups, self.num_groups, self.group_size, step)

@@ -48,44 +48,33 @@ class Prompt:
 
 @dataclasses.dataclass
 class Rows:
-  """Host copies of sampled rows (numpy), any number of rows R.
+  """Sampled rows on the host, any number R of them: the Rollout (numpy arrays, the fields the
+  train step receives) and what only the host keeps beside it.
 
   Attributes:
-    prompt_ids_RxP, prompt_mask_RxP: the left-padded prompt of each row.
-    tokens_RxT, mask_RxT, logp_RxT: completion tokens, mask and behaviour log-probs.
-    scores_R: float32 task score plus the overlong penalty.
-    success_R: bool accuracy signal.
-    lengths_R, truncated_R: completion lengths and truncation flags.
-    errors_R: bool, the verifier raised for this row (scored 0).
-    texts: decoded completions.
+    rollout: types.Rollout of numpy arrays with R rows (prompt_id and version still unset:
+      ``assemble`` sets them).
+    errors: bool [R], the reward function raised for this row (scored 0).
+    texts: the R decoded completions.
   """
 
-  prompt_ids_RxP: np.ndarray
-  prompt_mask_RxP: np.ndarray
-  tokens_RxT: np.ndarray
-  mask_RxT: np.ndarray
-  logp_RxT: np.ndarray
-  scores_R: np.ndarray
-  success_R: np.ndarray
-  lengths_R: np.ndarray
-  truncated_R: np.ndarray
-  errors_R: np.ndarray
+  rollout: Rollout
+  errors: np.ndarray
   texts: list
 
-  def take(self, idx) -> "Rows":
+  def take(self, idx) -> Rows:
     idx = np.asarray(idx, np.int64)
-    return Rows(**{f.name: (np.asarray(getattr(self, f.name))[idx] if f.name != "texts"
-                            else [self.texts[i] for i in idx])
-                   for f in dataclasses.fields(self)})
+    return Rows(rollout=jax.tree.map(lambda x: np.asarray(x)[idx], self.rollout),
+                errors=np.asarray(self.errors)[idx], texts=[self.texts[i] for i in idx])
 
   @staticmethod
-  def concat(parts: list["Rows"]) -> "Rows":
-    return Rows(**{f.name: (np.concatenate([getattr(p, f.name) for p in parts])
-                            if f.name != "texts" else sum((p.texts for p in parts), []))
-                   for f in dataclasses.fields(Rows)})
+  def concat(parts: list[Rows]) -> Rows:
+    return Rows(rollout=jax.tree.map(lambda *xs: np.concatenate(xs), *[p.rollout for p in parts]),
+                errors=np.concatenate([p.errors for p in parts]),
+                texts=sum((p.texts for p in parts), []))
 
   def __len__(self) -> int:
-    return len(self.scores_R)
+    return len(self.rollout.scores)
 
 
 SCORE_BASES = rewards_lib.REWARDS  # by config.rl.score_base
@@ -95,7 +84,7 @@ class RoundSampler:
   """Runs rounds of exactly ``slots`` sampled rows and scores them on the host.
 
   Args:
-    sample_fn: jitted ``fn(params, ids_SxP, mask_SxP, rng) -> Completions``.
+    sample_fn: jitted ``fn(params, ids_SxP, mask_SxP, rng) -> Rollout`` (``sampler``).
     tokenizer: transformers tokenizer.
     task: the task (``score``, ``is_success``).
     slots: S, rows per round (B * G).
@@ -158,22 +147,19 @@ class RoundSampler:
     with self.timer.phase("prompts"):
       ids, mask = tokenization.encode_prompts(self.tokenizer, texts, self.prompt_len)
     with self.timer.phase("generation"):
-      out = self.sample_fn(params, ids, mask, rng)
-      tokens, comp_mask, logp, lengths, truncated = jax.device_get(
-          (out.tokens_NxT, out.mask_NxT, out.logp_NxT, out.lengths_N, out.truncated_N))
+      out = jax.device_get(self.sample_fn(params, ids, mask, rng))
     self.rounds += 1
     with self.timer.phase("scoring"):
       n = len(layout)  # the free tail is sampled but never decoded or scored
-      tokens, comp_mask, logp = tokens[:n], comp_mask[:n], logp[:n]
-      lengths, truncated = lengths[:n], truncated[:n]
-      completions = tokenization.decode_completions(self.tokenizer, tokens, comp_mask)
+      rollout = jax.tree.map(lambda x: x[:n], out)
+      completions = tokenization.decode_completions(self.tokenizer, rollout.completion_ids,
+                                                    rollout.completion_mask)
       scores, success, errors = self.reward_fn(self.task, completions, problems)
       scores = scores + rewards_lib.overlong_penalty(
-          lengths, truncated, tokens.shape[1], self.overlong_buffer,
-          self.overlong_factor).astype(np.float32)
-      rows = Rows(prompt_ids_RxP=ids[:n], prompt_mask_RxP=mask[:n], tokens_RxT=tokens,
-                  mask_RxT=comp_mask, logp_RxT=logp, scores_R=scores, success_R=success,
-                  lengths_R=lengths, truncated_R=truncated, errors_R=errors, texts=completions)
+          rollout.lengths, rollout.truncated, rollout.completion_ids.shape[1],
+          self.overlong_buffer, self.overlong_factor).astype(np.float32)
+      rows = Rows(rollout=rollout.replace(scores=scores, success=success), errors=errors,
+                  texts=completions)
       bounds = np.cumsum([0] + counts + [c for _, c in extra])
       parts = [rows.take(np.arange(bounds[i], bounds[i + 1])) for i in range(len(bounds) - 1)]
     return parts[:len(counts)], list(zip(fitted, parts[len(counts):]))
@@ -183,13 +169,13 @@ def empty_rows(like: Rows, n: int) -> Rows:
   """n empty rows (see the module docstring) shaped like ``like``'s: the first row's prompt, a
   pad completion with an all-False mask, score 0, no success."""
   first = like.take(np.zeros((n,), np.int64))
-  zeros = lambda a: np.zeros_like(a)
-  return dataclasses.replace(
-      first, tokens_RxT=first.tokens_RxT, mask_RxT=zeros(first.mask_RxT),
-      logp_RxT=zeros(first.logp_RxT), scores_R=zeros(first.scores_R),
-      success_R=zeros(first.success_R), lengths_R=zeros(first.lengths_R),
-      truncated_R=zeros(first.truncated_R), errors_R=zeros(first.errors_R),
-      texts=[""] * n)
+  r = first.rollout
+  zeros = np.zeros_like
+  return Rows(rollout=r.replace(completion_mask=zeros(r.completion_mask),
+                                behaviour_logp=zeros(r.behaviour_logp),
+                                truncated=zeros(r.truncated), scores=zeros(r.scores),
+                                success=zeros(r.success)),
+              errors=zeros(first.errors), texts=[""] * n)
 
 
 def assemble(groups: list[tuple[Prompt, Rows]], num_groups: int, group_size: int,
@@ -209,29 +195,23 @@ def assemble(groups: list[tuple[Prompt, Rows]], num_groups: int, group_size: int
   if empty:
     parts.append(empty_rows(parts[0], empty * group_size))
     ids.append(np.full((empty * group_size,), groups[0][0].index, np.int32))
-  rows = Rows.concat(parts)
-  n = len(rows)
-  rollout = Rollout(
-      prompt_ids_NxP=jnp.asarray(rows.prompt_ids_RxP),
-      prompt_mask_NxP=jnp.asarray(rows.prompt_mask_RxP),
-      completion_ids_NxT=jnp.asarray(rows.tokens_RxT),
-      completion_mask_NxT=jnp.asarray(rows.mask_RxT),
-      behaviour_logp_NxT=jnp.asarray(rows.logp_RxT), scores_N=jnp.asarray(rows.scores_R),
-      success_N=jnp.asarray(rows.success_R), prompt_id_N=jnp.asarray(np.concatenate(ids)),
-      version_N=jnp.full((n,), version, jnp.int32))
+  rows = Rows.concat(parts).rollout
+  rows = rows.replace(prompt_id=np.concatenate(ids),
+                      version=np.full((len(rows.scores),), version, np.int32))
+  rollout = jax.tree.map(jnp.asarray, rows)
   return rollout, empty
 
 
 def is_effective(rows: Rows, signal: str) -> bool:
   """The group's rewards are not all equal on ``signal`` ("success" or "score"): the train
   step's definition (``advantages.effective_groups``, with its tolerance) on the host."""
-  values = rows.success_R if signal == "success" else rows.scores_R
+  values = rows.rollout.success if signal == "success" else rows.rollout.scores
   return bool(advantages_lib.effective_groups(np.asarray(values)[None])[0])
 
 
 def row_stats(rows: Rows) -> dict:
   """Counts of the rows a step generated (what the run's rollout counters add up)."""
-  return {"rollouts": len(rows), "completion_tokens": int(np.sum(rows.lengths_R)),
-          "reward_errors": int(np.sum(rows.errors_R)),
-          "truncated_fraction": float(np.mean(rows.truncated_R)) if len(rows) else 0.0,
+  return {"rollouts": len(rows), "completion_tokens": int(np.sum(rows.rollout.lengths)),
+          "reward_errors": int(np.sum(rows.errors)),
+          "truncated_fraction": float(np.mean(rows.rollout.truncated)) if len(rows) else 0.0,
           "sample_text": rows.texts[0] if len(rows) else ""}

@@ -107,7 +107,7 @@ class _Prompt:
 
   @property
   def successes(self) -> int:
-    return int(sum(np.sum(p.success_R) for p in self.parts))
+    return int(sum(np.sum(p.rollout.success) for p in self.parts))
 
 
 class Sara(allocator_lib.Allocator):

@@ -125,11 +125,12 @@ def measure(graphdef, params, rows: int, prompt_len: int, completion_len: int,
   gen_s = _median_seconds(generate, repeats)
   out = outs[-1]
   scores_N = jnp.asarray(rng.randint(0, 2, n), jnp.float32)
-  rollout = Rollout(prompt_ids_NxP=ids_NxP, prompt_mask_NxP=mask_NxP,
-                    completion_ids_NxT=out.tokens_NxT, completion_mask_NxT=out.mask_NxT,
-                    behaviour_logp_NxT=out.logp_NxT, scores_N=scores_N,
-                    success_N=scores_N > 0, prompt_id_N=jnp.zeros(n, jnp.int32),
-                    version_N=jnp.zeros(n, jnp.int32))
+  rollout = Rollout(prompt_ids=ids_NxP, prompt_mask=mask_NxP,
+                    completion_ids=out.completion_ids, completion_mask=out.completion_mask,
+                    behaviour_logp=out.behaviour_logp, scores=scores_N,
+                    truncated=out.truncated,
+                    success=scores_N > 0, prompt_id=jnp.zeros(n, jnp.int32),
+                    version=jnp.zeros(n, jnp.int32))
   tx = optax.adamw(1e-5)
   step_config = step_lib.StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=kl_coef))
   holder = {"state": step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),

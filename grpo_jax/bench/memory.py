@@ -113,12 +113,13 @@ def abstract_inputs(cfg: ModelConfig, tx, b: int, g: int, p: int, t: int, with_r
   replay = jax.eval_shape(lambda: replay_lib.init_replay(0, g, p, t))
   n = b * g
   s = jax.ShapeDtypeStruct
-  rollout = Rollout(prompt_ids_NxP=s((n, p), jnp.int32), prompt_mask_NxP=s((n, p), bool),
-                    completion_ids_NxT=s((n, t), jnp.int32),
-                    completion_mask_NxT=s((n, t), bool),
-                    behaviour_logp_NxT=s((n, t), jnp.float32), scores_N=s((n,), jnp.float32),
-                    success_N=s((n,), bool), prompt_id_N=s((n,), jnp.int32),
-                    version_N=s((n,), jnp.int32))
+  rollout = Rollout(prompt_ids=s((n, p), jnp.int32), prompt_mask=s((n, p), bool),
+                    completion_ids=s((n, t), jnp.int32),
+                    completion_mask=s((n, t), bool),
+                    behaviour_logp=s((n, t), jnp.float32), scores=s((n,), jnp.float32),
+                    truncated=s((n,), bool),
+                    success=s((n,), bool), prompt_id=s((n,), jnp.int32),
+                    version=s((n,), jnp.int32))
   key = jax.eval_shape(lambda: jax.random.key(0))
   return graphdef, state, replay, rollout, (params if with_ref else None), key
 
@@ -224,11 +225,12 @@ def config_memory(config) -> dict:
   n, p, t = r.batch_prompts * r.group_size, r.prompt_len, r.completion_len
   rows = sharding.rows_sharding(mesh)
   s = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows)
-  rollout = Rollout(prompt_ids_NxP=s((n, p), jnp.int32), prompt_mask_NxP=s((n, p), bool),
-                    completion_ids_NxT=s((n, t), jnp.int32), completion_mask_NxT=s((n, t), bool),
-                    behaviour_logp_NxT=s((n, t), jnp.float32), scores_N=s((n,), jnp.float32),
-                    success_N=s((n,), bool), prompt_id_N=s((n,), jnp.int32),
-                    version_N=s((n,), jnp.int32))
+  rollout = Rollout(prompt_ids=s((n, p), jnp.int32), prompt_mask=s((n, p), bool),
+                    completion_ids=s((n, t), jnp.int32), completion_mask=s((n, t), bool),
+                    behaviour_logp=s((n, t), jnp.float32), scores=s((n,), jnp.float32),
+                    truncated=s((n,), bool),
+                    success=s((n,), bool), prompt_id=s((n,), jnp.int32),
+                    version=s((n,), jnp.int32))
   key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                              sharding=sharding.replicated(mesh))
   out = {"mesh": dict(mesh.shape), "params": cfg.num_params}
@@ -241,7 +243,7 @@ def config_memory(config) -> dict:
                                         temperature=r.temperature)
   sample = sampler_lib.make_sampler(graphdef, sampling, mesh)
   t0 = time.perf_counter()
-  compiled = sample.lower(params, rollout.prompt_ids_NxP, rollout.prompt_mask_NxP, key).compile()
+  compiled = sample.lower(params, rollout.prompt_ids, rollout.prompt_mask, key).compile()
   out["sampler"] = {**_stats(compiled), "compile_s": time.perf_counter() - t0}
   out["sampling_peak"] = (out["step"]["argument"] + out["sampler"]["temp"]
                           + out["sampler"]["output"])

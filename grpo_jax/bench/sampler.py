@@ -53,7 +53,7 @@ def main(argv):
     start = time.perf_counter()
     out = jax.block_until_ready(sample(params, ids, mask, jax.random.key(i + 1)))
     times.append(time.perf_counter() - start)
-    tokens.append(int(np.asarray(out.lengths_N).sum()))
+    tokens.append(int(np.asarray(out.lengths).sum()))
   median = float(np.median(times))
   print(json.dumps({
       "model": _MODEL.value, "backend": jax.default_backend(), "dtype": _DTYPE.value,

@@ -16,7 +16,7 @@ rewards so POPO refills them from its buffer: the cost of the buffer, as a ratio
 ``--phases`` (the default) then times each phase alone on the last step's rollouts, each its own
 jitted function (first call compiles and is excluded, then ``steps - 1`` timed calls): (a)
 generation (the timings above), (b) one no-grad log-prob pass over the batch
-(``step._policy_logprobs``), (c) one forward + backward (``jax.value_and_grad`` of the
+(``policy.logprobs``), (c) one forward + backward (``jax.value_and_grad`` of the
 masked-mean log-prob). For each it prints the median seconds, the model GFLOP
 (``bench/flops.py``: matmuls and attention products, 2 per multiply-add), the achieved GFLOP/s
 and the utilisation: achieved / the peak of ``--dtype`` (``bench/peak.py``: the chip's
@@ -43,7 +43,7 @@ from flax import nnx
 
 from grpo_jax import console
 from grpo_jax import configuration, losses, replay as replay_lib, sampler as sampler_lib
-from grpo_jax import step as step_lib
+from grpo_jax import batch as batch_lib, policy, step as step_lib
 from grpo_jax.bench import flops as flops_lib, peak as peak_lib
 from grpo_jax.models import ModelConfig, Qwen3, from_pretrained, save_pretrained
 from grpo_jax.types import Rollout
@@ -116,10 +116,11 @@ def main(argv):
     scores_np[:, :2] = [1.0, 0.0]  # every group mixed ...
     scores_np[:n_constant] = 0.0  # ... except the first n_constant, all wrong
     scores = jnp.asarray(scores_np.reshape(n))
-    rollout = Rollout(prompt_ids_NxP=jnp.asarray(ids), prompt_mask_NxP=jnp.asarray(mask),
-                      completion_ids_NxT=out.tokens_NxT, completion_mask_NxT=out.mask_NxT,
-                      behaviour_logp_NxT=out.logp_NxT, scores_N=scores, success_N=scores > 0,
-                      prompt_id_N=jnp.zeros(n, jnp.int32), version_N=jnp.full(n, i, jnp.int32))
+    rollout = Rollout(prompt_ids=jnp.asarray(ids), prompt_mask=jnp.asarray(mask),
+                      completion_ids=out.completion_ids, completion_mask=out.completion_mask,
+                      behaviour_logp=out.behaviour_logp, truncated=out.truncated,
+                      scores=scores, success=scores > 0,
+                      prompt_id=jnp.zeros(n, jnp.int32), version=jnp.full(n, i, jnp.int32))
     line = f"step {i}: gen {t1 - t0:.3f}s"
     for method, run in runs.items():
       t2 = time.perf_counter()
@@ -186,20 +187,17 @@ def phase_report(graphdef, params, config: ModelConfig, rollout: Rollout, gen_s:
     (the whole train step) and step (generation + train step); the peaks in GFLOP/s and their
     source.
   """
-  n, p = rollout.prompt_ids_NxP.shape
-  t = rollout.completion_ids_NxT.shape[1]
-  batch = {"prompt_ids_NxP": rollout.prompt_ids_NxP,
-           "prompt_mask_NxP": rollout.prompt_mask_NxP,
-           "completion_ids_NxT": rollout.completion_ids_NxT}
-  mask_NxT = rollout.completion_mask_NxT.astype(jnp.float32)
+  n, p = rollout.prompt_ids.shape
+  t = rollout.completion_ids.shape[1]
+  batch = batch_lib.Tokens.of(rollout)
+  mask_NxT = rollout.completion_mask.astype(jnp.float32)
 
   # The bench's prompts repeat by construction: the pass the step takes, without its check
   # (the step makes the check around the whole gradient, not inside it).
   grouped = step_config.shared_prompts
 
   def logp(params, batch):
-    # pylint: disable-next=protected-access
-    return step_lib._policy_logprobs(graphdef, params, batch, step_config, grouped=grouped)[0]
+    return policy.logprobs(graphdef, params, batch, step_config, grouped=grouped)[0]
 
   def masked_mean_logp(params, batch):
     return jnp.sum(logp(params, batch) * mask_NxT) / jnp.maximum(jnp.sum(mask_NxT), 1.0)

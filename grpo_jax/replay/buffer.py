@@ -36,7 +36,7 @@ class ReplayState:
     advantages_CxE: advantages frozen at insertion.
     gen_logp_CxExT: the trainer's log-probs of the entry's tokens at the start of the step that
       generated it (pi_gen as the train step computes it). Equal to the sampler's log mu
-      (``rollouts.behaviour_logp_NxT``) when the two share numerics (float32, ``prox_pass`` =
+      (``rollouts.behaviour_logp``) when the two share numerics (float32, ``prox_pass`` =
       "replayed"); under bfloat16 (``prox_pass`` = "all") they differ by the sampler/trainer
       mismatch, and ratios and drift use this one while the behaviour weight keeps mu.
     version_C: policy step that generated the entry.
@@ -75,15 +75,16 @@ def init_replay(capacity: int, entry_size: int, prompt_len: int,
   """An empty buffer of ``capacity`` entries of ``entry_size`` rollouts (memory fixed here)."""
   c, e, p, t = capacity, entry_size, prompt_len, completion_len
   rollouts = Rollout(
-      prompt_ids_NxP=jnp.zeros((c, e, p), jnp.int32),
-      prompt_mask_NxP=jnp.zeros((c, e, p), bool),
-      completion_ids_NxT=jnp.zeros((c, e, t), jnp.int32),
-      completion_mask_NxT=jnp.zeros((c, e, t), bool),
-      behaviour_logp_NxT=jnp.zeros((c, e, t), jnp.float32),
-      scores_N=jnp.zeros((c, e), jnp.float32),
-      success_N=jnp.zeros((c, e), bool),
-      prompt_id_N=jnp.zeros((c, e), jnp.int32),
-      version_N=jnp.zeros((c, e), jnp.int32))
+      prompt_ids=jnp.zeros((c, e, p), jnp.int32),
+      prompt_mask=jnp.zeros((c, e, p), bool),
+      completion_ids=jnp.zeros((c, e, t), jnp.int32),
+      completion_mask=jnp.zeros((c, e, t), bool),
+      behaviour_logp=jnp.zeros((c, e, t), jnp.float32),
+      scores=jnp.zeros((c, e), jnp.float32),
+      truncated=jnp.zeros((c, e), bool),
+      success=jnp.zeros((c, e), bool),
+      prompt_id=jnp.zeros((c, e), jnp.int32),
+      version=jnp.zeros((c, e), jnp.int32))
   return ReplayState(rollouts=rollouts, advantages_CxE=jnp.zeros((c, e), jnp.float32),
                      gen_logp_CxExT=jnp.zeros((c, e, t), jnp.float32),
                      version_C=jnp.zeros((c,), jnp.int32), inserted_C=jnp.zeros((c,), jnp.int32),
@@ -127,11 +128,11 @@ def insert(replay: ReplayState, entries: Rollout, advantages_MxE: jax.Array, kee
   m = keep.shape[0]
   # Each stored row carries the entry's version stamp (what the age of a replayed row is read
   # from), whatever version the candidate rows arrived with.
-  entries = entries.replace(version_N=jnp.full(entries.version_N.shape, version, jnp.int32))
+  entries = entries.replace(version=jnp.full(entries.version.shape, version, jnp.int32))
   return ReplayState(
       rollouts=jax.tree.map(put, replay.rollouts, entries),
       advantages_CxE=put(replay.advantages_CxE, advantages_MxE),
-      gen_logp_CxExT=put(replay.gen_logp_CxExT, entries.behaviour_logp_NxT
+      gen_logp_CxExT=put(replay.gen_logp_CxExT, entries.behaviour_logp
                          if gen_logp_MxExT is None else gen_logp_MxExT),
       version_C=put(replay.version_C, jnp.full((m,), version, jnp.int32)),
       inserted_C=put(replay.inserted_C, replay.num_inserted + rank_M),

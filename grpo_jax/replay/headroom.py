@@ -130,7 +130,7 @@ class HeadroomConfig(registry.Configurable):
   def compose(self, ctx: StepContext, replay: ReplayState, logp_fn: LogpFn) -> Composition:
     """Fresh rows, then up to K_rep admitted groups (K_rep * G rows, masked when fewer)."""
     k, m = self.slots, self.candidates
-    g = ctx.fresh.completion_ids_NxT.shape[1]
+    g = ctx.fresh.completion_ids.shape[1]
     if not self.replays(replay):
       return fresh_anchored(ctx, *no_rows(ctx, k * g))
     if replay.capacity < m:
@@ -145,10 +145,10 @@ class HeadroomConfig(registry.Configurable):
     ok_M = jnp.isfinite(top_M)
     cand = jax.tree.map(lambda x: x[cand_M], replay.rollouts)  # [M, G, ...]
     adv_MxG = replay.advantages_CxE[cand_M]
-    logp_MxGxT = logp_fn(jax.tree.map(flat_rows, cand)).reshape(cand.behaviour_logp_NxT.shape)
+    logp_MxGxT = logp_fn(jax.tree.map(flat_rows, cand)).reshape(cand.behaviour_logp.shape)
     gen_MxGxT = replay.gen_logp_CxExT[cand_M]
-    drift_M = jax.vmap(group_drift)(logp_MxGxT, gen_MxGxT, cand.completion_mask_NxT)
-    head_M = jax.vmap(group_headroom)(logp_MxGxT, adv_MxG, cand.completion_mask_NxT)
+    drift_M = jax.vmap(group_drift)(logp_MxGxT, gen_MxGxT, cand.completion_mask)
+    head_M = jax.vmap(group_headroom)(logp_MxGxT, adv_MxG, cand.completion_mask)
     passes_M = ok_M & (drift_M <= self.tau) if self.gate else ok_M
     admitted_M = passes_M & (jnp.cumsum(passes_M.astype(jnp.int32)) <= k)
     # Slot j takes the j-th admitted candidate (stable order keeps the walk's order).
@@ -189,7 +189,7 @@ class HeadroomConfig(registry.Configurable):
     replay = buffer.mark_used(replay, cand_M, admitted_M)
     fresh = ctx.fresh
     head_B = jax.vmap(group_headroom)(ctx.fresh_gen_logp, ctx.advantages_BxG,
-                                      fresh.completion_mask_NxT)
+                                      fresh.completion_mask)
     replay = buffer.insert(replay, fresh, ctx.advantages_BxG, ctx.effective_B, ctx.step,
                            headroom_M=head_B, gen_logp_MxExT=ctx.fresh_gen_logp)
     return replay, {}

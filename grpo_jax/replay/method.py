@@ -83,7 +83,7 @@ class StepContext:
   def fresh_gen_logp(self) -> jax.Array:
     """[B, G, T] pi_gen of the fresh rows (log mu when the step has not set it)."""
     if self.gen_logp_BxGxT is None:
-      return self.fresh.behaviour_logp_NxT
+      return self.fresh.behaviour_logp
     return self.gen_logp_BxGxT
 
 
@@ -146,12 +146,12 @@ def flat_rows(x: jax.Array) -> jax.Array:
 def fresh_composition(ctx: StepContext, mask_BxGxT: jax.Array | None = None,
                       metrics: dict | None = None) -> Composition:
   """The fresh batch as it is (optionally with another loss mask): no row replayed."""
-  mask = ctx.fresh.completion_mask_NxT if mask_BxGxT is None else mask_BxGxT
+  mask = ctx.fresh.completion_mask if mask_BxGxT is None else mask_BxGxT
   n = ctx.advantages_BxG.size
   rows = jax.tree.map(flat_rows, ctx.fresh)
   return Composition(rollout=rows, advantages_N=flat_rows(ctx.advantages_BxG),
                      loss_mask_NxT=flat_rows(mask), replayed_N=jnp.zeros((n,), bool),
-                     gen_logp_NxT=rows.behaviour_logp_NxT, prox_logp_NxT=None, selection=None,
+                     gen_logp_NxT=rows.behaviour_logp, prox_logp_NxT=None, selection=None,
                      metrics=metrics or {})
 
 
@@ -171,16 +171,16 @@ def fresh_anchored(ctx: StepContext, stored_R: Rollout, advantages_R: jax.Array,
   fresh = jax.tree.map(flat_rows, ctx.fresh)
   n = fresh.num_rows
   cat = lambda f, s: jnp.concatenate([f, s.astype(f.dtype)])
-  prox = None if prox_logp_RxT is None else cat(fresh.behaviour_logp_NxT, prox_logp_RxT)
-  gen = stored_R.behaviour_logp_NxT if gen_logp_RxT is None else gen_logp_RxT
-  fresh_mask = (fresh.completion_mask_NxT if fresh_mask_BxGxT is None
+  prox = None if prox_logp_RxT is None else cat(fresh.behaviour_logp, prox_logp_RxT)
+  gen = stored_R.behaviour_logp if gen_logp_RxT is None else gen_logp_RxT
+  fresh_mask = (fresh.completion_mask if fresh_mask_BxGxT is None
                 else flat_rows(fresh_mask_BxGxT))
   return Composition(
       rollout=jax.tree.map(cat, fresh, stored_R),
       advantages_N=cat(flat_rows(ctx.advantages_BxG), jnp.where(ok_R, advantages_R, 0.0)),
-      loss_mask_NxT=cat(fresh_mask, stored_R.completion_mask_NxT & ok_R[:, None]),
+      loss_mask_NxT=cat(fresh_mask, stored_R.completion_mask & ok_R[:, None]),
       replayed_N=cat(jnp.zeros((n,), bool), ok_R),
-      gen_logp_NxT=cat(fresh.behaviour_logp_NxT, gen), prox_logp_NxT=prox,
+      gen_logp_NxT=cat(fresh.behaviour_logp, gen), prox_logp_NxT=prox,
       selection=selection, metrics=metrics or {})
 
 

@@ -139,7 +139,7 @@ class PopoConfig(registry.Configurable):
     """
     fresh, effective_B = ctx.fresh, ctx.effective_B
     b = effective_B.shape[0]
-    drop_ineffective = fresh.completion_mask_NxT & effective_B[:, None, None]
+    drop_ineffective = fresh.completion_mask & effective_B[:, None, None]
     if self.fill == "drop":
       return fresh_composition(ctx, drop_ineffective)
     if not self.replays(replay):
@@ -160,8 +160,8 @@ class PopoConfig(registry.Configurable):
 
     rollout = jax.tree.map(pick, fresh, stored)
     used_K = ok_K & (jnp.arange(k) < jnp.sum(replayed_B.astype(jnp.int32)))
-    g = fresh.completion_ids_NxT.shape[1]
-    fresh_mask = drop_ineffective if self.unfilled == "drop" else fresh.completion_mask_NxT
+    g = fresh.completion_ids.shape[1]
+    fresh_mask = drop_ineffective if self.unfilled == "drop" else fresh.completion_mask
     metrics = {"replay_slots_filled": jnp.sum(replayed_B.astype(jnp.float32)),
                "replay_slots_unfilled": jnp.sum((~effective_B & ~replayed_B).astype(
                    jnp.float32))}
@@ -171,9 +171,9 @@ class PopoConfig(registry.Configurable):
     return Composition(
         rollout=jax.tree.map(flat_rows, rollout),
         advantages_N=flat_rows(pick(ctx.advantages_BxG, replay.advantages_CxE[source_B])),
-        loss_mask_NxT=flat_rows(pick(fresh_mask, stored.completion_mask_NxT)),
+        loss_mask_NxT=flat_rows(pick(fresh_mask, stored.completion_mask)),
         replayed_N=jnp.repeat(replayed_B, g),
-        gen_logp_NxT=flat_rows(pick(fresh.behaviour_logp_NxT, replay.gen_logp_CxExT[source_B])),
+        gen_logp_NxT=flat_rows(pick(fresh.behaviour_logp, replay.gen_logp_CxExT[source_B])),
         prox_logp_NxT=None, selection=(indices_K, used_K), metrics=metrics)
 
   def after_update(self, ctx: StepContext, replay: ReplayState,
@@ -200,7 +200,7 @@ def stored_kl(replay: ReplayState, logp_fn: LogpFn) -> jax.Array:
   """
   rows = jax.tree.map(flat_rows, replay.rollouts)
   k3 = losses.kl_penalty(flat_rows(replay.gen_logp_CxExT), logp_fn(rows), "k3")
-  mask = rows.completion_mask_NxT.astype(jnp.float32)
+  mask = rows.completion_mask.astype(jnp.float32)
   c = replay.capacity
   per_entry = jnp.sum((k3 * mask).reshape(c, -1), axis=1)
   return per_entry / jnp.maximum(jnp.sum(mask.reshape(c, -1), axis=1), 1.0)

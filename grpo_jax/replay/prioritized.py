@@ -168,8 +168,8 @@ class PrioritizedReplayConfig(registry.Configurable):
     replacement (masked if absent); F = the fresh rows that count in the loss."""
     del logp_fn
     n = ctx.advantages_BxG.size
-    r = self.extra_rows(n, ctx.fresh.completion_ids_NxT.shape[1])
-    fresh_mask = ctx.fresh.completion_mask_NxT
+    r = self.extra_rows(n, ctx.fresh.completion_ids.shape[1])
+    fresh_mask = ctx.fresh.completion_mask
     if self.drop_ineffective:
       fresh_mask = fresh_mask & ctx.effective_B[:, None, None]
     active = jnp.sum(jnp.any(fresh_mask, axis=-1).astype(jnp.float32))
@@ -186,7 +186,7 @@ class PrioritizedReplayConfig(registry.Configurable):
       stored_gen = replay.gen_logp_CxExT[indices_R, 0]
     else:
       stored, stored_adv, ok_R = no_rows(ctx, r)
-      stored_gen = stored.behaviour_logp_NxT
+      stored_gen = stored.behaviour_logp
       indices_R = jnp.zeros((r,), jnp.int32)
     return fresh_anchored(
         ctx, stored, stored_adv, ok_R, gen_logp_RxT=stored_gen, selection=(indices_R, ok_R),
