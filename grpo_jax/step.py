@@ -130,7 +130,7 @@ def _context(config: StepConfig, rollout: Rollout, step: jax.Array,
                                             config.estimator)
   effective_B = advantages_lib.effective_groups(signal(config.effective_signal).reshape(b, g))
   fresh = jax.tree.map(lambda x: x.reshape((b, g) + x.shape[1:]), rollout)
-  return replay_method.StepContext(fresh=fresh, advantages_BxG=adv_BxG, effective_B=effective_B,
+  return replay_method.StepContext(fresh=fresh, advantages=adv_BxG, effective=effective_B,
                                    step=step, rng=keys.replay(rng, step))
 
 
@@ -153,7 +153,7 @@ def _compose(config: StepConfig, ctx: replay_method.StepContext, replay: ReplayS
   evicted = rc.evict(replay, ctx.step)
   metrics = {}
   if replaying:
-    live = lambda buffer: jnp.sum(buffer.valid_C.astype(jnp.float32))
+    live = lambda buffer: jnp.sum(buffer.valid.astype(jnp.float32))
     metrics["replay_evicted"] = live(replay) - live(evicted)
   return evicted, rc.compose(ctx, evicted, start_logp), metrics
 
@@ -163,7 +163,7 @@ def _proximal_pass(config: StepConfig, comp: replay_method.Composition, start_lo
   """The one no-grad pass at the start-of-step parameters over the whole batch, when needed.
 
   Needed for every row with ``prox_pass="all"``; for the replayed rows when the objective uses
-  pi_prox and the method did not make the pass itself (``Composition.prox_logp_NxT``).
+  pi_prox and the method did not make the pass itself (``Composition.prox_logp``).
 
   Args:
     config: StepConfig (prox_pass, the method's objective).
@@ -175,7 +175,7 @@ def _proximal_pass(config: StepConfig, comp: replay_method.Composition, start_lo
     [N + R, T] float32 log pi_prox, or None when no pass is needed.
   """
   uses_prox = replaying and objectives.OBJECTIVES[config.replay.objective].uses_prox
-  if config.prox_pass == "all" or (uses_prox and comp.prox_logp_NxT is None):
+  if config.prox_pass == "all" or (uses_prox and comp.prox_logp is None):
     return start_logp(comp.rollout)
   return None
 
@@ -200,15 +200,15 @@ def _sampler_mismatch(config: StepConfig, rollout: Rollout, ctx: replay_method.S
   if config.prox_pass != "all":
     return ctx, {}
   n = rollout.num_rows
-  mu_NxT, replayed_N = comp.rollout.behaviour_logp, comp.replayed_N
-  fresh_tok = (comp.loss_mask_NxT & ~replayed_N[:, None]).astype(jnp.float32)
+  mu_NxT, replayed_N = comp.rollout.behaviour_logp, comp.replayed
+  fresh_tok = (comp.loss_mask & ~replayed_N[:, None]).astype(jnp.float32)
   mismatch = (jnp.sum(jnp.abs(full_NxT - mu_NxT) * fresh_tok)
               / jnp.maximum(jnp.sum(fresh_tok), 1.0))
   # What this step's rows store as pi_gen: the pass over the fresh rows at their places in the
   # batch (rows 0..N-1; POPO's replaced ineffective groups are not in the batch and keep mu,
   # which matters only for POPO-ineff, whose stored ineffective groups have advantage 0).
   fresh_gen_NxT = jnp.where(replayed_N[:n, None], rollout.behaviour_logp, full_NxT[:n])
-  ctx = ctx.replace(gen_logp_BxGxT=fresh_gen_NxT.reshape(ctx.fresh.behaviour_logp.shape))
+  ctx = ctx.replace(gen_logp=fresh_gen_NxT.reshape(ctx.fresh.behaviour_logp.shape))
   return ctx, {"fresh_logp_mismatch": mismatch}
 
 
@@ -233,7 +233,7 @@ def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_metho
   Returns:
     UpdateBatch of N + R rows.
   """
-  mixed, replayed_N = comp.rollout, comp.replayed_N
+  mixed, replayed_N = comp.rollout, comp.replayed
   mu_NxT = mixed.behaviour_logp
   prox_NxT = full_NxT if config.prox_pass == "all" else mu_NxT
   behaviour_NxT = mu_NxT
@@ -241,9 +241,9 @@ def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_metho
     objective = objectives.OBJECTIVES[config.replay.objective]
     replayed_prox_NxT = None
     if objective.uses_prox:
-      replayed_prox_NxT = full_NxT if comp.prox_logp_NxT is None else comp.prox_logp_NxT
+      replayed_prox_NxT = full_NxT if comp.prox_logp is None else comp.prox_logp
     replayed_mu_NxT, replayed_ratio_NxT = objective.denominators(mu_NxT, replayed_prox_NxT,
-                                                                 comp.gen_logp_NxT)
+                                                                 comp.gen_logp)
     behaviour_NxT = jnp.where(replayed_N[:, None], replayed_mu_NxT, mu_NxT)
     prox_NxT = jnp.where(replayed_N[:, None], replayed_ratio_NxT, prox_NxT)
   tokens = Tokens.of(mixed)
@@ -252,11 +252,11 @@ def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_metho
     ref_NxT, _ = policy.logprobs(graphdef, jax.lax.stop_gradient(ref_params), tokens, config)
     ref_NxT = jax.lax.stop_gradient(ref_NxT)
   return UpdateBatch(
-      tokens=tokens, loss_mask=comp.loss_mask_NxT, advantages=comp.advantages_N,
+      tokens=tokens, loss_mask=comp.loss_mask, advantages=comp.advantages,
       behaviour_logp=behaviour_NxT, prox_logp=prox_NxT, ref_logp=ref_NxT,
       # The loss pass measures how far pi_theta is from each replayed row's pi_gen.
       replayed=replayed_N if replaying else None,
-      gen_logp=comp.gen_logp_NxT if replaying else None)
+      gen_logp=comp.gen_logp if replaying else None)
 
 
 def _metrics(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContext,
@@ -281,19 +281,19 @@ def _metrics(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContex
     name -> float32 scalar.
   """
   metrics = step_metrics.update_metrics(per_update, replaying)
-  metrics.update(step_metrics.batch_metrics(rollout, ctx.advantages_BxG, ctx.effective_B, batch))
+  metrics.update(step_metrics.batch_metrics(rollout, ctx.advantages, ctx.effective, batch))
   for more in stage_metrics:
     metrics.update(more)
   if replaying:
-    metrics.update(step_metrics.replay_age_metrics(batch.loss_mask, comp.replayed_N,
+    metrics.update(step_metrics.replay_age_metrics(batch.loss_mask, comp.replayed,
                                                    comp.rollout.version, ctx.step))
     metrics.update(comp.metrics)
   if config.effective_signal != config.reward_signal:
     metrics["effective_advantage_disagree"] = step_metrics.effective_disagreement(
-        ctx.advantages_BxG, ctx.effective_B)
+        ctx.advantages, ctx.effective)
   metrics.update(insert_metrics)
   if replaying:
-    metrics["buffer_occupancy"] = jnp.mean(replay_out.valid_C.astype(jnp.float32))
+    metrics["buffer_occupancy"] = jnp.mean(replay_out.valid.astype(jnp.float32))
   metrics["ineffective_fraction"] = 1.0 - metrics["effective_fraction"]
   return metrics
 

@@ -74,7 +74,7 @@ def _fake_policy(shift_by_id):
 def _compose(cfg):
   def run(replay, shifts, step):
     fresh, adv = _group_rows([100, 101], [1.0, 1.0])
-    ctx = method_lib.StepContext(fresh=fresh, advantages_BxG=adv, effective_B=jnp.zeros(BH, bool),
+    ctx = method_lib.StepContext(fresh=fresh, advantages=adv, effective=jnp.zeros(BH, bool),
                                  step=step, rng=jax.random.key(0))
     comp = cfg.compose(ctx, cfg.evict(replay, step), _fake_policy(shifts))
     replay, _ = cfg.after_update(ctx, replay, comp)
@@ -99,7 +99,7 @@ def test_admission_walk_against_a_python_model(heads, shifts, valid, gate, order
   replay = replay_lib.init_replay(CAP, GH, PH, TH)
   replay = replay_lib.insert(replay, rows, adv, jnp.ones(CAP, bool), 0,
                              headroom_M=jnp.asarray(heads))
-  replay = replay.replace(valid_C=jnp.asarray(valid))
+  replay = replay.replace(valid=jnp.asarray(valid))
   shift_by_id = np.zeros(102)
   shift_by_id[:CAP] = shifts
   comp, new = _compose(cfg)(replay, jnp.asarray(shift_by_id), jnp.int32(1))
@@ -111,18 +111,18 @@ def test_admission_walk_against_a_python_model(heads, shifts, valid, gate, order
   admitted = passes[:2]
   n = BH * GH
   got = [int(i) for i, r in zip(np.asarray(comp.rollout.prompt_id[n:]),
-                                np.asarray(comp.replayed_N[n:])) if r]
+                                np.asarray(comp.replayed[n:])) if r]
   assert got == [i for i in admitted for _ in range(GH)]
   if gate:
     assert all(shifts[i] ** 2 <= 1e-3 for i in set(got))
   assert float(comp.metrics["headroom_admitted"]) == len(admitted)
   for i in candidates:
-    assert float(new.drift_C[i]) == pytest.approx(shifts[i] ** 2, abs=1e-7)
+    assert float(new.drift[i]) == pytest.approx(shifts[i] ** 2, abs=1e-7)
   # Replayed rows' pi_prox is the candidate pass: log mu + shift.
-  for row, r in enumerate(np.asarray(comp.replayed_N[n:])):
+  for row, r in enumerate(np.asarray(comp.replayed[n:])):
     if r:
       i = int(comp.rollout.prompt_id[n + row])
-      np.testing.assert_allclose(comp.prox_logp_NxT[n + row], -1.0 + shifts[i], rtol=1e-6)
+      np.testing.assert_allclose(comp.prox_logp[n + row], -1.0 + shifts[i], rtol=1e-6)
 
 
 def test_headroom_cache_refresh_and_insertion():
@@ -135,19 +135,19 @@ def test_headroom_cache_refresh_and_insertion():
   replay = replay_lib.insert(replay, rows, adv, jnp.ones(2, bool), 0,
                              headroom_M=jnp.asarray([0.9, 0.8]))
   fresh, fadv = _group_rows([100, 101], [1.0, 1.0])
-  ctx = method_lib.StepContext(fresh=fresh, advantages_BxG=fadv,
-                               effective_B=jnp.asarray([True, False]), step=jnp.int32(1),
+  ctx = method_lib.StepContext(fresh=fresh, advantages=fadv,
+                               effective=jnp.asarray([True, False]), step=jnp.int32(1),
                                rng=jax.random.key(0))
   shifts = np.zeros(102)
   shifts[:2] = [0.3, 0.0]
   comp = cfg.compose(ctx, replay, _fake_policy(shifts))
   new, _ = cfg.after_update(ctx, replay, comp)
   p = np.exp(-0.7)
-  np.testing.assert_allclose(new.headroom_C[0], ((1 - p) + p) / 2, rtol=1e-6)
+  np.testing.assert_allclose(new.headroom[0], ((1 - p) + p) / 2, rtol=1e-6)
   # Entry 0 (H 0.9) failed the gate (0.09 > 1e-3); entry 1 passed and was used once.
-  np.testing.assert_array_equal(new.use_count_C[:2], [0, 1])
+  np.testing.assert_array_equal(new.use_count[:2], [0, 1])
   assert int(new.num_inserted) == 3 and int(new.rollouts.prompt_id[2, 0]) == 100
-  np.testing.assert_allclose(new.headroom_C[2], 0.5, rtol=1e-6)
+  np.testing.assert_allclose(new.headroom[2], 0.5, rtol=1e-6)
 
 
 @pytest.mark.parametrize("objective", ["align_mu", "decoupled"])
@@ -227,7 +227,7 @@ def test_no_drifted_or_over_age_group_is_ever_used(steps, max_age):
                        jnp.asarray(shift_by_id), jnp.int32(step))
     n = BH * GH
     used = {int(i) for i, r in zip(np.asarray(comp.rollout.prompt_id[n:]),
-                                   np.asarray(comp.replayed_N[n:])) if r}
+                                   np.asarray(comp.replayed[n:])) if r}
     for i in used:
       assert shift_by_id[i] ** 2 <= 1e-3 and i in mixed_ids and version[i] < step
       assert not max_age or step - version[i] <= max_age
@@ -242,7 +242,7 @@ def test_no_drifted_or_over_age_group_is_ever_used(steps, max_age):
               for i, e in zip([100 * (step + 1) + j for j in range(BH)], effective) if e]
   last = len(steps) - 1
   expected = {i for i in inserted[-4:] if not max_age or last - version[i] <= max_age}
-  stored = {int(i) for i, v in zip(replay.rollouts.prompt_id[:, 0], replay.valid_C) if v}
+  stored = {int(i) for i, v in zip(replay.rollouts.prompt_id[:, 0], replay.valid) if v}
   assert stored == expected
 
 
@@ -250,7 +250,7 @@ def test_no_drifted_or_over_age_group_is_ever_used(steps, max_age):
 def _sequence_step(cfg):
   def run(replay, ids, effective, shifts, step):
     fresh, adv = _group_rows(ids, jnp.ones(BH))
-    ctx = method_lib.StepContext(fresh=fresh, advantages_BxG=adv, effective_B=effective,
+    ctx = method_lib.StepContext(fresh=fresh, advantages=adv, effective=effective,
                                  step=step, rng=jax.random.key(0))
     replay = cfg.evict(replay, step)
     comp = cfg.compose(ctx, replay, _fake_policy(shifts))

@@ -114,7 +114,7 @@ def test_state_and_buffer_layouts(report, method):
     replay = r["replay_specs"]
     # Entries [C, ...] split like the batch; scalars (write position, count) replicated.
     assert replay[".rollouts.completion_ids"] == "P(('data', 'fsdp'),)"
-    assert replay[".valid_C"] == "P(('data', 'fsdp'),)"
+    assert replay[".valid"] == "P(('data', 'fsdp'),)"
     assert replay[".write_pos"] == "P()"
 
 

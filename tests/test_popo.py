@@ -54,7 +54,7 @@ def _buffer_with(split, scores, version=0, shift=0.0):
   if shift:
     shifted = replay.rollouts.behaviour_logp + shift * replay.rollouts.completion_mask
     replay = replay.replace(rollouts=replay.rollouts.replace(behaviour_logp=shifted),
-                            gen_logp_CxExT=jnp.copy(shifted))
+                            gen_logp=jnp.copy(shifted))
   return replay, rollout
 
 
@@ -72,7 +72,7 @@ def test_popo_equals_grpo_exactly_when_no_slot_needs_filling(split):
   assert float(popo_m["replay_slots_filled"]) == 0.0
   assert float(popo_m["loss"]) == float(grpo_m["loss"])
   # Both effective fresh groups were stored after the update: 2 old + 2 new entries.
-  assert int(new_replay.num_inserted) == 4 and int(new_replay.valid_C.sum()) == 4
+  assert int(new_replay.num_inserted) == 4 and int(new_replay.valid.sum()) == 4
 
 
 def test_ineffective_slot_takes_the_most_recent_stored_group(split):
@@ -85,7 +85,7 @@ def test_ineffective_slot_takes_the_most_recent_stored_group(split):
   assert float(m["ineffective_fraction"]) == 0.5
   # The most recent stored entry is slot 1 (old group 1); it was used once, so with
   # max_uses=1 it will be evicted next step. Slot 0 was not used.
-  np.testing.assert_array_equal(new_replay.use_count_C[:2], [0, 1])
+  np.testing.assert_array_equal(new_replay.use_count[:2], [0, 1])
   # Only the effective fresh group 0 was inserted (at slot 2); the ineffective one was not.
   assert int(new_replay.num_inserted) == 3
   np.testing.assert_array_equal(new_replay.rollouts.completion_ids[2],
@@ -100,7 +100,7 @@ def test_ineffective_slot_takes_the_most_recent_stored_group(split):
   expected_w = (fresh_tokens + np.exp(0.3) * stored_tokens) / (fresh_tokens + stored_tokens)
   assert float(m["is_weight_mean"]) == pytest.approx(expected_w, rel=1e-4)
   evicted = replay_lib.evict(new_replay, jnp.int32(1), max_uses=1)
-  np.testing.assert_array_equal(evicted.valid_C, [True, False, True, False])
+  np.testing.assert_array_equal(evicted.valid, [True, False, True, False])
 
 
 @pytest.mark.parametrize("objective", method_lib.OBJECTIVES)
@@ -221,15 +221,15 @@ def test_max_age_keeps_an_entry_exactly_max_age_steps_old():
                              jnp.ones(1, bool), 6)  # prompt id 1, version 6
   cfg = popo.PopoConfig(fill="replay", max_age=4)
   evicted = cfg.evict(replay, jnp.int32(10))
-  np.testing.assert_array_equal(evicted.valid_C, [False, True])
+  np.testing.assert_array_equal(evicted.valid, [False, True])
   effective = jnp.asarray([False, False, True, True])
   comp = cfg.compose(_ctx(_fresh(10, effective), _adv(10), effective, jnp.int32(10)), evicted,
                      _no_pass)
   ids = np.asarray(comp.rollout.prompt_id).reshape(BC, GC)[:, 0]
-  assert ids[0] == 1 and not bool(np.asarray(comp.replayed_N).reshape(BC, GC)[1, 0])
+  assert ids[0] == 1 and not bool(np.asarray(comp.replayed).reshape(BC, GC)[1, 0])
   # The same rule in rollout-level replay: tau_max 4 train steps.
   rr = prioritized.PrioritizedReplayConfig(tau_max=4)
-  np.testing.assert_array_equal(rr.evict(replay, jnp.int32(10)).valid_C, [False, True])
+  np.testing.assert_array_equal(rr.evict(replay, jnp.int32(10)).valid, [False, True])
 
 
 # --- compose, insert and the age limit against a plain-Python model (no model needed) ---
@@ -260,7 +260,7 @@ def _adv(step):
 
 
 def _ctx(fresh, adv, effective, step):
-  return method_lib.StepContext(fresh=fresh, advantages_BxG=adv, effective_B=effective,
+  return method_lib.StepContext(fresh=fresh, advantages=adv, effective=effective,
                                 step=step, rng=jax.random.key(0))
 
 
@@ -335,10 +335,10 @@ def test_compose_matches_the_python_model(steps, max_age, max_uses, slots, inser
     # The composition is flat rows, group-major: group b is rows b * G .. b * G + G - 1.
     assert comp.rollout.num_rows == BC * GC  # in place: no extra rows
     group = lambda x: np.asarray(x).reshape((BC, GC) + np.asarray(x).shape[1:])
-    replayed_B = group(comp.replayed_N)[:, 0]
+    replayed_B = group(comp.replayed)[:, 0]
     assert replayed_B.nonzero()[0].tolist() == sorted(expected)
     ids = group(comp.rollout.prompt_id)[:, 0]
-    adv, mask = group(comp.advantages_N), group(comp.loss_mask_NxT)
+    adv, mask = group(comp.advantages), group(comp.loss_mask)
     for b in range(BC):
       if b in expected:
         source = expected[b]["id"]
@@ -350,7 +350,7 @@ def test_compose_matches_the_python_model(steps, max_age, max_uses, slots, inser
       else:
         assert ids[b] == 1000 * step + b
         np.testing.assert_allclose(adv[b], _adv(step)[b])
-    stored = sorted(int(i) for i, v in zip(replay.rollouts.prompt_id[:, 0], replay.valid_C)
+    stored = sorted(int(i) for i, v in zip(replay.rollouts.prompt_id[:, 0], replay.valid)
                     if v)
     # Same live entries (eviction is lazy in both: an entry used now goes at the next step).
     assert stored == sorted(e["id"] for e in model.entries)
@@ -362,11 +362,11 @@ def test_drop_masks_only_ineffective_groups():
   comp = cfg.compose(_ctx(_fresh(0, effective), _adv(0), effective, jnp.int32(0)),
                      replay_lib.init_replay(0, GC, PC, TC), _no_pass)
   fresh_mask = np.asarray(_fresh(0, effective).completion_mask)
-  mask = np.asarray(comp.loss_mask_NxT).reshape(BC, GC, TC)
+  mask = np.asarray(comp.loss_mask).reshape(BC, GC, TC)
   np.testing.assert_array_equal(mask[1], False)
   np.testing.assert_array_equal(mask[3], False)
   np.testing.assert_array_equal(mask[0], fresh_mask[0])
-  assert not bool(comp.replayed_N.any())
+  assert not bool(comp.replayed.any())
 
 
 def test_replay_config_validation():

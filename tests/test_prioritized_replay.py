@@ -60,8 +60,8 @@ def _fresh(step, adv_N):
 @functools.lru_cache(maxsize=None)
 def _ops(cfg):
   def run(replay, fresh, adv, step, key):
-    ctx = method_lib.StepContext(fresh=fresh, advantages_BxG=adv,
-                                 effective_B=jnp.ones((BR,), bool), step=step, rng=key)
+    ctx = method_lib.StepContext(fresh=fresh, advantages=adv,
+                                 effective=jnp.ones((BR,), bool), step=step, rng=key)
     replay = cfg.evict(replay, step)
     comp = cfg.compose(ctx, replay, None)
     replay, metrics = cfg.after_update(ctx, replay, comp)
@@ -96,19 +96,19 @@ def test_composition_ages_and_warmup_against_a_python_model(advs, tau_max, warmu
     ids = np.asarray(comp.rollout.prompt_id)
     assert ids[:n].tolist() == list(range(100 * step, 100 * step + n))  # fresh first
     live = {sid: (v, a) for sid, v, a in stored[-capacity:] if step - v <= tau_max}
-    replayed = [int(i) for i, r in zip(ids[n:], np.asarray(comp.replayed_N[n:])) if r]
+    replayed = [int(i) for i, r in zip(ids[n:], np.asarray(comp.replayed[n:])) if r]
     if step < warmup:
       assert replayed == []
     else:
       assert len(replayed) == min(2, len(live)) and len(set(replayed)) == len(replayed)
       # By the row's replayed flag, not its id: an unfilled slot is a zero row whose id (0)
       # can equal a stored rollout's (step 0's ids are 0..3).
-      for i, a, r in zip(ids[n:], np.asarray(comp.advantages_N[n:]),
-                         np.asarray(comp.replayed_N[n:])):
+      for i, a, r in zip(ids[n:], np.asarray(comp.advantages[n:]),
+                         np.asarray(comp.replayed[n:])):
         if r:
           assert a == live[int(i)][1]
-    np.testing.assert_array_equal(np.asarray(comp.loss_mask_NxT[n:]).any(-1),
-                                  np.asarray(comp.replayed_N[n:]))
+    np.testing.assert_array_equal(np.asarray(comp.loss_mask[n:]).any(-1),
+                                  np.asarray(comp.replayed[n:]))
     # Every group is effective here (_ops), so "effective" stores every rollout, as "all".
     kept = lambda a: insert in ("all", "effective") or a != 0
     assert float(m["replay_inserted"]) == sum(1 for a in adv if kept(a))
@@ -129,8 +129,8 @@ def test_draws_follow_the_priority_distribution():
   rows = jax.tree.map(lambda x: x.reshape((-1, 1) + x.shape[2:]), fresh)
   replay = replay_lib.insert(replay, rows, adv.reshape(-1, 1), jnp.ones(4, bool), 0)
   fresh1, adv1 = _fresh(1, [0.0] * 4)
-  ctx = lambda k: method_lib.StepContext(fresh=fresh1, advantages_BxG=adv1,
-                                         effective_B=jnp.ones((BR,), bool), step=jnp.int32(1),
+  ctx = lambda k: method_lib.StepContext(fresh=fresh1, advantages=adv1,
+                                         effective=jnp.ones((BR,), bool), step=jnp.int32(1),
                                          rng=k)
   n = 4000
   draw = jax.jit(jax.vmap(lambda k: cfg.compose(ctx(k), replay, None).rollout.prompt_id[-1]))
@@ -198,21 +198,21 @@ def test_paper_composition_drops_ineffective_groups_and_sizes_replay_by_survivor
   replay = replay_lib.insert(replay, rows, old_adv.reshape(-1, 1), jnp.asarray([1, 1, 1, 0], bool),
                              0)
   fresh, adv = _fresh(1, [0.7, -0.7, 0.0, 0.0])
-  ctx = method_lib.StepContext(fresh=fresh, advantages_BxG=adv,
-                               effective_B=jnp.asarray([True, False]), step=jnp.int32(1),
+  ctx = method_lib.StepContext(fresh=fresh, advantages=adv,
+                               effective=jnp.asarray([True, False]), step=jnp.int32(1),
                                rng=jax.random.key(0))
   comp = cfg.compose(ctx, cfg.evict(replay, jnp.int32(1)), None)
-  mask = np.asarray(comp.loss_mask_NxT).any(-1)
+  mask = np.asarray(comp.loss_mask).any(-1)
   np.testing.assert_array_equal(mask[:4], [True, True, False, False])  # group 1 dropped
-  np.testing.assert_array_equal(np.asarray(comp.replayed_N[4:]), [True, False])
+  np.testing.assert_array_equal(np.asarray(comp.replayed[4:]), [True, False])
   assert float(comp.metrics["replay_rows_wanted"]) == 1.0
   new, m = cfg.after_update(ctx, replay, comp)
   assert float(m["replay_inserted"]) == 2.0 and int(new.num_inserted) == 3 + 2
   # Without the drop (the default variant): all 4 fresh rows count and both slots are filled.
   plain = prioritized.PrioritizedReplayConfig(tau_max=5, rho=0.5, warmup_steps=0)
   comp = plain.compose(ctx, plain.evict(replay, jnp.int32(1)), None)
-  assert np.asarray(comp.loss_mask_NxT).any(-1)[:4].all()
-  np.testing.assert_array_equal(np.asarray(comp.replayed_N[4:]), [True, True])
+  assert np.asarray(comp.loss_mask).any(-1)[:4].all()
+  np.testing.assert_array_equal(np.asarray(comp.replayed[4:]), [True, True])
 
 
 def test_config_validation():

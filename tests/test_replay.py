@@ -103,19 +103,19 @@ def test_matches_reference_model(ops):
       got = [int(i) for i, v in zip(idx, ok) if v]
       # Recency order is exact and only live entries come back.
       assert [int(replay.rollouts.prompt_id[i, 0]) for i in got] == [s["id"] for s in expected]
-      assert all(step - int(replay.version_C[i]) <= 3 for i in got)
+      assert all(step - int(replay.version[i]) <= 3 for i in got)
       replay = replay_lib.mark_used(replay, idx, ok)
       for s in expected:
         s["uses"] += 1
     # Same live set, slot by slot: capacity and FIFO overwrite agree with the reference.
     for slot, s in enumerate(ref.slots):
-      live = bool(replay.valid_C[slot])
+      live = bool(replay.valid[slot])
       assert live == bool(s and s["valid"])
       if s:
         assert int(replay.rollouts.prompt_id[slot, 0]) == s["id"]
-        assert int(replay.use_count_C[slot]) == s["uses"]
+        assert int(replay.use_count[slot]) == s["uses"]
   assert int(replay.num_inserted) == ref.count
-  assert int(np.sum(replay.valid_C)) <= C
+  assert int(np.sum(replay.valid)) <= C
 
 
 def test_insert_more_than_capacity_keeps_the_last_ones():

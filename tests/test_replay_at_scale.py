@@ -110,7 +110,7 @@ def _buffer_violations(replay, sh, adv_by_id, check_drift=False):
   num_ids = sh["index"].shape[0]
   ids_CxE = replay.rollouts.prompt_id
   ids = jnp.clip(ids_CxE[:, 0], 0, num_ids - 1)
-  valid = replay.valid_C
+  valid = replay.valid
   live = _live(sh, c)
   v = _zeros(VIOLATIONS)
   v["ring_counters"] = _count((replay.num_inserted != sh["total"]) |
@@ -119,13 +119,13 @@ def _buffer_violations(replay, sh, adv_by_id, check_drift=False):
   v["valid_count"] = _count(_count(valid) != _count(live))
   v["over_capacity"] = _count(_count(valid) > jnp.minimum(c, sh["total"]))
   v["slot"] = _count(valid & (jnp.arange(c) != sh["index"][ids] % c))
-  v["inserted_counter"] = _count(valid & (replay.inserted_C != sh["index"][ids]))
-  v["version"] = _count(valid & (replay.version_C != sh["version"][ids]))
-  v["use_count"] = _count(valid & (replay.use_count_C != sh["uses"][ids]))
-  v["advantage"] = _count(valid & jnp.any(replay.advantages_CxE != adv_by_id[ids], axis=1))
+  v["inserted_counter"] = _count(valid & (replay.inserted != sh["index"][ids]))
+  v["version"] = _count(valid & (replay.version != sh["version"][ids]))
+  v["use_count"] = _count(valid & (replay.use_count != sh["uses"][ids]))
+  v["advantage"] = _count(valid & jnp.any(replay.advantages != adv_by_id[ids], axis=1))
   v["rows_mixed"] = _count(valid & jnp.any(ids_CxE != ids_CxE[:, :1], axis=1))
   if check_drift:
-    v["drift"] = _count(valid & (jnp.abs(replay.drift_C - sh["drift"][ids]) > 1e-6))
+    v["drift"] = _count(valid & (jnp.abs(replay.drift - sh["drift"][ids]) > 1e-6))
   return v
 
 
@@ -238,7 +238,7 @@ def _raw_config():
       min_of = lambda x, m: jnp.min(jnp.where(m, x, jnp.iinfo(jnp.int32).max))
       newest_left = jnp.max(jnp.where(left, index, -1))
       chosen_C = jnp.zeros((C,), bool).at[jnp.where(ok, idx, C)].set(True, mode="drop")
-      left_C = out.valid_C & ~chosen_C
+      left_C = out.valid & ~chosen_C
       highest_chosen = jnp.max(jnp.where(chosen_C, score_C, -jnp.inf))
       lowest_left = jnp.min(jnp.where(left_C, score_C, jnp.inf))
       name = jnp.asarray([replay_lib.PRIORITIES.index(p) for p in ("recency", "lowest_kl")])
@@ -292,7 +292,7 @@ def _method_config(cfg, capacity, entry):
     else:
       fresh = jax.tree.map(lambda x: x.reshape((B, G) + x.shape[2:]), _group_rows(ids, step, 1))
       adv_BxG = adv_by_id[ids, 0].reshape(B, G)
-    ctx = method_lib.StepContext(fresh=fresh, advantages_BxG=adv_BxG, effective_B=effective_B,
+    ctx = method_lib.StepContext(fresh=fresh, advantages=adv_BxG, effective=effective_B,
                                  step=step, rng=k_rng)
     logp_fn = lambda rows: rows.behaviour_logp + shift[rows.prompt_id][:, None]
     evicted = cfg.evict(replay, step)
@@ -303,7 +303,7 @@ def _method_config(cfg, capacity, entry):
     n = B * G
     v = _zeros(VIOLATIONS)
     if isinstance(cfg, popo.PopoConfig):
-      replayed_B = comp.replayed_N.reshape(B, G)[:, 0]
+      replayed_B = comp.replayed.reshape(B, G)[:, 0]
       rep_ids = comp.rollout.prompt_id.reshape(B, G)[:, 0]
       v = _selection_violations(rep_ids, replayed_B, sh, step, capacity, max_age, max_uses,
                                 first)
@@ -314,7 +314,7 @@ def _method_config(cfg, capacity, entry):
       v["fresh_slot_changed"] = _count(~replayed_B & (rep_ids != ids))
       stored = adv_by_id[jnp.clip(rep_ids, 0, num_ids - 1)]
       v["replayed_advantage"] = _count(
-          replayed_B[:, None] & (comp.advantages_N.reshape(B, G) != stored))
+          replayed_B[:, None] & (comp.advantages.reshape(B, G) != stored))
       if cfg.priority == "recency":
         chosen = jnp.zeros_like(live).at[jnp.where(replayed_B, rep_ids, num_ids)].set(
             True, mode="drop")
@@ -324,19 +324,19 @@ def _method_config(cfg, capacity, entry):
       used_ids, used = rep_ids, replayed_B
       keep = effective_B if cfg.insert == "effective" else jnp.ones((B,), bool)
     elif isinstance(cfg, prioritized.PrioritizedReplayConfig):
-      used = comp.replayed_N[n:]
+      used = comp.replayed[n:]
       used_ids = comp.rollout.prompt_id[n:]
       v = _selection_violations(used_ids, used, sh, step, capacity, max_age, max_uses, first)
       r = used.shape[0]
       expected = jnp.where(step >= cfg.warmup_steps, jnp.minimum(r, _count(live)), 0)
       v["selected_count"] = _count(_count(used) != expected)
       v["replayed_advantage"] = _count(
-          used & (comp.advantages_N[n:] != adv_by_id[jnp.clip(used_ids, 0, num_ids - 1), 0]))
+          used & (comp.advantages[n:] != adv_by_id[jnp.clip(used_ids, 0, num_ids - 1), 0]))
       adv_N = adv_by_id[ids, 0]
       keep = jnp.abs(adv_N) > 0 if cfg.insert == "nonzero" else jnp.ones((n,), bool)
     else:  # Headroom-Drift
       k = cfg.slots
-      used = comp.replayed_N[n:].reshape(k, G)[:, 0]
+      used = comp.replayed[n:].reshape(k, G)[:, 0]
       used_ids = comp.rollout.prompt_id[n:].reshape(k, G)[:, 0]
       v = _selection_violations(used_ids, used, sh, step, capacity, max_age, max_uses, first)
       passing = live & (jnp.square(shift) <= cfg.tau) if cfg.gate else live
@@ -403,11 +403,11 @@ def test_the_checks_catch_a_broken_buffer():
     carry, _ = body(carry, (jnp.int32(step), jax.random.key(step)))
   assert all(int(x) == 0 for x in carry[2].values())
   replay = carry[0]["replay"]
-  assert int(replay.valid_C.sum()) > 0
-  slot = int(jnp.argmax(replay.valid_C))
+  assert int(replay.valid.sum()) > 0
+  slot = int(jnp.argmax(replay.valid))
   tampered = {
-      "use_count": replay.replace(use_count_C=replay.use_count_C.at[slot].add(1)),
-      "valid_count": replay.replace(valid_C=replay.valid_C.at[slot].set(False)),
+      "use_count": replay.replace(use_count=replay.use_count.at[slot].add(1)),
+      "valid_count": replay.replace(valid=replay.valid.at[slot].set(False)),
       "ring_counters": replay.replace(write_pos=(replay.write_pos + 1) % C),
   }
   for name, broken in tampered.items():

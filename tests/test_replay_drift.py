@@ -86,7 +86,7 @@ def test_bf16_group_replayed_at_its_own_parameters_has_no_drift(data_dir):
                          jax.random.key(0))
   assert float(m0["fresh_logp_mismatch"]) > 0.0
   stored = np.asarray(replay.rollouts.completion_mask[:2])
-  gen = np.asarray(replay.gen_logp_CxExT[:2])[stored]
+  gen = np.asarray(replay.gen_logp[:2])[stored]
   mu = np.asarray(replay.rollouts.behaviour_logp[:2])[stored]
   assert np.any(gen != mu)  # the stored pi_gen is the trainer's, not the sampler's mu
   _, _, m = fn(state, replay, _bf16_rollout(graphdef, state.params, 2, ONE_INEFFECTIVE), None,

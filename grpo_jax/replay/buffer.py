@@ -33,37 +33,37 @@ class ReplayState:
   Attributes:
     rollouts: a Rollout whose arrays have shape [C, E, ...] (tokens, masks, behaviour log-probs,
       scores, success, prompt ids, version stamps of each rollout).
-    advantages_CxE: advantages frozen at insertion.
-    gen_logp_CxExT: the trainer's log-probs of the entry's tokens at the start of the step that
+    advantages: float32 [C, E] advantages frozen at insertion.
+    gen_logp: float32 [C, E, T] the trainer's log-probs of the entry's tokens at the start of the step that
       generated it (pi_gen as the train step computes it). Equal to the sampler's log mu
       (``rollouts.behaviour_logp``) when the two share numerics (float32, ``prox_pass`` =
       "replayed"); under bfloat16 (``prox_pass`` = "all") they differ by the sampler/trainer
       mismatch, and ratios and drift use this one while the behaviour weight keeps mu.
-    version_C: policy step that generated the entry.
-    inserted_C: value of ``num_inserted`` when the entry was written (insertion order).
-    use_count_C: how many times the entry has been replayed.
-    drift_C: last measured drift (mean squared log-ratio to the behaviour policy).
-    headroom_C: last measured headroom (Headroom-Drift replay, arXiv 2609.03941).
-    valid_C: the slot holds a live entry.
+    version: int32 [C] policy step that generated the entry.
+    inserted: int32 [C] value of ``num_inserted`` when the entry was written (insertion order).
+    use_count: int32 [C] how many times the entry has been replayed.
+    drift: float32 [C] last measured drift (mean squared log-ratio to the behaviour policy).
+    headroom: float32 [C] last measured headroom (Headroom-Drift replay, arXiv 2609.03941).
+    valid: bool [C], the slot holds a live entry.
     write_pos: int32 scalar, the next slot to write (oldest first).
     num_inserted: int32 scalar, entries inserted so far.
   """
 
   rollouts: Rollout
-  advantages_CxE: jax.Array
-  gen_logp_CxExT: jax.Array
-  version_C: jax.Array
-  inserted_C: jax.Array
-  use_count_C: jax.Array
-  drift_C: jax.Array
-  headroom_C: jax.Array
-  valid_C: jax.Array
+  advantages: jax.Array
+  gen_logp: jax.Array
+  version: jax.Array
+  inserted: jax.Array
+  use_count: jax.Array
+  drift: jax.Array
+  headroom: jax.Array
+  valid: jax.Array
   write_pos: jax.Array
   num_inserted: jax.Array
 
   @property
   def capacity(self) -> int:
-    return self.valid_C.shape[0]
+    return self.valid.shape[0]
 
   @property
   def nbytes(self) -> int:
@@ -85,11 +85,11 @@ def init_replay(capacity: int, entry_size: int, prompt_len: int,
       success=jnp.zeros((c, e), bool),
       prompt_id=jnp.zeros((c, e), jnp.int32),
       version=jnp.zeros((c, e), jnp.int32))
-  return ReplayState(rollouts=rollouts, advantages_CxE=jnp.zeros((c, e), jnp.float32),
-                     gen_logp_CxExT=jnp.zeros((c, e, t), jnp.float32),
-                     version_C=jnp.zeros((c,), jnp.int32), inserted_C=jnp.zeros((c,), jnp.int32),
-                     use_count_C=jnp.zeros((c,), jnp.int32), drift_C=jnp.zeros((c,), jnp.float32),
-                     headroom_C=jnp.zeros((c,), jnp.float32), valid_C=jnp.zeros((c,), bool),
+  return ReplayState(rollouts=rollouts, advantages=jnp.zeros((c, e), jnp.float32),
+                     gen_logp=jnp.zeros((c, e, t), jnp.float32),
+                     version=jnp.zeros((c,), jnp.int32), inserted=jnp.zeros((c,), jnp.int32),
+                     use_count=jnp.zeros((c,), jnp.int32), drift=jnp.zeros((c,), jnp.float32),
+                     headroom=jnp.zeros((c,), jnp.float32), valid=jnp.zeros((c,), bool),
                      write_pos=jnp.zeros((), jnp.int32), num_inserted=jnp.zeros((), jnp.int32))
 
 
@@ -131,16 +131,16 @@ def insert(replay: ReplayState, entries: Rollout, advantages_MxE: jax.Array, kee
   entries = entries.replace(version=jnp.full(entries.version.shape, version, jnp.int32))
   return ReplayState(
       rollouts=jax.tree.map(put, replay.rollouts, entries),
-      advantages_CxE=put(replay.advantages_CxE, advantages_MxE),
-      gen_logp_CxExT=put(replay.gen_logp_CxExT, entries.behaviour_logp
+      advantages=put(replay.advantages, advantages_MxE),
+      gen_logp=put(replay.gen_logp, entries.behaviour_logp
                          if gen_logp_MxExT is None else gen_logp_MxExT),
-      version_C=put(replay.version_C, jnp.full((m,), version, jnp.int32)),
-      inserted_C=put(replay.inserted_C, replay.num_inserted + rank_M),
-      use_count_C=put(replay.use_count_C, jnp.zeros((m,), jnp.int32)),
-      drift_C=put(replay.drift_C, jnp.zeros((m,), jnp.float32)),
-      headroom_C=put(replay.headroom_C, jnp.zeros((m,), jnp.float32) if headroom_M is None
+      version=put(replay.version, jnp.full((m,), version, jnp.int32)),
+      inserted=put(replay.inserted, replay.num_inserted + rank_M),
+      use_count=put(replay.use_count, jnp.zeros((m,), jnp.int32)),
+      drift=put(replay.drift, jnp.zeros((m,), jnp.float32)),
+      headroom=put(replay.headroom, jnp.zeros((m,), jnp.float32) if headroom_M is None
                      else headroom_M),
-      valid_C=put(replay.valid_C, jnp.ones((m,), bool)),
+      valid=put(replay.valid, jnp.ones((m,), bool)),
       write_pos=(replay.write_pos + k) % c,
       num_inserted=replay.num_inserted + k)
 
@@ -152,14 +152,14 @@ def evict(replay: ReplayState, step: jax.Array, *, max_age: int | None = None,
   Age is ``step - version`` (gradient steps since the entry's behaviour policy, as in the age
   eviction of Yoo et al., arXiv 2606.04560); an entry with age == max_age stays.
   """
-  valid = replay.valid_C
+  valid = replay.valid
   if max_age is not None:
-    valid = valid & (step - replay.version_C <= max_age)
+    valid = valid & (step - replay.version <= max_age)
   if max_uses is not None:
-    valid = valid & (replay.use_count_C < max_uses)
+    valid = valid & (replay.use_count < max_uses)
   if gate_C is not None:
     valid = valid & ~gate_C.astype(bool)
-  return replay.replace(valid_C=valid)
+  return replay.replace(valid=valid)
 
 
 def select(replay: ReplayState, k: int, priority: str, *, step: jax.Array | None = None,
@@ -196,12 +196,12 @@ def select(replay: ReplayState, k: int, priority: str, *, step: jax.Array | None
   if priority in ("recency", "staleness"):
     # Integer keys: ties in distance are broken by insertion order exactly. The insertion rank
     # within the buffer (0..C-1) keeps the combined key far from int32 overflow.
-    rank_C = jnp.argsort(jnp.argsort(replay.inserted_C)).astype(jnp.int32)
+    rank_C = jnp.argsort(jnp.argsort(replay.inserted)).astype(jnp.int32)
     key = rank_C
     if priority == "staleness":
-      distance = jnp.abs(replay.version_C - (step - staleness)).astype(jnp.int32)
+      distance = jnp.abs(replay.version - (step - staleness)).astype(jnp.int32)
       key = rank_C - distance * c
-    live = replay.valid_C
+    live = replay.valid
     key = jnp.where(live, key, jnp.iinfo(jnp.int32).min)
     valid_key = lambda top: top > jnp.iinfo(jnp.int32).min
   else:
@@ -210,7 +210,7 @@ def select(replay: ReplayState, k: int, priority: str, *, step: jax.Array | None
     else:
       logits = jnp.log(jnp.maximum(score_C.astype(jnp.float32), 0.0))
       key = jnp.where(jnp.isfinite(logits), logits + jax.random.gumbel(rng, (c,)), -jnp.inf)
-    live = replay.valid_C & jnp.isfinite(key)
+    live = replay.valid & jnp.isfinite(key)
     key = jnp.where(live, key, -jnp.inf)
     valid_key = jnp.isfinite
   width = min(k, c)
@@ -226,8 +226,8 @@ def gather(replay: ReplayState, indices_K: jax.Array) -> tuple[Rollout, jax.Arra
   """The selected entries as (Rollout [K * E rows], advantages [K * E], trainer log-probs at
   generation [K * E, T]), fresh-batch layout."""
   flat = lambda x: x[indices_K].reshape((-1,) + x.shape[2:])
-  return (jax.tree.map(flat, replay.rollouts), flat(replay.advantages_CxE),
-          flat(replay.gen_logp_CxExT))
+  return (jax.tree.map(flat, replay.rollouts), flat(replay.advantages),
+          flat(replay.gen_logp))
 
 
 def mark_used(replay: ReplayState, indices_K: jax.Array, valid_K: jax.Array,
@@ -236,7 +236,7 @@ def mark_used(replay: ReplayState, indices_K: jax.Array, valid_K: jax.Array,
   if replay.capacity == 0:
     return replay
   slot = jnp.where(valid_K, indices_K, replay.capacity)
-  out = replay.replace(use_count_C=replay.use_count_C.at[slot].add(1, mode="drop"))
+  out = replay.replace(use_count=replay.use_count.at[slot].add(1, mode="drop"))
   if drift_K is not None:
-    out = out.replace(drift_C=out.drift_C.at[slot].set(drift_K, mode="drop"))
+    out = out.replace(drift=out.drift.at[slot].set(drift_K, mode="drop"))
   return out

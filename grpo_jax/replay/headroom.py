@@ -7,7 +7,7 @@ generation-time log-probs pi_gen, frozen advantages and a cached headroom. Per s
    (``order="fifo"``, the drift-only ablation: the M oldest instead).
 2. One teacher-forced pass over the M candidates at the start-of-step policy gives each its
    drift D = mean (log pi_theta - log pi_gen)^2 and a fresh H; the cache is refreshed with both.
-   pi_gen is the trainer's log-probs at generation (``buffer.ReplayState.gen_logp_CxExT``), so
+   pi_gen is the trainer's log-probs at generation (``buffer.ReplayState.gen_logp``), so
    under bfloat16 D measures the policy's movement, not the sampler/trainer mismatch.
 3. Walking the candidates in order, a group is admitted while D <= tau, until K_rep groups
    (``gate=False``, the headroom-only ablation: the first K_rep, no gate).
@@ -137,16 +137,16 @@ class HeadroomConfig(registry.Configurable):
       raise ValueError(f"Headroom-Drift needs a buffer of at least candidates={m} groups, "
                        f"got capacity {replay.capacity}")
     if self.order == "headroom":
-      key_C = replay.headroom_C
+      key_C = replay.headroom
     else:  # oldest first
-      key_C = -replay.inserted_C.astype(jnp.float32)
-    key_C = jnp.where(replay.valid_C, key_C, -jnp.inf)
+      key_C = -replay.inserted.astype(jnp.float32)
+    key_C = jnp.where(replay.valid, key_C, -jnp.inf)
     top_M, cand_M = jax.lax.top_k(key_C, m)
     ok_M = jnp.isfinite(top_M)
     cand = jax.tree.map(lambda x: x[cand_M], replay.rollouts)  # [M, G, ...]
-    adv_MxG = replay.advantages_CxE[cand_M]
+    adv_MxG = replay.advantages[cand_M]
     logp_MxGxT = logp_fn(jax.tree.map(flat_rows, cand)).reshape(cand.behaviour_logp.shape)
-    gen_MxGxT = replay.gen_logp_CxExT[cand_M]
+    gen_MxGxT = replay.gen_logp[cand_M]
     drift_M = jax.vmap(group_drift)(logp_MxGxT, gen_MxGxT, cand.completion_mask)
     head_M = jax.vmap(group_headroom)(logp_MxGxT, adv_MxG, cand.completion_mask)
     passes_M = ok_M & (drift_M <= self.tau) if self.gate else ok_M
@@ -184,13 +184,13 @@ class HeadroomConfig(registry.Configurable):
     c = replay.capacity
     slot_M = jnp.where(ok_M, cand_M, c)
     replay = replay.replace(
-        headroom_C=replay.headroom_C.at[slot_M].set(head_M, mode="drop"),
-        drift_C=replay.drift_C.at[slot_M].set(drift_M, mode="drop"))
+        headroom=replay.headroom.at[slot_M].set(head_M, mode="drop"),
+        drift=replay.drift.at[slot_M].set(drift_M, mode="drop"))
     replay = buffer.mark_used(replay, cand_M, admitted_M)
     fresh = ctx.fresh
-    head_B = jax.vmap(group_headroom)(ctx.fresh_gen_logp, ctx.advantages_BxG,
+    head_B = jax.vmap(group_headroom)(ctx.fresh_gen_logp, ctx.advantages,
                                       fresh.completion_mask)
-    replay = buffer.insert(replay, fresh, ctx.advantages_BxG, ctx.effective_B, ctx.step,
+    replay = buffer.insert(replay, fresh, ctx.advantages, ctx.effective, ctx.step,
                            headroom_M=head_B, gen_logp_MxExT=ctx.fresh_gen_logp)
     return replay, {}
 

@@ -18,7 +18,7 @@ file. The train step has no branch per method: it evicts, composes, computes wha
 needs, runs the update and inserts, whatever the method. ``logp_fn(rows) -> [n, T]`` is the
 policy at the start of the step (no gradient), for methods that score candidates with a
 teacher-forced pass (POPO-KL, Headroom-Drift); its log-probs are pi_prox, so a method that
-evaluated its replayed rows returns them in ``Composition.prox_logp_NxT`` and the step does not
+evaluated its replayed rows returns them in ``Composition.prox_logp`` and the step does not
 run the same pass again.
 
 Every count (replayed, admitted, evicted) is a mask inside a fixed-size batch, never a shape.
@@ -63,28 +63,28 @@ class StepContext:
 
   Attributes:
     fresh: Rollout of [B, G, ...] arrays.
-    advantages_BxG: their advantages.
-    effective_B: which groups are effective (on the configured signal).
+    advantages: float32 [B, G] their advantages.
+    effective: bool [B], which groups are effective (on the configured signal).
     step: int32 policy step (the version these rollouts carry).
     rng: key for the method's own sampling (e.g. Gumbel top-k priorities).
-    gen_logp_BxGxT: the trainer's log-probs of the fresh tokens at the start of the step, what
-      ``after_update`` stores as an entry's pi_gen (buffer.ReplayState.gen_logp_CxExT); set by
+    gen_logp: float32 [B, G, T] the trainer's log-probs of the fresh tokens at the start of the step, what
+      ``after_update`` stores as an entry's pi_gen (buffer.ReplayState.gen_logp); set by
       the step after its proximal pass. None: the sampler's log mu (same numerics).
   """
 
   fresh: Rollout
-  advantages_BxG: jax.Array
-  effective_B: jax.Array
+  advantages: jax.Array
+  effective: jax.Array
   step: jax.Array
   rng: jax.Array
-  gen_logp_BxGxT: Optional[jax.Array] = None
+  gen_logp: Optional[jax.Array] = None
 
   @property
   def fresh_gen_logp(self) -> jax.Array:
     """[B, G, T] pi_gen of the fresh rows (log mu when the step has not set it)."""
-    if self.gen_logp_BxGxT is None:
+    if self.gen_logp is None:
       return self.fresh.behaviour_logp
-    return self.gen_logp_BxGxT
+    return self.gen_logp
 
 
 @flax.struct.dataclass
@@ -93,23 +93,23 @@ class Composition:
 
   Attributes:
     rollout: Rollout of [N + R, ...] rows: the N fresh rows (or their replacements) first.
-    advantages_N: [N + R] advantages (stored ones frozen at insertion on replayed rows).
-    loss_mask_NxT: [N + R, T] which tokens count (False on empty or dropped rows).
-    replayed_N: bool [N + R], the row comes from the buffer.
-    gen_logp_NxT: [N + R, T] the stored pi_gen of replayed rows (the trainer's log-probs when
-      the entry was generated; ``buffer.ReplayState.gen_logp_CxExT``), log mu on fresh rows.
-    prox_logp_NxT: optional [N + R, T] log pi_prox of replayed rows from the method's own pass
+    advantages: float32 [N + R] advantages (stored ones frozen at insertion on replayed rows).
+    loss_mask: bool [N + R, T] which tokens count (False on empty or dropped rows).
+    replayed: bool [N + R], the row comes from the buffer.
+    gen_logp: float32 [N + R, T] the stored pi_gen of replayed rows (the trainer's log-probs when
+      the entry was generated; ``buffer.ReplayState.gen_logp``), log mu on fresh rows.
+    prox_logp: optional float32 [N + R, T] log pi_prox of replayed rows from the method's own pass
       at the start-of-step parameters (None: the step runs the pass when the objective needs it).
     selection: what ``after_update`` needs to know of this step's selection (per method).
     metrics: float32 scalar diagnostics of the method.
   """
 
   rollout: Rollout
-  advantages_N: jax.Array
-  loss_mask_NxT: jax.Array
-  replayed_N: jax.Array
-  gen_logp_NxT: jax.Array
-  prox_logp_NxT: Optional[jax.Array]
+  advantages: jax.Array
+  loss_mask: jax.Array
+  replayed: jax.Array
+  gen_logp: jax.Array
+  prox_logp: Optional[jax.Array]
   selection: Any
   metrics: dict
 
@@ -147,11 +147,11 @@ def fresh_composition(ctx: StepContext, mask_BxGxT: jax.Array | None = None,
                       metrics: dict | None = None) -> Composition:
   """The fresh batch as it is (optionally with another loss mask): no row replayed."""
   mask = ctx.fresh.completion_mask if mask_BxGxT is None else mask_BxGxT
-  n = ctx.advantages_BxG.size
+  n = ctx.advantages.size
   rows = jax.tree.map(flat_rows, ctx.fresh)
-  return Composition(rollout=rows, advantages_N=flat_rows(ctx.advantages_BxG),
-                     loss_mask_NxT=flat_rows(mask), replayed_N=jnp.zeros((n,), bool),
-                     gen_logp_NxT=rows.behaviour_logp, prox_logp_NxT=None, selection=None,
+  return Composition(rollout=rows, advantages=flat_rows(ctx.advantages),
+                     loss_mask=flat_rows(mask), replayed=jnp.zeros((n,), bool),
+                     gen_logp=rows.behaviour_logp, prox_logp=None, selection=None,
                      metrics=metrics or {})
 
 
@@ -177,10 +177,10 @@ def fresh_anchored(ctx: StepContext, stored_R: Rollout, advantages_R: jax.Array,
                 else flat_rows(fresh_mask_BxGxT))
   return Composition(
       rollout=jax.tree.map(cat, fresh, stored_R),
-      advantages_N=cat(flat_rows(ctx.advantages_BxG), jnp.where(ok_R, advantages_R, 0.0)),
-      loss_mask_NxT=cat(fresh_mask, stored_R.completion_mask & ok_R[:, None]),
-      replayed_N=cat(jnp.zeros((n,), bool), ok_R),
-      gen_logp_NxT=cat(fresh.behaviour_logp, gen), prox_logp_NxT=prox,
+      advantages=cat(flat_rows(ctx.advantages), jnp.where(ok_R, advantages_R, 0.0)),
+      loss_mask=cat(fresh_mask, stored_R.completion_mask & ok_R[:, None]),
+      replayed=cat(jnp.zeros((n,), bool), ok_R),
+      gen_logp=cat(fresh.behaviour_logp, gen), prox_logp=prox,
       selection=selection, metrics=metrics or {})
 
 

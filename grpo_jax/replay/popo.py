@@ -137,7 +137,7 @@ class PopoConfig(registry.Configurable):
     POPO-KL measures every stored group's KL to the current policy first (one teacher-forced
     pass over the buffer).
     """
-    fresh, effective_B = ctx.fresh, ctx.effective_B
+    fresh, effective_B = ctx.fresh, ctx.effective
     b = effective_B.shape[0]
     drop_ineffective = fresh.completion_mask & effective_B[:, None, None]
     if self.fill == "drop":
@@ -170,11 +170,11 @@ class PopoConfig(registry.Configurable):
           jnp.maximum(jnp.sum(used_K.astype(jnp.float32)), 1.0))
     return Composition(
         rollout=jax.tree.map(flat_rows, rollout),
-        advantages_N=flat_rows(pick(ctx.advantages_BxG, replay.advantages_CxE[source_B])),
-        loss_mask_NxT=flat_rows(pick(fresh_mask, stored.completion_mask)),
-        replayed_N=jnp.repeat(replayed_B, g),
-        gen_logp_NxT=flat_rows(pick(fresh.behaviour_logp, replay.gen_logp_CxExT[source_B])),
-        prox_logp_NxT=None, selection=(indices_K, used_K), metrics=metrics)
+        advantages=flat_rows(pick(ctx.advantages, replay.advantages[source_B])),
+        loss_mask=flat_rows(pick(fresh_mask, stored.completion_mask)),
+        replayed=jnp.repeat(replayed_B, g),
+        gen_logp=flat_rows(pick(fresh.behaviour_logp, replay.gen_logp[source_B])),
+        prox_logp=None, selection=(indices_K, used_K), metrics=metrics)
 
   def after_update(self, ctx: StepContext, replay: ReplayState,
                    comp: Composition) -> tuple[ReplayState, dict]:
@@ -182,8 +182,8 @@ class PopoConfig(registry.Configurable):
     if not self.replays(replay):
       return replay, {}
     replay = buffer.mark_used(replay, *comp.selection)
-    keep = ctx.effective_B if self.insert == "effective" else jnp.ones_like(ctx.effective_B)
-    return buffer.insert(replay, ctx.fresh, ctx.advantages_BxG, keep, ctx.step,
+    keep = ctx.effective if self.insert == "effective" else jnp.ones_like(ctx.effective)
+    return buffer.insert(replay, ctx.fresh, ctx.advantages, keep, ctx.step,
                          gen_logp_MxExT=ctx.fresh_gen_logp), {}
 
 
@@ -195,11 +195,11 @@ def stored_kl(replay: ReplayState, logp_fn: LogpFn) -> jax.Array:
   mu, and >= 0) averaged over the entry's tokens estimates the KL "to the current policy" that
   POPO-KL ranks by (arXiv 2606.01281). Unlike the mean squared log-ratio it weighs a token
   the policy has come to prefer (r > 1) less than one it has come to avoid (r < 1). mu is read
-  as the trainer computed it at generation (``gen_logp_CxExT``), so that under bfloat16 the
+  as the trainer computed it at generation (``ReplayState.gen_logp``), so that under bfloat16 the
   sampler/trainer mismatch does not rank the entries.
   """
   rows = jax.tree.map(flat_rows, replay.rollouts)
-  k3 = losses.kl_penalty(flat_rows(replay.gen_logp_CxExT), logp_fn(rows), "k3")
+  k3 = losses.kl_penalty(flat_rows(replay.gen_logp), logp_fn(rows), "k3")
   mask = rows.completion_mask.astype(jnp.float32)
   c = replay.capacity
   per_entry = jnp.sum((k3 * mask).reshape(c, -1), axis=1)

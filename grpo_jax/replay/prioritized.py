@@ -167,23 +167,23 @@ class PrioritizedReplayConfig(registry.Configurable):
     """All N fresh rows, then R slots of which round(rho * F) are filled by priority without
     replacement (masked if absent); F = the fresh rows that count in the loss."""
     del logp_fn
-    n = ctx.advantages_BxG.size
+    n = ctx.advantages.size
     r = self.extra_rows(n, ctx.fresh.completion_ids.shape[1])
     fresh_mask = ctx.fresh.completion_mask
     if self.drop_ineffective:
-      fresh_mask = fresh_mask & ctx.effective_B[:, None, None]
+      fresh_mask = fresh_mask & ctx.effective[:, None, None]
     active = jnp.sum(jnp.any(fresh_mask, axis=-1).astype(jnp.float32))
     wanted = jnp.minimum(jnp.round(self.rho * active), r).astype(jnp.int32)
-    live_C = replay.valid_C & (ctx.step >= self.warmup_steps)
-    p_C = priorities(replay.advantages_CxE[:, 0], live_C, self.alpha, self.eps)
+    live_C = replay.valid & (ctx.step >= self.warmup_steps)
+    p_C = priorities(replay.advantages[:, 0], live_C, self.alpha, self.eps)
     if replay.capacity:
-      indices_R, ok_R = buffer.select(replay.replace(valid_C=live_C), r, "proportional",
+      indices_R, ok_R = buffer.select(replay.replace(valid=live_C), r, "proportional",
                                       score_C=p_C, rng=ctx.rng)
       # The valid draws come first (top-k order): keep the first ``wanted``.
       ok_R = ok_R & (jnp.arange(r) < wanted)
       stored = jax.tree.map(lambda x: x[indices_R, 0], replay.rollouts)
-      stored_adv = replay.advantages_CxE[indices_R, 0]
-      stored_gen = replay.gen_logp_CxExT[indices_R, 0]
+      stored_adv = replay.advantages[indices_R, 0]
+      stored_gen = replay.gen_logp[indices_R, 0]
     else:
       stored, stored_adv, ok_R = no_rows(ctx, r)
       stored_gen = stored.behaviour_logp
@@ -202,10 +202,10 @@ class PrioritizedReplayConfig(registry.Configurable):
       return replay, {}
     replay = buffer.mark_used(replay, *comp.selection)
     rows = jax.tree.map(lambda x: flat_rows(x)[:, None], ctx.fresh)  # [N, 1, ...]
-    adv_N = flat_rows(ctx.advantages_BxG)
-    g = ctx.advantages_BxG.shape[1]
+    adv_N = flat_rows(ctx.advantages)
+    g = ctx.advantages.shape[1]
     keep_N = {"nonzero": lambda: jnp.abs(adv_N) > 0,
-              "effective": lambda: jnp.repeat(ctx.effective_B, g),
+              "effective": lambda: jnp.repeat(ctx.effective, g),
               "all": lambda: jnp.ones_like(adv_N, bool)}[self.insert]()
     replay = buffer.insert(replay, rows, adv_N[:, None], keep_N, ctx.step,
                            gen_logp_MxExT=flat_rows(ctx.fresh_gen_logp)[:, None])
