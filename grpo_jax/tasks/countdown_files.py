@@ -8,91 +8,31 @@ single usable row is an error that names the first malformed row and why.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pathlib
 from typing import Any
 
+from grpo_jax.tasks import data_files
 from grpo_jax.tasks.countdown_problem import Problem, is_plain_int
 
 _LOG = logging.getLogger(__name__)
 
 
-_SUPPORTED_EXTENSIONS = (".json", ".jsonl", ".parquet")
-
-
 def _row_to_problem(row: Any) -> Problem | str:
   """Converts one row dict to a Problem, or says why it is malformed."""
   if not isinstance(row, dict):
-    return f"not an object: {_short(row)}"
+    return f"not an object: {data_files.short(row)}"
   target, nums = row.get("target"), row.get("nums")
   if "target" not in row or "nums" not in row:
     return f"missing field {'target' if 'target' not in row else 'nums'!r}"
   if not is_plain_int(target):
-    return f"'target' is not an integer: {_short(target)}"
+    return f"'target' is not an integer: {data_files.short(target)}"
   if not isinstance(nums, (list, tuple)) or not nums:
-    return f"'nums' is not a non-empty list: {_short(nums)}"
+    return f"'nums' is not a non-empty list: {data_files.short(nums)}"
   if not all(is_plain_int(n) for n in nums):
-    return f"'nums' holds a non-integer: {_short(nums)}"
+    return f"'nums' holds a non-integer: {data_files.short(nums)}"
   return Problem(nums=tuple(int(n) for n in nums), target=int(target))
-
-
-def _short(value: Any) -> str:
-  text = repr(value)
-  return text if len(text) <= 60 else text[:57] + "..."
-
-
-class _Unreadable:
-  """A line that is not JSON, kept in place so its reason is reported like a malformed row."""
-
-  def __init__(self, reason: str):
-    self.reason = reason
-
-
-def _read_json_rows(path: pathlib.Path) -> tuple[list[Any], int]:
-  """Rows of a .json file (list of rows, or dict of columns)."""
-  with path.open("r", encoding="utf-8") as f:
-    text = f.read()
-  if not text.strip():
-    raise ValueError(f"{path} is empty")
-  try:
-    data = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{path} is not valid JSON ({e})") from None
-  if isinstance(data, list):
-    return data, 0
-  if isinstance(data, dict) and "target" in data and "nums" in data:
-    targets, nums = data["target"], data["nums"]
-    if not isinstance(targets, list) or not isinstance(nums, list):
-      raise ValueError(f"{path}: columns 'target' and 'nums' must be lists")
-    # Rows present in only one column lack a field: count them as skipped.
-    rows = [{"target": t, "nums": n} for t, n in zip(targets, nums)]
-    return rows, abs(len(targets) - len(nums))
-  raise ValueError(f"{path}: expected a list of rows or a dict with 'target' and 'nums' columns")
-
-
-def _read_jsonl_rows(path: pathlib.Path) -> tuple[list[Any], int]:
-  """Rows of a .jsonl file; blank lines ignored, invalid JSON lines kept as ``_Unreadable``."""
-  rows = []
-  with path.open("r", encoding="utf-8") as f:
-    for line in f:
-      if not line.strip():
-        continue
-      try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError as e:
-        rows.append(_Unreadable(f"not valid JSON ({e})"))
-  return rows, 0
-
-
-def _read_parquet_rows(path: pathlib.Path) -> tuple[list[Any], int]:
-  """Rows of a .parquet file, read with pyarrow."""
-  try:
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ImportError("Reading .parquet files needs pyarrow: pip install pyarrow") from e
-  return pq.read_table(path, columns=["target", "nums"]).to_pylist(), 0
 
 
 def load_problems(path: str | os.PathLike[str]) -> tuple[list[Problem], int]:
@@ -123,21 +63,10 @@ def load_problems(path: str | os.PathLike[str]) -> tuple[list[Problem], int]:
   path = pathlib.Path(path)
   if not path.is_file():
     raise FileNotFoundError(f"no such problem file: {path}")
-  suffix = path.suffix.lower()
-  readers = {
-    ".json": _read_json_rows,
-    ".jsonl": _read_jsonl_rows,
-    ".parquet": _read_parquet_rows,
-  }
-  if suffix not in readers:
-    raise ValueError(
-      f"unsupported problem file extension {suffix!r} for {path}; "
-      f"supported: {', '.join(_SUPPORTED_EXTENSIONS)}"
-    )
-  rows, skipped = readers[suffix](path)
+  rows, skipped = data_files.read_rows(path, columns=("target", "nums"))
   problems, first = [], None
   for number, row in enumerate(rows, 1):
-    problem = row.reason if isinstance(row, _Unreadable) else _row_to_problem(row)
+    problem = row.reason if isinstance(row, data_files.Unreadable) else _row_to_problem(row)
     if isinstance(problem, Problem):
       problems.append(problem)
       continue
