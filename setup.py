@@ -29,6 +29,8 @@ setuptools.setup(
         "tqdm",
         # TensorBoard event files without TensorFlow (pure Python: protobuf + numpy).
         "tensorboardX",
+        # Math answers (grpo_jax/math_answers.py), pinned: its parsing decides the rewards.
+        "math-verify==0.9.0",
     ],
     extras_require={
         # matplotlib: the report's plots are tested. pytest-xdist: the suite runs on two
