@@ -8,7 +8,7 @@ group (``config.allocation.sara``, ``config.allocation.mopps``, ...); ``max_roun
 
 from grpo_jax.allocation.allocator import RULES, Allocator, FullGroups
 from grpo_jax.allocation.dynamic_sampling import DynamicSampling
-from grpo_jax.allocation.rounds import SCORE_BASES, Prompt, RoundSampler, Rows
+from grpo_jax.allocation.rounds import Prompt, RoundSampler, Rows
 from grpo_jax.allocation.sara import Sara, p_effective
 from grpo_jax.allocation.selectors import (SELECTORS, DpsSelector, MoppsSelector,
                                            StreamSelector, pool_size)
@@ -36,5 +36,5 @@ def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None) -> Al
 
 
 __all__ = ["Allocator", "DpsSelector", "DynamicSampling", "FullGroups", "MoppsSelector",
-           "Prompt", "RULES", "RoundSampler", "Rows", "SCORE_BASES", "SELECTORS", "Sara",
+           "Prompt", "RULES", "RoundSampler", "Rows", "SELECTORS", "Sara",
            "StreamSelector", "make_allocator", "p_effective", "pool_size", "spec"]

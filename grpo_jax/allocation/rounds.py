@@ -77,7 +77,6 @@ class Rows:
     return len(self.rollout.scores)
 
 
-SCORE_BASES = rewards_lib.REWARDS  # by config.rl.score_base
 
 
 class RoundSampler:
@@ -102,13 +101,14 @@ class RoundSampler:
   def __init__(self, sample_fn, tokenizer, task, *, slots: int, prompt_len: int,
                overlong_buffer: int = 0, overlong_factor: float = 1.0,
                score_base: str = "task", timer=None):
-    if score_base not in SCORE_BASES:
-      raise ValueError(f"score_base must be one of {SCORE_BASES.names()}, got {score_base!r}")
+    if score_base not in rewards_lib.REWARDS:
+      raise ValueError(f"score_base must be one of {rewards_lib.REWARDS.names()}, got "
+                       f"{score_base!r}")
     self.sample_fn, self.tokenizer, self.task = sample_fn, tokenizer, task
     self.slots, self.prompt_len = slots, prompt_len
     self.overlong_buffer, self.overlong_factor = overlong_buffer, overlong_factor
     self.score_base = score_base
-    self.reward_fn = SCORE_BASES.get(score_base)
+    self.reward_fn = rewards_lib.REWARDS.get(score_base)
     self.timer = timer if timer is not None else metrics_lib.PhaseTimer()
     self.rounds = 0  # rounds run by this object (for tests and metrics)
 
@@ -147,7 +147,9 @@ class RoundSampler:
     with self.timer.phase("prompts"):
       ids, mask = tokenization.encode_prompts(self.tokenizer, texts, self.prompt_len)
     with self.timer.phase("generation"):
-      out = jax.device_get(self.sample_fn(params, ids, mask, rng))
+      # The prompts are the host's own arrays: only what the sampler made comes back.
+      out = jax.device_get(self.sample_fn(params, ids, mask, rng).replace(
+          prompt_ids=ids, prompt_mask=mask))
     self.rounds += 1
     with self.timer.phase("scoring"):
       n = len(layout)  # the free tail is sampled but never decoded or scored

@@ -452,37 +452,26 @@ class CountdownTask:
 
 @tasks_lib.TASKS.register("countdown")
 @dataclasses.dataclass(frozen=True)
-class CountdownSpec(registry.Configurable):
-  """``config.task.countdown``: the generator and the prompt template.
+class CountdownSpec(GeneratorConfig, registry.Configurable):
+  """``config.task.countdown``: the generator's settings (``GeneratorConfig``'s fields) and the
+  prompt template.
 
   Training problems come from the generator, or from ``config.task.data_path`` (countdown rows,
   see countdown_files); evaluation problems always from the generator's held-out split.
 
   Attributes:
     template: prompt template (a TEMPLATES key).
-    num_numbers: numbers per problem (2 to 6).
-    min_number: smallest number.
-    max_number: largest number (the embedded model was trained on 1-50).
-    min_target: smallest target.
-    max_target: largest target.
-    seed: generator seed.
   """
 
   template: str = "short"
-  num_numbers: int = 3
-  min_number: int = 1
-  max_number: int = 50
-  min_target: int = 1
-  max_target: int = 100
-  seed: int = 0
 
   def generator(self) -> GeneratorConfig:
-    return GeneratorConfig(num_numbers=self.num_numbers, min_number=self.min_number,
-                           max_number=self.max_number, min_target=self.min_target,
-                           max_target=self.max_target, seed=self.seed)
+    """The generator settings alone (what CountdownTask and the file split take)."""
+    return GeneratorConfig(**{f.name: getattr(self, f.name)
+                              for f in dataclasses.fields(GeneratorConfig)})
 
   def __post_init__(self):
-    self.generator()  # raises ValueError naming the bad setting
+    self.generator()  # GeneratorConfig's checks, naming the bad setting
     if self.template not in TEMPLATES:
       raise ValueError(f"template must be one of {sorted(TEMPLATES)}, got {self.template!r}")
 

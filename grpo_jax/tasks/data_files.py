@@ -108,6 +108,12 @@ def read_rows(path: str | os.PathLike[str],
   return readers[suffix](path, columns)
 
 
+def read_jsonl(path: str | os.PathLike[str]) -> list[Any]:
+  """The records of a JSONL file whatever its extension (``Unreadable`` for lines that are not
+  JSON)."""
+  return _jsonl_rows(pathlib.Path(path), None)[0]
+
+
 def short(value: Any, width: int = 60) -> str:
   """``repr(value)`` cut to ``width`` characters, for one-line messages about a row."""
   text = repr(value)

@@ -18,7 +18,6 @@ being searched, which bounds the work per completion.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -26,6 +25,7 @@ import re
 
 from grpo_jax import registry
 from grpo_jax import tasks as tasks_lib
+from grpo_jax.tasks import data_files
 
 _LOG = logging.getLogger(__name__)
 
@@ -167,25 +167,17 @@ class JsonlTask(_QATask):
     if not path or not os.path.exists(path):
       raise FileNotFoundError(f"task.data_path: JSONL file not found: {path!r}")
     rows, bad = [], 0
-    with open(path, encoding="utf-8") as f:
-      for line in f:
-        if not line.strip():
-          continue
-        try:
-          row = json.loads(line)
-        except json.JSONDecodeError:
-          bad += 1
-          continue
-        if not isinstance(row, dict):
-          bad += 1
-          continue
-        question = row.get("question", row.get("prompt"))
-        answer = row.get("answer")
-        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-          answer = str(answer)
-        if isinstance(answer, str) and "####" not in answer:
-          answer = f"#### {answer}"
-        rows.append({"question": question, "answer": answer})
+    for row in data_files.read_jsonl(path):
+      if not isinstance(row, dict):  # not JSON, or not an object
+        bad += 1
+        continue
+      question = row.get("question", row.get("prompt"))
+      answer = row.get("answer")
+      if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        answer = str(answer)
+      if isinstance(answer, str) and "####" not in answer:
+        answer = f"#### {answer}"
+      rows.append({"question": question, "answer": answer})
     if bad:
       _LOG.warning("%s: skipped %d unparsable line(s)", path, bad)
     problems = _rows_to_problems(rows, path)
