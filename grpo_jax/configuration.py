@@ -143,14 +143,14 @@ def _validate_allocation(config) -> None:
   _check(a.selector in allocation.SELECTORS, "allocation.selector",
          f"{a.selector!r}; known: {', '.join(allocation.SELECTORS.names())}")
   _check(a.max_rounds >= 2, "allocation.max_rounds", f"{a.max_rounds} must be >= 2")
+  specs = {}
   for table in (allocation.RULES, allocation.SELECTORS):
     for name in table.names():
       try:
-        spec = allocation.spec(table, a, name)
+        specs[table, name] = allocation.spec(table, a, name)
       except ValueError as e:
         raise ConfigError(f"config.allocation.{name}: {e}") from None
-      if name == a.method:
-        spec.check_config(config)
+  specs[allocation.RULES, a.method].check_config(config)
   _check(t.train_size >= 0, "task.train_size", f"{t.train_size} must be >= 0 (0 = all)")
   if allocation.SELECTORS.get(a.selector).needs_pool:
     _check(t.train_size > 0 or t.name != "countdown" or bool(t.data_path), "task.train_size",
