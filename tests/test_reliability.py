@@ -289,8 +289,8 @@ def _small_tmpfs_possible(folder) -> bool:
 
 def test_real_full_disk_is_one_line_and_the_last_checkpoint_survives(tmp_path):
   """The CLI on a real file system that fills up: a tmpfs in a user + mount namespace, filled
-  (by dd) as soon as checkpoint 2 exists, leaving half a checkpoint free, so checkpoint 4 cannot
-  be written. stderr is exactly one line naming the problem (none of orbax's or tensorstore's
+  (by dd, with the run stopped meanwhile) as soon as checkpoint 2 exists, leaving half a
+  checkpoint free, so checkpoint 4 cannot be written. stderr is exactly one line naming the problem (none of orbax's or tensorstore's
   tracebacks); exit status 1; checkpoint 2 is byte for byte as it was and restores; no
   half-written folder is left."""
   small, out = tmp_path / "small", tmp_path / "out"
@@ -306,16 +306,18 @@ def test_real_full_disk_is_one_line_and_the_last_checkpoint_survives(tmp_path):
   ckpt2 = run / "checkpoints" / "2"
   script = f"""
 mount -t tmpfs -o size=64m none {q(small)} || exit 99
-(
-  while [ ! -d {q(ckpt2)} ]; do sleep 0.02; done
-  (cd {q(ckpt2)} && find . -type f -exec sha256sum {{}} +) > {q(out / "before.sha256")}
-  used=$(du -sk {q(ckpt2)} | cut -f1)
-  avail=$(df -k {q(small)} | awk 'NR == 2 {{print $4}}')
-  dd if=/dev/zero of={q(small / "filler")} bs=1k count=$((avail - used / 2)) 2>/dev/null
-) &
-{train_cmd} > {q(out / "stdout")} 2> {q(out / "stderr")}
+{train_cmd} > {q(out / "stdout")} 2> {q(out / "stderr")} &
+pid=$!
+while [ ! -d {q(ckpt2)} ] && kill -0 $pid 2>/dev/null; do sleep 0.02; done
+# The run is paused while the disk fills, so that checkpoint 4 always meets a full disk.
+kill -STOP $pid 2>/dev/null
+(cd {q(ckpt2)} && find . -type f -exec sha256sum {{}} +) > {q(out / "before.sha256")}
+used=$(du -sk {q(ckpt2)} | cut -f1)
+avail=$(df -k {q(small)} | awk 'NR == 2 {{print $4}}')
+dd if=/dev/zero of={q(small / "filler")} bs=1k count=$((avail - used / 2)) 2>/dev/null
+kill -CONT $pid 2>/dev/null
+wait $pid
 echo $? > {q(out / "rc")}
-wait
 cp -a {q(run)} {q(out / "run")}
 """
   proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, capture_output=True,
