@@ -9,7 +9,8 @@ process's main thread, and a hostile answer such as ``9^{9^{9^9}}`` keeps sympy 
 call (a big-integer power) that no signal interrupts. So ``MathVerifier`` runs every check in
 spawned worker processes, one answer at a time each, with math-verify's own alarms off; the
 parent watches the clock, and a worker still busy ``timeout_s`` after it took an answer is
-killed (that answer is a timeout) and replaced. Model output is only parsed, never executed.
+killed (that answer is a timeout) and replaced; a whole batch can be bounded as well
+(``batch_timeout_s``). Model output is only parsed, never executed.
 
 Verdicts: ``correct``, ``wrong``, ``unparseable`` (no answer could be extracted), ``bad_gold``
 (the reference itself does not parse: the row must stay out of "success"), ``timeout``.
@@ -18,11 +19,13 @@ Verdicts: ``correct``, ``wrong``, ``unparseable`` (no answer could be extracted)
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import time
 from multiprocessing import connection
 
 VERDICTS = ("correct", "wrong", "unparseable", "bad_gold", "timeout")
+_START_S = 120.0  # seconds a worker may take to start (spawn, import math-verify)
 
 
 def _as_math(gold: str) -> str:
@@ -69,19 +72,35 @@ def _worker(conn) -> None:
 class MathVerifier:
   """math-verify over batches of completions in ``workers`` processes, each answer bounded.
 
+  A killed worker's replacement is started without waiting for it: it takes no answer until it
+  reports ready (it has imported math-verify), and the other workers go on meanwhile. One that
+  is not ready 120 s after it was started, or that dies while starting, raises RuntimeError
+  when a batch next needs it; the whole pool is then stopped, and the next ``verify`` starts it
+  afresh. The first start of the pool waits for every worker, before any clock runs.
+
   Args:
     workers: processes (spawned on first use, kept between batches).
     timeout_s: wall-clock seconds one answer may take; then its worker is killed and the answer
       is a timeout. A batch of R answers with k hostile ones takes about
-      (R / workers) x the normal time + k x timeout_s / workers.
+      (R / workers) x the normal time + k x (timeout_s + a worker's start) / workers.
+    batch_timeout_s: wall-clock seconds one ``verify`` call may take (None: no bound). When they
+      have passed, every answer not yet verified, waiting or in a worker, is a timeout, the
+      workers still busy are killed and replaced as above, and ``verify`` returns: a batch
+      holds the caller for batch_timeout_s plus the milliseconds those kills take, whatever its
+      answers (the first call also waits for the pool to start). Waiting for a replacement to
+      start counts against it.
   """
 
-  def __init__(self, workers: int = 2, timeout_s: float = 5.0):
+  def __init__(self, workers: int = 2, timeout_s: float = 5.0,
+               batch_timeout_s: float | None = None):
     if workers < 1 or timeout_s <= 0:
       raise ValueError(f"need workers >= 1 and timeout_s > 0, got {workers}, {timeout_s}")
-    self.workers, self.timeout_s = workers, timeout_s
+    if batch_timeout_s is not None and batch_timeout_s <= 0:
+      raise ValueError(f"need batch_timeout_s > 0 or None, got {batch_timeout_s}")
+    self.workers, self.timeout_s, self.batch_timeout_s = workers, timeout_s, batch_timeout_s
     self._ctx = multiprocessing.get_context("spawn")  # never fork a process that runs JAX
     self._procs: list = []  # [(process, parent end of its pipe)]
+    self._starting: dict[int, float] = {}  # worker index -> when it was started, until ready
 
   def _start(self):
     parent, child = self._ctx.Pipe()
@@ -91,67 +110,93 @@ class MathVerifier:
     return proc, parent
 
   @staticmethod
-  def _ready(worker):
-    """Waits until the worker has imported math-verify, so no answer's clock counts that."""
+  def _ready(worker, wait_s: float = 0.0) -> None:
+    """Reads the worker's "ready" (waiting up to wait_s for it); RuntimeError if none comes."""
     proc, conn = worker
-    if not conn.poll(120.0) or conn.recv() != "ready":
+    try:
+      ok = conn.poll(wait_s) and conn.recv() == "ready"
+    except EOFError:  # it died while starting (e.g. math-verify does not import)
+      ok = False
+    if not ok:
       proc.kill()
       raise RuntimeError("a math-verify worker did not start (is math-verify installed? "
                          "pip install 'math-verify==0.9.0')")
-    return worker
-
-  def _spawn(self):
-    return self._ready(self._start())
 
   def verify(self, golds: list[str], completions: list[str]) -> list[str]:
     """One verdict per (reference, completion) pair, in order."""
     if len(golds) != len(completions):
       raise ValueError(f"{len(golds)} references for {len(completions)} completions")
-    if not self._procs:
-      self._procs = [self._ready(w) for w in [self._start() for _ in range(self.workers)]]
     verdicts = [""] * len(golds)
     todo = list(range(len(golds)))[::-1]  # popped from the end: in order
     busy = {}  # worker index -> (item, started)
-    while todo or busy:
-      for w in range(len(self._procs)):
-        if w not in busy and todo:
-          item = todo.pop()
-          self._procs[w][1].send((golds[item], completions[item]))
-          busy[w] = (item, time.monotonic())
-      now = time.monotonic()
-      wait_s = max(0.0, min(started + self.timeout_s - now for _, started in busy.values()))
-      ready = connection.wait([self._procs[w][1] for w in busy], timeout=wait_s)
-      for w in list(busy):
-        proc, conn = self._procs[w]
-        item, started = busy[w]
-        if conn in ready:
-          try:
-            verdicts[item] = conn.recv()
-          except EOFError:  # the worker died (e.g. out of memory): that answer scores 0
+    try:
+      if not self._procs:
+        self._procs = [self._start() for _ in range(self.workers)]
+        for worker in self._procs:
+          self._ready(worker, _START_S)
+      end = math.inf if self.batch_timeout_s is None else time.monotonic() + self.batch_timeout_s
+      while (todo or busy) and time.monotonic() < end:
+        for w in range(len(self._procs)):
+          if w not in busy and w not in self._starting and todo:
+            item = todo.pop()
+            self._procs[w][1].send((golds[item], completions[item]))
+            busy[w] = (item, time.monotonic())
+        starting = list(self._starting) if todo else []  # only waited for while needed
+        limits = [end] + [started + self.timeout_s for _, started in busy.values()]
+        limits += [self._starting[w] + _START_S for w in starting]
+        ready = connection.wait([self._procs[w][1] for w in [*busy, *starting]],
+                                timeout=max(0.0, min(limits) - time.monotonic()))
+        for w in starting:
+          if self._procs[w][1] in ready or time.monotonic() >= self._starting[w] + _START_S:
+            self._ready(self._procs[w])
+            del self._starting[w]
+        for w in list(busy):
+          conn = self._procs[w][1]
+          item, started = busy[w]
+          if conn in ready:
+            try:
+              verdicts[item] = conn.recv()
+            except EOFError:  # the worker died (e.g. out of memory): that answer scores 0
+              verdicts[item] = "timeout"
+              self._replace(w)
+            del busy[w]
+          elif time.monotonic() - started >= self.timeout_s:
             verdicts[item] = "timeout"
             self._replace(w)
-          del busy[w]
-        elif time.monotonic() - started >= self.timeout_s:
-          verdicts[item] = "timeout"
-          self._replace(w)
-          del busy[w]
+            del busy[w]
+    except BaseException:  # workers may be mid-answer: none of them can serve the next batch
+      self._stop(kill=True)
+      raise
+    for w, (item, _) in busy.items():  # the batch ran out of time
+      verdicts[item] = "timeout"
+      self._replace(w)
+    for item in todo:
+      verdicts[item] = "timeout"
     return verdicts
 
   def _replace(self, w: int) -> None:
+    """Kills worker w and starts its replacement, which takes answers once it is ready."""
     proc, conn = self._procs[w]
     proc.kill()
     proc.join()
     conn.close()
-    self._procs[w] = self._spawn()
+    self._procs[w] = self._start()
+    self._starting[w] = time.monotonic()
+
+  def _stop(self, kill: bool) -> None:
+    """Stops every worker: idle ones by closing their pipe unless kill, the others by a kill."""
+    for w, (proc, conn) in enumerate(self._procs):
+      conn.close()
+      if not kill and w not in self._starting:
+        proc.join(timeout=1.0)
+      if proc.is_alive():
+        proc.kill()
+      proc.join()
+    self._procs, self._starting = [], {}
 
   def close(self) -> None:
     """Stops the workers (also at garbage collection: they are daemons)."""
-    for proc, conn in self._procs:
-      conn.close()
-      proc.join(timeout=1.0)
-      if proc.is_alive():
-        proc.kill()
-    self._procs = []
+    self._stop(kill=False)
 
   def __enter__(self):
     return self
