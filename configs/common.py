@@ -22,6 +22,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Stop once this many rollouts have been generated (0 = no limit; total_steps still caps):
   # the budget that compares allocation methods, which spend different rollouts per step.
   c.total_rollouts = 0
+  # Stop once this many completion tokens have been generated (0 = no limit): the budget that
+  # compares methods whose completions differ in length at equal generation cost.
+  c.total_tokens = 0
 
   c.model = ml_collections.ConfigDict()
   c.model.path = assets.EMBEDDED_MODEL  # Hugging Face folder (config.json, safetensors, tokenizer)
@@ -35,7 +38,23 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.name = "countdown"  # a registered task: countdown | gsm8k (TFDS) | jsonl (local file)
   c.task.train_size = 0  # > 0: train on the first N problems only (epochs); MoPPS/DPS need a pool
   c.task.data_path = ""  # optional local file of training problems (countdown rows / jsonl)
-  c.task.chat_template = False  # wrap prompts with the tokenizer's chat template (instruct models)
+  c.task.chat_template = False  # wrap string prompts in the tokenizer's chat template (message prompts always are)
+  # Your own data (task.name=file, inferred from a data_path of non-Countdown rows; docs/usage.md):
+  c.task.eval_paths = ""  # held-out files, comma-separated, each a set named by its file stem
+  c.task.schema = "auto"  # row schema of the files: auto (detected per file) | verl | trl | qa
+  c.task.prompt_field = ""  # the prompt's field ("" = the schema's: prompt, or question)
+  c.task.answer_field = ""  # the reference's field ("" = reward_model.ground_truth | answer | solution)
+  c.task.system_prompt = ""  # a system message before every prompt ("" = none)
+  # Rewards in TRL's form: built-ins (math, gsm8k, countdown, format), "pkg.module:fn" or
+  # "path/to/file.py:fn", comma-separated; "" = the task's own verifier (file task: math).
+  c.task.rewards = ""
+  c.task.reward_weights = ""  # one weight per reward, comma-separated ("" = all 1)
+  c.task.success_reward = ""  # the reward that is the accuracy signal ("" = the first)
+  c.task.success_threshold = 1.0  # a success-reward value >= this is a success
+  c.task.max_reward_failures = 3  # stop after this many batches on which every reward failed; 0 = never
+  c.task.math_workers = 0  # math-verify processes (0 = min(8, CPU count))
+  c.task.math_timeout_s = 5.0  # wall-clock bound per answer; a timeout scores 0 and is counted
+  c.task.math_batch_timeout_s = 60.0  # bound of a whole batch's checks (0 = none)
   # Each registered task's own group (config.task.countdown.max_number, config.task.gsm8k.data_dir):
   # its spec's fields and defaults (grpo_jax/tasks/<name>.py).
   _add_groups(c.task, tasks.TASKS)
@@ -108,7 +127,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 25  # steps between held-out evaluations (and at the start and end)
   c.eval.every_rollouts = 0  # > 0: evaluate each time this many more rollouts were generated
-  c.eval.num_prompts = 256  # held-out prompts
+  c.eval.every_tokens = 0  # > 0: evaluate each time this many more completion tokens were generated
+  c.eval.num_prompts = 256  # held-out prompts (per held-out set)
   c.eval.k = 8  # samples per prompt for mean@k / pass@k
   c.eval.temperature = 1.0  # eval sampling temperature
   c.eval.greedy = True  # also report greedy accuracy

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 
-from grpo_jax import (advantages, allocation, deprecated, errors, losses, rewards, sharding, step,
+import math
+
+from grpo_jax import (advantages, allocation, deprecated, errors, losses, scoring, sharding, step,
                       tasks)
+from grpo_jax.tasks import row_schemas
 from grpo_jax.models import architectures
 from grpo_jax.replay import method as method_lib
 
@@ -37,6 +40,7 @@ def validate(config, *, weights: bool = True) -> None:
   for group in _GROUPS:
     _check(group in config, group, "missing group (start from configs/common.py)")
   deprecated.apply(config)
+  tasks.infer_name(config)
   m, r, rl, o = config.model, config.rollout, config.rl, config.opt
   if weights or not m.arch:
     _check(bool(m.path), "model.path", "empty: pass --config.model.path=/path/to/hf_folder")
@@ -75,8 +79,9 @@ def validate(config, *, weights: bool = True) -> None:
          f"{rl.estimator!r}; known: {', '.join(advantages.ADVANTAGE_ESTIMATORS)}")
   for f in ("reward_signal", "effective_signal"):
     _check(rl[f] in step.SIGNALS, f"rl.{f}", f"{rl[f]!r}; known: {', '.join(step.SIGNALS)}")
-  _check(rl.score_base in rewards.REWARDS, "rl.score_base",
-         f"{rl.score_base!r}; known: {', '.join(rewards.REWARDS.names())}")
+  _check(rl.score_base in scoring.SCORE_BASES, "rl.score_base",
+         f"{rl.score_base!r}; known: {', '.join(scoring.SCORE_BASES)}")
+  _validate_rewards(config)
   _check(rl.get("shuffle", "groups") in step.SHUFFLES, "rl.shuffle",
          f"{rl.get('shuffle')!r}; known: {', '.join(step.SHUFFLES)}")
   _check(isinstance(rl.get("shared_prompts", True), bool), "rl.shared_prompts",
@@ -105,11 +110,49 @@ def validate(config, *, weights: bool = True) -> None:
          f"{o.schedule!r}; known: constant, cosine")
   _check(config.total_steps >= 1, "total_steps", "must be >= 1")
   _check(config.total_rollouts >= 0, "total_rollouts", "must be >= 0 (0 = no limit)")
+  _check(config.total_tokens >= 0, "total_tokens", "must be >= 0 (0 = no limit)")
   _check(config.eval.every_rollouts >= 0, "eval.every_rollouts", "must be >= 0 (0 = off)")
+  _check(config.eval.every_tokens >= 0, "eval.every_tokens", "must be >= 0 (0 = off)")
+  _check(not (config.eval.every_rollouts and config.eval.every_tokens), "eval.every_tokens",
+         "set eval.every_rollouts or eval.every_tokens, not both")
   _check(config.eval.every >= 1 and config.checkpoint.every >= 1, "eval.every",
          "eval.every and checkpoint.every must be >= 1")
   _check(config.eval.k >= 1 and config.eval.num_prompts >= 1, "eval.k",
          "eval.k and eval.num_prompts must be >= 1")
+
+
+def _validate_rewards(config) -> None:
+  """The task's data and reward keys: a known schema, math-verify's bounds, reward entries that
+  load, one weight per reward, a success reward among them."""
+  t = config.task
+  _check(t.schema in ("auto",) + row_schemas.SCHEMAS, "task.schema",
+         f"{t.schema!r}; known: auto, {', '.join(row_schemas.SCHEMAS)}")
+  _check(t.math_workers >= 0, "task.math_workers", f"{t.math_workers} must be >= 0 (0 = auto)")
+  _check(t.math_timeout_s > 0 and math.isfinite(t.math_timeout_s), "task.math_timeout_s",
+         f"{t.math_timeout_s} must be a positive number of seconds")
+  _check(t.math_batch_timeout_s >= 0 and math.isfinite(t.math_batch_timeout_s),
+         "task.math_batch_timeout_s", f"{t.math_batch_timeout_s} must be >= 0 (0 = none)")
+  _check(t.max_reward_failures >= 0, "task.max_reward_failures",
+         f"{t.max_reward_failures} must be >= 0 (0 never stops)")
+  _check(math.isfinite(t.success_threshold), "task.success_threshold",
+         f"{t.success_threshold} must be a finite number")
+  specs = scoring.reward_specs(t)
+  if not specs:
+    _check(not t.reward_weights and not t.success_reward, "task.reward_weights",
+           "reward_weights / success_reward need task.rewards to name the rewards")
+    return
+  names = []
+  for spec in specs:
+    try:
+      names.append(scoring.rewards.load(spec)[0])
+    except scoring.rewards.RewardSpecError as e:
+      raise ConfigError(f"config.task.rewards: {e}") from None
+  try:
+    scoring.parse_weights(t.reward_weights, len(specs))
+  except ValueError as e:
+    raise ConfigError(f"config.task.reward_weights: {e}") from None
+  _check(not t.success_reward or t.success_reward in names, "task.success_reward",
+         f"{t.success_reward!r} is not one of the rewards ({', '.join(names)})")
 
 
 def _replay_method(config):

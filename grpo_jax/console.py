@@ -48,15 +48,29 @@ def say(text: str) -> None:
   sys.stdout.flush()
 
 
+def eval_sets(evaluation: dict, k: int) -> list[str]:
+  """The named held-out sets of an evaluation record (``eval/<set>/mean_at_<k>``), in order."""
+  suffix = f"/mean_at_{k}"
+  return [key[len("eval/"):-len(suffix)] for key in evaluation
+          if key.startswith("eval/") and key.endswith(suffix) and key.count("/") == 2]
+
+
 def eval_line(step: int, evaluation: dict, rollouts: int, k: int) -> str:
-  """``step 25  mean@8 0.329  pass@8 0.71  greedy 0.40  len 8.3  constant 0.34  rollouts 6,400``."""
-  parts = [f"step {step}", f"mean@{k} {evaluation[f'eval/mean_at_{k}']:.3f}",
-           f"pass@{k} {evaluation[f'eval/pass_at_{k}']:.2f}"]
-  if "eval/greedy_accuracy" in evaluation:
-    parts.append(f"greedy {evaluation['eval/greedy_accuracy']:.2f}")
-  parts += [f"len {evaluation['eval/mean_length']:.1f}",
-            f"constant {evaluation['eval/constant_fraction']:.2f}", f"rollouts {rollouts:,}"]
-  return "  ".join(parts)
+  """``step 25  mean@8 0.329  pass@8 0.71  greedy 0.40  len 8.3  constant 0.34  rollouts 6,400``,
+  then a line per named held-out set (``  math500  mean@8 0.412  pass@8 0.80  ...``); the
+  first line pools the sets."""
+  def parts(prefix):
+    out = [f"mean@{k} {evaluation[f'{prefix}mean_at_{k}']:.3f}",
+           f"pass@{k} {evaluation[f'{prefix}pass_at_{k}']:.2f}"]
+    if f"{prefix}greedy_accuracy" in evaluation:
+      out.append(f"greedy {evaluation[f'{prefix}greedy_accuracy']:.2f}")
+    return out + [f"len {evaluation[f'{prefix}mean_length']:.1f}",
+                  f"constant {evaluation[f'{prefix}constant_fraction']:.2f}"]
+  lines = ["  ".join([f"step {step}"] + parts("eval/") + [f"rollouts {rollouts:,}"])]
+  names = eval_sets(evaluation, k)
+  width = max(map(len, names), default=0)
+  lines += ["  ".join([f"  {name:<{width}}"] + parts(f"eval/{name}/")) for name in names]
+  return "\n".join(lines)
 
 
 # Runs logged before the step was split into metrics.PHASES recorded only these four.
@@ -89,17 +103,19 @@ def _allocation_line(steps: list[dict]) -> str:
 
 
 def summary(records: list[dict], k: int, paths: dict, total_steps: int,
-            total_rollouts: int = 0) -> str:
+            total_rollouts: int = 0, total_tokens: int = 0) -> str:
   """The end-of-run summary from a run's metric records (so a restarted finished run prints
   the same). ``paths`` maps names (metrics, checkpoints, plots, ...) to where they are;
-  ``total_rollouts`` is the run's rollout budget (0: none)."""
+  ``total_rollouts`` / ``total_tokens`` are the run's budgets (0: none)."""
   evals = [r for r in records if f"eval/mean_at_{k}" in r]
   steps = [r for r in records if "loss" in r]
   done = steps[-1]["step"] if steps else 0
-  spent = bool(total_rollouts) and bool(steps) and steps[-1].get("rollouts", 0) >= total_rollouts
+  last_step = steps[-1] if steps else {}
+  spent = [f"{name} budget {budget:,} spent" for name, budget, key in (
+      ("rollout", total_rollouts, "rollouts"), ("token", total_tokens, "completion_tokens"))
+           if budget and last_step.get(key, 0) >= budget]
   lines = [f"grpo_jax: run {'complete' if done >= total_steps or spent else 'stopped'} at step "
-           f"{done}/{total_steps}" + (f" (rollout budget {total_rollouts:,} spent)" if spent
-                                      else "")]
+           f"{done}/{total_steps}" + (f" ({', '.join(spent)})" if spent else "")]
   if evals:
     a, b = evals[0][f"eval/mean_at_{k}"], evals[-1][f"eval/mean_at_{k}"]
     line = (f"  held-out mean@{k} {a:.3f} -> {b:.3f} ({100 * (b - a):+.1f} points, step "
@@ -108,6 +124,10 @@ def summary(records: list[dict], k: int, paths: dict, total_steps: int,
       line += (f"   greedy {evals[0].get('eval/greedy_accuracy', float('nan')):.3f} -> "
                f"{evals[-1]['eval/greedy_accuracy']:.3f}")
     lines.append(line)
+    for name in eval_sets(evals[-1], k):
+      key = f"eval/{name}/mean_at_{k}"
+      first = next((r[key] for r in evals if key in r), float("nan"))
+      lines.append(f"    {name}: mean@{k} {first:.3f} -> {evals[-1][key]:.3f}")
   if steps:
     last = steps[-1]
     lines.append(f"  rollouts {last.get('rollouts', 0):,}   completion tokens "

@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from grpo_jax import keys
+from grpo_jax import scoring
 from grpo_jax import sampler as sampler_lib
 from grpo_jax import sharding
 from grpo_jax import tokenization
@@ -76,8 +77,9 @@ def cached_sampler(graphdef: nnx.GraphDef, config: sampler_lib.SamplingConfig, m
 def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
              problems: Sequence, *, k: int, temperature: float, prompt_len: int,
              completion_len: int, rows_per_batch: int = 512, seed: int = 0,
-             render=None, model_path: str | None = None, mesh=None) -> dict:
-  """Samples k completions per problem, scores them with the task, summarises.
+             render=None, model_path: str | None = None, mesh=None,
+             scorer: scoring.Scorer | None = None) -> dict:
+  """Samples k completions per problem, scores them (the run's rewards), summarises.
 
   Every sampler batch has the same number of rows, ``min(rows_per_batch, k * len(problems))``
   (``rows_per_batch`` first rounded down to a multiple of k, at least k; the last batch is
@@ -90,7 +92,7 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
   Args:
     graphdef, params: the model, split.
     tokenizer: transformers tokenizer.
-    task: object with ``prompt(problem)``, ``score(text, problem)``, ``is_success(score)``.
+    task: the task (``prompt(problem)``; ``score`` / ``is_success`` without a ``scorer``).
     problems: held-out problems.
     k: samples per problem.
     temperature: sampling temperature (0 = greedy; then k = 1 is enough).
@@ -103,6 +105,8 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
       ``sampler.stop_token_ids``); None: the tokenizer's EOS only.
     mesh: optional mesh the sampler runs under (``sampler.make_sampler``); the batch is then
       rounded up to a multiple of its batch shards (padded with repeats, dropped).
+    scorer: the run's ``scoring.Scorer`` (its rewards and success signal); None: the task's
+      own verifier.
 
   Returns:
     ``group_metrics`` of the successes, plus mean_score and truncated_fraction.
@@ -119,7 +123,8 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
   multiple = math.lcm(k, sharding.batch_shards(mesh))
   rows_per_batch = -(-rows_per_batch // multiple) * multiple
   owners = [p for p in problems for _ in range(k)]
-  scores, lengths, truncated = [], [], []
+  scorer = scorer if scorer is not None else scoring.Scorer(task)
+  scores, success, lengths, truncated = [], [], [], []
   for start in range(0, len(prompts), rows_per_batch):
     chunk = prompts[start:start + rows_per_batch]
     real = len(chunk)
@@ -129,12 +134,14 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
     out = jax.device_get(out)
     texts = tokenization.decode_completions(tokenizer, out.completion_ids[:real],
                                             out.completion_mask[:real])
-    scores += [task.score(t, p) for t, p in zip(texts, owners[start:start + real])]
+    got, ok, _ = scorer.score(owners[start:start + real], texts, record=False)
+    scores += got.tolist()
+    success += ok.tolist()
     lengths += out.lengths[:real].tolist()
     truncated += out.truncated[:real].tolist()
   scores_NxK = np.asarray(scores, np.float64).reshape(len(problems), k)
-  success = np.vectorize(task.is_success)(scores_NxK)
-  metrics = group_metrics(success, np.asarray(lengths).reshape(len(problems), k))
+  success_NxK = np.asarray(success, bool).reshape(len(problems), k)
+  metrics = group_metrics(success_NxK, np.asarray(lengths).reshape(len(problems), k))
   metrics["mean_score"] = float(scores_NxK.mean())
   metrics["truncated_fraction"] = float(np.mean(truncated))
   return metrics

@@ -33,6 +33,7 @@ from grpo_jax import prompts as prompts_lib
 from grpo_jax import records
 from grpo_jax import replay as replay_lib
 from grpo_jax import sampler as sampler_lib
+from grpo_jax import scoring
 from grpo_jax import sharding as sharding_lib
 from grpo_jax import step as step_lib
 from grpo_jax import tasks as tasks_lib
@@ -66,7 +67,8 @@ class Run:
     ckpt: the workdir's Checkpointer.
     writer: the MetricWriter (a NullWriter on processes other than 0 and for a complete run).
     paths: where the run's outputs are, for the summary.
-    eval_problems: the held-out problems.
+    scorer: scores the rows and the held-out completions (``scoring.make_scorer``).
+    eval_sets: the held-out problems by set name ("" for a task's one unnamed set).
     timer: the current step's PhaseTimer (the allocator times its phases on it too).
     timers: cumulative seconds per phase (metrics.PHASES), restarts included.
     counters: the host counters (records.Counters).
@@ -96,7 +98,8 @@ class Run:
   ckpt: checkpoint_lib.Checkpointer
   writer: Any
   paths: dict
-  eval_problems: list
+  scorer: scoring.Scorer
+  eval_sets: dict
   timer: metrics_lib.PhaseTimer
   timers: dict
   counters: records.Counters
@@ -135,7 +138,8 @@ def setup(config, workdir: str) -> Run:
       model_path=config.model.path,
       prompt_group=r.group_size if config.rl.get("shared_prompts", True) else 1), mesh)
   timer = metrics_lib.PhaseTimer()  # this step's phases; the allocator times its own on it
-  allocator = allocation.make_allocator(config, sample_fn, tokenizer, task, stream, timer)
+  scorer = scoring.make_scorer(config, task)  # the user's reward functions load here
+  allocator = allocation.make_allocator(config, sample_fn, tokenizer, task, stream, timer, scorer)
 
   # Only now, after every input has been checked, is anything written.
   os.makedirs(workdir, exist_ok=True)
@@ -164,7 +168,8 @@ def setup(config, workdir: str) -> Run:
       paths={"metrics": os.path.join(workdir, "metrics.jsonl"),
              "tensorboard": tensorboard if complete else writer.tensorboard_dir,
              "checkpoints": ckpt.directory},
-      eval_problems=task.eval_problems(config.eval.num_prompts), timer=timer, timers=timers,
+      scorer=scorer, eval_sets=tasks_lib.eval_sets(task, config.eval.num_prompts), timer=timer,
+      timers=timers,
       counters=counters, start=start, complete=complete)
 
 
@@ -191,6 +196,7 @@ def run(run: Run) -> dict:  # pylint: disable=redefined-outer-name
     stopped_after = _train(run, stop)
   finally:
     stop.restore()
+    run.scorer.close()
   _flush_pending(run)
   if run.bar is not None:
     run.bar.close()
@@ -202,7 +208,8 @@ def run(run: Run) -> dict:  # pylint: disable=redefined-outer-name
   elif sharding_lib.is_primary():
     console.say(console.summary(metrics_lib.read_metrics(run.workdir), run.config.eval.k,
                                 {**run.paths, **workdir_lib.report_paths(run.workdir, write=True)},
-                                run.config.total_steps, run.config.total_rollouts))
+                                run.config.total_steps, run.config.total_rollouts,
+                                run.config.total_tokens))
   return run.last_eval
 
 
@@ -252,7 +259,7 @@ def _step(run: Run, step: int) -> tuple[int, bool, bool]:
   whether it was saved)."""
   config, timer = run.config, run.timer
   key = keys.train_step_key(config.seed, step)
-  rollouts_before = run.counters.rollouts
+  before = run.counters
   # B complete groups, however the allocator spent its rollouts (allocation/allocator.py); it
   # times its phases (prompts, generation, scoring, assembly) on ``timer``.
   rollout, stats = run.allocator.collect(run.state.params, step, keys.generation(key))
@@ -270,10 +277,10 @@ def _step(run: Run, step: int) -> tuple[int, bool, bool]:
   record = run.pending = records.StepRecord(
       step=done, metrics=device_metrics, stats=stats, counters=run.counters,
       wall_s=max(time.time() - run.t_start, 1e-9))
-  budget = config.total_rollouts
-  last = done == config.total_steps or (bool(budget) and run.counters.rollouts >= budget)
+  last = done == config.total_steps or workdir_lib.budget_spent(
+      config, dataclasses.asdict(run.counters))
   evaluation = None
-  if last or _evaluation_due(config, rollouts_before, run.counters.rollouts, done):
+  if last or _evaluation_due(config, before, run.counters, done):
     with timer.phase("metrics"):
       _fetch(run, record)  # a run stopped for non-finite steps stops before evaluating
     evaluation = _evaluate(run)
@@ -288,13 +295,19 @@ def _step(run: Run, step: int) -> tuple[int, bool, bool]:
   return done, last, saved
 
 
-def _evaluation_due(config, rollouts_before: int, rollouts: int, done: int) -> bool:
-  """Whether the step that took the rollouts from ``rollouts_before`` to ``rollouts`` (and the
-  run to ``done`` steps) is followed by an evaluation (the last step always is)."""
-  every = config.eval.every_rollouts
-  if every:
-    return rollouts // every > rollouts_before // every
-  return done % config.eval.every == 0
+def _evaluation_due(config, before: records.Counters, after: records.Counters,
+                    done: int) -> bool:
+  """Whether the step that took the counters from ``before`` to ``after`` (and the run to
+  ``done`` steps) is followed by an evaluation (the last step always is): each
+  ``eval.every_rollouts`` rollouts, or ``eval.every_tokens`` completion tokens, or
+  ``eval.every`` steps."""
+  e = config.eval
+  if e.every_rollouts:
+    return after.rollouts // e.every_rollouts > before.rollouts // e.every_rollouts
+  if e.every_tokens:
+    return (after.completion_tokens // e.every_tokens
+            > before.completion_tokens // e.every_tokens)
+  return done % e.every == 0
 
 
 def _close_window(run: Run) -> dict:
@@ -362,23 +375,34 @@ def _save(run: Run, done: int) -> None:
 
 
 def _evaluate(run: Run) -> dict:
-  """The held-out evaluation of the current parameters: ``eval/mean_at_<k>``,
-  ``eval/pass_at_<k>``, mean length, constant fraction, and greedy accuracy when asked."""
+  """The held-out evaluation of the current parameters on each set: ``eval/mean_at_<k>``,
+  ``eval/pass_at_<k>``, mean length, constant fraction, and greedy accuracy when asked. A
+  named set's metrics are ``eval/<set>/...``; the unprefixed ones pool every set's prompts
+  (each a mean over prompts, so the pooled value is the sets' mean weighted by their sizes)."""
   config = run.config
   r, e = config.rollout, config.eval
   kw = dict(prompt_len=r.prompt_len, completion_len=r.completion_len, seed=config.seed,
-            render=run.stream.render, model_path=config.model.path, mesh=run.mesh)
-  evaluate = lambda k, temperature: evaluate_lib.evaluate(
-      run.graphdef, run.state.params, run.tokenizer, run.task, run.eval_problems, k=k,
-      temperature=temperature, **kw)
+            render=run.stream.render, model_path=config.model.path, mesh=run.mesh,
+            scorer=run.scorer)
+  per_set, sizes = {}, {}
   with run.timer.phase("evaluation"):
-    out = evaluate(e.k, e.temperature)
-    result = {f"eval/mean_at_{e.k}": out["mean_at_k"], f"eval/pass_at_{e.k}": out["pass_at_k"],
-              "eval/mean_length": out["mean_length"],
-              "eval/constant_fraction": out["constant_fraction"]}
-    if e.greedy:
-      result["eval/greedy_accuracy"] = evaluate(1, 0.0)["mean_at_k"]
-  return result
+    for name, problems in run.eval_sets.items():
+      evaluate = lambda k, temperature, problems=problems: evaluate_lib.evaluate(
+          run.graphdef, run.state.params, run.tokenizer, run.task, problems, k=k,
+          temperature=temperature, **kw)
+      out = evaluate(e.k, e.temperature)
+      result = {f"mean_at_{e.k}": out["mean_at_k"], f"pass_at_{e.k}": out["pass_at_k"],
+                "mean_length": out["mean_length"], "constant_fraction": out["constant_fraction"]}
+      if e.greedy:
+        result["greedy_accuracy"] = evaluate(1, 0.0)["mean_at_k"]
+      per_set[name], sizes[name] = result, len(problems)
+  if list(per_set) == [""]:
+    return {f"eval/{key}": v for key, v in per_set[""].items()}
+  total = sum(sizes.values())
+  pooled = {f"eval/{key}": sum(per_set[n][key] * sizes[n] for n in per_set) / total
+            for key in next(iter(per_set.values()))}
+  return {**pooled, **{f"eval/{n}/{key}": v for n, res in per_set.items()
+                       for key, v in res.items()}}
 
 
 def _write_eval(run: Run, step: int, result: dict) -> None:
@@ -410,12 +434,13 @@ def _report_complete(run: Run) -> dict:
   """A finished run started again: says so, prints the same summary and returns the last
   evaluation's metrics."""
   config, workdir = run.config, run.workdir
-  k, budget = config.eval.k, config.total_rollouts
+  k, budget, tokens = config.eval.k, config.total_rollouts, config.total_tokens
   run.ckpt.close()
   written = metrics_lib.read_metrics(workdir)
   console.say(f"grpo_jax: {workdir} is complete ({run.start}/{config.total_steps} steps"
-              + (f", rollout budget {budget:,}" if budget else "") + "); nothing to do.")
+              + (f", rollout budget {budget:,}" if budget else "")
+              + (f", token budget {tokens:,}" if tokens else "") + "); nothing to do.")
   console.say(console.summary(written, k, {**run.paths, **workdir_lib.report_paths(workdir)},
-                              config.total_steps, budget))
+                              config.total_steps, budget, tokens))
   evals = [r for r in written if f"eval/mean_at_{k}" in r]
   return {key: v for key, v in evals[-1].items() if key.startswith("eval/")} if evals else {}

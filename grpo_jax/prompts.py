@@ -35,6 +35,15 @@ class PromptStream:
   skipped: int = 0
 
   def render(self, problem) -> str:
+    """The prompt text the sampler sees: a conversational prompt (``task.messages``) through
+    the chat template (its contents joined by blank lines when the tokenizer has none), a
+    string prompt through it only when ``chat_template`` is set."""
+    messages = self.task.messages(problem) if hasattr(self.task, "messages") else None
+    if messages is not None:
+      if not getattr(self.tokenizer, "chat_template", None):
+        return "\n\n".join(m["content"] for m in messages)
+      return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                add_generation_prompt=True)
     text = self.task.prompt(problem)
     if self.chat_template:
       text = self.tokenizer.apply_chat_template([{"role": "user", "content": text}],

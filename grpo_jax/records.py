@@ -67,7 +67,7 @@ class StepRecord:
     return {**self.values, "rollouts": c.rollouts, "completion_tokens": c.completion_tokens,
             "reward_errors": c.reward_errors,
             "truncated_fraction": self.stats["truncated_fraction"],
-            **{k: v for k, v in self.stats.items() if k.startswith("alloc/")},
+            **{k: v for k, v in self.stats.items() if k.startswith(("alloc/", "reward/"))},
             "tokens_per_s": (c.completion_tokens - tokens_at_start) / self.wall_s,
             "wall_s": self.wall_s,
             # This step's time window (metrics.PHASES; time/step_s is its wall time)...

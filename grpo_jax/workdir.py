@@ -21,7 +21,7 @@ from grpo_jax.models import CheckpointError
 # Fields that may change between the runs of one workdir: how long, how often to evaluate,
 # log and checkpoint, and the mesh (checkpoints restore onto any mesh; the values then differ
 # only by float rounding). Anything else changes the trajectory.
-_RESUMABLE_CHANGES = ("total_steps", "total_rollouts", "log_every", "eval.", "checkpoint.",
+_RESUMABLE_CHANGES = ("total_steps", "total_rollouts", "total_tokens", "log_every", "eval.", "checkpoint.",
                       "mesh.")
 
 
@@ -63,10 +63,20 @@ def check_same_run(config, workdir: str) -> None:
 
 def is_complete(config, ckpt, start: int) -> bool:
   """Whether the run saved at step ``start`` has nothing left to do: all its steps, or its
-  rollout budget, spent."""
-  budget = config.total_rollouts
-  return start >= config.total_steps or bool(
-      start and budget and ckpt.host(start).get("rollouts", 0) >= budget)
+  rollout or token budget, spent."""
+  if start >= config.total_steps:
+    return True
+  if not start or not (config.total_rollouts or config.total_tokens):
+    return False
+  return budget_spent(config, ckpt.host(start))
+
+
+def budget_spent(config, counters) -> bool:
+  """Whether ``counters`` (a dict with ``rollouts`` and ``completion_tokens``) reach the run's
+  rollout budget or its token budget (each 0: none)."""
+  rollouts, tokens = config.total_rollouts, config.total_tokens
+  return bool(rollouts and counters.get("rollouts", 0) >= rollouts
+              or tokens and counters.get("completion_tokens", 0) >= tokens)
 
 
 def restore_newest_readable(ckpt, state, replay):

@@ -10,7 +10,8 @@ from grpo_jax import assets, tokenization
 from grpo_jax.allocation import rounds
 from grpo_jax import sampler as sampler_lib
 from grpo_jax.prompts import PromptStream
-from grpo_jax.rewards import overlong_penalty, score_completions
+from grpo_jax.rewards import overlong_penalty
+from grpo_jax.scoring import score_completions
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ def test_every_component_is_found_and_its_group_holds_its_defaults():
   assert set(method_lib.METHODS.names()) == {"none", "popo", "prioritized", "headroom"}
   assert set(allocation.RULES.names()) == {"uniform", "dynamic_sampling", "sara"}
   assert set(allocation.SELECTORS.names()) == {"stream", "mopps", "dps"}
-  assert set(tasks.TASKS.names()) == {"countdown", "gsm8k", "jsonl"}
-  assert set(rewards.REWARDS.names()) == {"task", "accuracy"}  # by config.rl.score_base
+  assert set(tasks.TASKS.names()) == {"countdown", "gsm8k", "jsonl", "file"}
+  assert set(rewards.REWARDS.names()) == {"math", "gsm8k", "countdown", "format"}
   c = common.base_config()
   for parent, table in ((c.replay, method_lib.METHODS), (c.allocation, allocation.RULES),
                         (c.allocation, allocation.SELECTORS), (c.task, tasks.TASKS)):

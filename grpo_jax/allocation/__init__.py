@@ -6,6 +6,7 @@ selector (``selector``, registered in ``SELECTORS``: stream | mopps | dps). Each
 group (``config.allocation.sara``, ``config.allocation.mopps``, ...); ``max_rounds`` is shared.
 """
 
+from grpo_jax import scoring
 from grpo_jax.allocation.allocator import RULES, Allocator, FullGroups
 from grpo_jax.allocation.dynamic_sampling import DynamicSampling
 from grpo_jax.allocation.rounds import Prompt, RoundSampler, Rows
@@ -20,16 +21,18 @@ def spec(table, group, name: str):
   return table.get(name).from_group(group.get(name, {}))
 
 
-def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None) -> Allocator:
+def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None,
+                   scorer=None) -> Allocator:
   """The allocator described by ``config.allocation`` (validated by grpo_jax.configuration);
-  its phases are timed on ``timer`` (a ``metrics.PhaseTimer``; a private one when None)."""
+  its rows are scored by ``scorer`` (``scoring.make_scorer`` when None) and its phases timed on
+  ``timer`` (a ``metrics.PhaseTimer``; a private one when None)."""
   a, r = config.allocation, config.rollout
   selector = spec(SELECTORS, a, a.selector).build(
       stream, size=pool_size(task, config.task.train_size), seed=config.seed)
   sampler = RoundSampler(sample_fn, tokenizer, task, slots=r.batch_prompts * r.group_size,
                          prompt_len=r.prompt_len, overlong_buffer=config.rl.overlong_buffer,
                          overlong_factor=config.rl.overlong_penalty,
-                         score_base=config.rl.score_base, timer=timer)
+                         scorer=scorer or scoring.make_scorer(config, task), timer=timer)
   return spec(RULES, a, a.method).build(
       selector, sampler, num_groups=r.batch_prompts, group_size=r.group_size,
       effective_signal=config.rl.effective_signal, max_rounds=a.max_rounds, seed=config.seed)

@@ -123,6 +123,9 @@ class Allocator:
         "alloc/effective_per_1k_rollouts": 1000.0 * effective / max(len(rows), 1),
         "alloc/rounds": float(rounds), "alloc/prompts_touched": float(len(touched)),
         "alloc/empty_groups": float(empty), **(extra or {})})
+    scorer = getattr(self.sampler, "scorer", None)
+    if scorer is not None:  # reward/*: what the step's reward functions gave and counted
+      stats.update(scorer.take_stats())
     return rollout, stats
 
 

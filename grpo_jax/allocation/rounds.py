@@ -27,6 +27,7 @@ import numpy as np
 from grpo_jax import advantages as advantages_lib
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import rewards as rewards_lib
+from grpo_jax import scoring
 from grpo_jax import tokenization
 from grpo_jax.types import Rollout
 
@@ -85,14 +86,15 @@ class RoundSampler:
   Args:
     sample_fn: jitted ``fn(params, ids_SxP, mask_SxP, rng) -> Rollout`` (``sampler``).
     tokenizer: transformers tokenizer.
-    task: the task (``score``, ``is_success``).
+    task: the task (its problems are what the rewards score against).
     slots: S, rows per round (B * G).
     prompt_len: P.
-    overlong_buffer, overlong_factor: DAPO's soft overlong penalty (0 disables).
-    score_base: the reward function a row's score starts from before the penalty is added
-      (registered in ``rewards.REWARDS``): "task" (the task's graded score, e.g. Countdown's
-      0.1 for a well-formed wrong answer) or "accuracy" (+1 for a success, -1 otherwise:
-      DAPO's rule-based reward, arXiv 2503.14476).
+    overlong_buffer, overlong_factor: DAPO's soft overlong penalty (0 disables), added to the
+      score after the scorer's.
+    score_base: with no ``scorer``, the task verifier's score ("task") or +1 / -1 from success
+      ("accuracy": DAPO's rule-based reward, arXiv 2503.14476); see ``scoring.Scorer``.
+    scorer: the ``scoring.Scorer`` of the rows (the task's verifier under ``score_base`` when
+      None).
     timer: ``metrics.PhaseTimer`` the round's phases are timed on: "prompts" (tokenising),
       "generation" (the sampler call and the wait for its output), "scoring" (decoding, the
       verifier, the host rows); a private one when None.
@@ -100,15 +102,11 @@ class RoundSampler:
 
   def __init__(self, sample_fn, tokenizer, task, *, slots: int, prompt_len: int,
                overlong_buffer: int = 0, overlong_factor: float = 1.0,
-               score_base: str = "task", timer=None):
-    if score_base not in rewards_lib.REWARDS:
-      raise ValueError(f"score_base must be one of {rewards_lib.REWARDS.names()}, got "
-                       f"{score_base!r}")
+               score_base: str = "task", scorer: scoring.Scorer | None = None, timer=None):
     self.sample_fn, self.tokenizer, self.task = sample_fn, tokenizer, task
     self.slots, self.prompt_len = slots, prompt_len
     self.overlong_buffer, self.overlong_factor = overlong_buffer, overlong_factor
-    self.score_base = score_base
-    self.reward_fn = rewards_lib.REWARDS.get(score_base)
+    self.scorer = scorer if scorer is not None else scoring.Scorer(task, score_base=score_base)
     self.timer = timer if timer is not None else metrics_lib.PhaseTimer()
     self.rounds = 0  # rounds run by this object (for tests and metrics)
 
@@ -156,7 +154,10 @@ class RoundSampler:
       rollout = jax.tree.map(lambda x: x[:n], out)
       completions = tokenization.decode_completions(self.tokenizer, rollout.completion_ids,
                                                     rollout.completion_mask)
-      scores, success, errors = self.reward_fn(self.task, completions, problems)
+      ids = None
+      if self.scorer.functions:  # reward functions in TRL's form also get the token ids
+        ids = [row[m].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
+      scores, success, errors = self.scorer.score(problems, completions, ids)
       scores = scores + rewards_lib.overlong_penalty(
           rollout.lengths, rollout.truncated, rollout.completion_ids.shape[1],
           self.overlong_buffer, self.overlong_factor).astype(np.float32)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from grpo_jax import errors, registry
+import os
+
+from grpo_jax import console, errors, registry
+from grpo_jax.tasks import data_files
 
 TASKS = registry.Registry("task", package="grpo_jax.tasks")
 
@@ -44,6 +47,13 @@ class Task(Protocol):
   def is_success(self, score_value: float) -> bool:
     """The 0/1 accuracy signal of a score."""
 
+  # Optional, for reward functions in TRL's form and several held-out sets:
+  #   reward_inputs(problems) -> (prompts, {column: [value per problem]})
+  #   eval_sets(n) -> {set name: its first n problems}
+  #   messages(problem) -> the chat messages of a conversational prompt, or None
+  #   default_rewards: the rewards used when config.task.rewards is empty (a task without a
+  #     verifier of its own leaves score / is_success out and names these)
+
 
 class TaskSpec(Protocol):
   """A registered task: its own config group's fields, and the task they build."""
@@ -55,6 +65,31 @@ class TaskSpec(Protocol):
   def from_group(cls, group, **derived): ...
 
   def build(self, task_config) -> Task: ...
+
+
+def eval_sets(task, n: int) -> dict[str, list]:
+  """The task's held-out sets by name, the first ``n`` problems of each; a task with one
+  unnamed set gives ``{"": task.eval_problems(n)}``."""
+  if hasattr(task, "eval_sets"):
+    return task.eval_sets(n)
+  return {"": task.eval_problems(n)}
+
+
+def infer_name(config) -> None:
+  """``task.name`` "file" for a ``task.data_path`` of rows that are not Countdown's, when the
+  name was left at its default (countdown); says so in one line. Nothing else changes."""
+  t = config.task
+  if t.name != "countdown" or not t.data_path or not os.path.isfile(t.data_path):
+    return
+  try:
+    rows, _ = data_files.read_rows(t.data_path)
+  except (ValueError, ImportError):
+    return  # the task that reads the file names what is wrong with it
+  first = next((r for r in rows if isinstance(r, dict)), None)
+  if first is not None and not ("nums" in first and "target" in first):
+    t.name = "file"
+    console.say(f"grpo_jax: task.name=file (the rows of {t.data_path} are not Countdown's "
+                "nums / target)")
 
 
 def make_task(config) -> Task:
@@ -75,6 +110,8 @@ def make_task(config) -> Task:
     raise errors.ConfigError(f"config.task.{t.name}: {e}") from None
   try:
     return spec.build(t)
+  except errors.ConfigError:
+    raise
   except ValueError as e:
     if not t.data_path or not getattr(spec, "reads_data_path", True):
       raise

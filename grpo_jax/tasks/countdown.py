@@ -446,6 +446,11 @@ class CountdownTask:
   def is_success(self, score_value: float) -> bool:
     return is_success(score_value)
 
+  def reward_inputs(self, problems) -> tuple[list[str], dict[str, list]]:
+    """Reward functions get each problem's prompt and its ``nums`` and ``target``."""
+    return ([self.prompt(p) for p in problems],
+            {"nums": [list(p.nums) for p in problems], "target": [p.target for p in problems]})
+
   def reference_completion(self, problem: Problem) -> str:
     return reference_completion(problem)
 

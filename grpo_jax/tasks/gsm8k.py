@@ -125,6 +125,11 @@ class _QATask:
   def is_success(self, score_value: float) -> bool:
     return score_value >= SUCCESS_THRESHOLD - 1e-9
 
+  def reward_inputs(self, problems) -> tuple[list[str], dict[str, list]]:
+    """Reward functions get each problem's prompt, ``question`` and ``answer`` (the number)."""
+    return ([self.prompt(p) for p in problems],
+            {"question": [p.question for p in problems], "answer": [p.answer for p in problems]})
+
 
 def _rows_to_problems(rows, source: str) -> list[Problem]:
   problems, skipped = [], 0
