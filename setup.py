@@ -31,6 +31,8 @@ setuptools.setup(
         "tensorboardX",
         # Math answers (grpo_jax/math_answers.py), pinned: its parsing decides the rewards.
         "math-verify==0.9.0",
+        # Parquet data files (verl's format; grpo_jax/tasks/data_files.py).
+        "pyarrow",
     ],
     extras_require={
         # matplotlib: the report's plots are tested. pytest-xdist: the suite runs on two

@@ -168,8 +168,7 @@ def setup(config, workdir: str) -> Run:
       paths={"metrics": os.path.join(workdir, "metrics.jsonl"),
              "tensorboard": tensorboard if complete else writer.tensorboard_dir,
              "checkpoints": ckpt.directory},
-      scorer=scorer, eval_sets=tasks_lib.eval_sets(task, config.eval.num_prompts), timer=timer,
-      timers=timers,
+      scorer=scorer, eval_sets=_eval_sets(config, task, stream), timer=timer, timers=timers,
       counters=counters, start=start, complete=complete)
 
 
@@ -223,6 +222,23 @@ def _load_model(config, tokenizer, mesh) -> tuple[nnx.GraphDef, Any]:
         f"the tokenizer in {config.model.path} has {len(tokenizer):,} tokens but the model's "
         f"embedding has {model.config.vocab_size:,} rows: they do not belong together")
   return nnx.split(model)
+
+
+def _eval_sets(config, task, stream) -> dict:
+  """The task's held-out sets (``eval.num_prompts`` each), without the prompts longer than
+  ``rollout.prompt_len`` (said, with how many; a set left empty is a ConfigError)."""
+  sets = tasks_lib.eval_sets(task, config.eval.num_prompts)
+  for name, problems in sets.items():
+    kept = [p for p in problems if stream.fits(stream.render(p))]
+    if len(kept) < len(problems):
+      label = f"held-out set {name!r}" if name else "the held-out set"
+      configuration.errors.check(
+          bool(kept), "rollout.prompt_len", f"no prompt of {label} fits in {stream.prompt_len} "
+          "tokens: raise it")
+      console.say(f"grpo_jax: {len(problems) - len(kept)} of {len(problems)} prompts of {label} "
+                  f"are longer than rollout.prompt_len={stream.prompt_len}: left out")
+      sets[name] = kept
+  return sets
 
 
 def _init_replay(config, mesh) -> replay_lib.ReplayState:

@@ -64,6 +64,9 @@ class PromptStream:
       ValueError: more than ``max_skips`` consecutive prompts are longer than P.
     """
     out = []
+    finite = self.train_size or getattr(self.task, "num_train_problems", lambda: 0)()
+    if finite:  # a whole pass of skips: no prompt of the set fits
+      max_skips = min(max_skips, finite)
     skipped_now = 0
     in_a_row = 0  # consecutive skips: max_skips bounds these, not the call's total
     while len(out) < n:

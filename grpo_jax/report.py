@@ -7,7 +7,8 @@ Reads each run's ``metrics.jsonl`` and writes, into ``--out`` (default: ``<first
 * ``accuracy.png``: held-out mean@k against rollouts generated and against wall-clock time;
 * ``training.png``: training success, ineffective-group fraction, learning rate and the replay
   statistics the methods log (replayed rows, Headroom-Drift's acceptance rate), by step;
-* ``summary.md``: one row per run (accuracy start -> end, rollouts, tokens, wall time).
+* ``summary.md``: one row per run (accuracy start -> end, rollouts, tokens, wall time), and
+  for runs with named held-out sets (``task.eval_paths``) one row per run and set.
 
 Several runs overlay on the same axes; runs given the same label (``label=dir`` arguments, or
 the efficiency benchmark's seeds) are drawn thin with their mean thick.
@@ -21,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from grpo_jax import console
 from grpo_jax import metrics as metrics_lib
 
 
@@ -205,6 +207,28 @@ def plot_training(groups: dict[str, list[str]], path: str) -> bool:
   return True
 
 
+def sets_table(workdirs: Sequence[str], labels: Sequence[str] | None = None,
+               k: int = 8) -> str | None:
+  """Markdown: one row per run and named held-out set (mean@k start -> end, pass@k, greedy,
+  mean length at the end); None when no run has named sets."""
+  labels = labels or [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  lines = []
+  for label, w in zip(labels, workdirs):
+    evals = [r for r in metrics_lib.read_metrics(w) if f"eval/mean_at_{k}" in r]
+    for name in console.eval_sets(evals[-1], k) if evals else []:
+      key = lambda m, name=name: f"eval/{name}/{m}"
+      first = next((r for r in evals if key(f"mean_at_{k}") in r), evals[-1])
+      end = evals[-1]
+      lines.append(f"| {label} | {name} | {first[key(f'mean_at_{k}')]:.3f} → "
+                   f"{end[key(f'mean_at_{k}')]:.3f} | {end[key(f'pass_at_{k}')]:.3f} | "
+                   f"{end.get(key('greedy_accuracy'), float('nan')):.3f} | "
+                   f"{end[key('mean_length')]:.1f} |")
+  if not lines:
+    return None
+  return "\n".join([f"| run | held-out set | mean@{k} start → end | pass@{k} | greedy | "
+                    "mean length |", "|---|---|---|---|---|---|"] + lines)
+
+
 def write_report(workdirs: Sequence[str], out: str, labels: Sequence[str] | None = None,
                  k: int = 8) -> list[str]:
   """Writes summary.md (always) and the PNGs (when matplotlib is installed); returns paths."""
@@ -216,6 +240,9 @@ def write_report(workdirs: Sequence[str], out: str, labels: Sequence[str] | None
   written = [os.path.join(out, "summary.md")]
   with open(written[0], "w", encoding="utf-8") as f:
     f.write(summary_table(workdirs, labels, k) + "\n")
+    sets = sets_table(workdirs, labels, k)
+    if sets:
+      f.write("\nHeld-out sets:\n\n" + sets + "\n")
     replay = replay_table(workdirs, labels)
     if replay:
       f.write("\nReplay statistics (means over steps):\n\n" + replay + "\n")
@@ -247,6 +274,9 @@ def main(argv: Sequence[str]) -> int:
     return 1
   paths = write_report(dirs, out or os.path.join(dirs[0], "report"), labels, k)
   print(summary_table(dirs, labels, k))
+  sets = sets_table(dirs, labels, k)
+  if sets:
+    print(sets)
   print("wrote " + ", ".join(paths))
   return 0
 
