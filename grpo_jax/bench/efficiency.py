@@ -1,21 +1,41 @@
-"""Sample efficiency: held-out accuracy against rollouts generated, per method and seed.
+"""Sample efficiency: held-out accuracy against rollouts or tokens generated, per method and seed.
 
     python -m grpo_jax.bench.efficiency --methods=grpo,popo --seeds=3 --steps=100
     python -m grpo_jax.bench.efficiency --methods=grpo,popo,popo:filter,popo:pi_old --seeds=3
     python -m grpo_jax.bench.efficiency --methods=grpo,dapo,sara,sara:dps,grpo:mopps,grpo:dps,popo \
         --seeds=3 --rollouts=25600 --presets=pool=1024
+    python -m grpo_jax.bench.efficiency --methods=grpo,dapo --seeds=3 --tokens=400000
 
 Every method trains from the embedded checkpoint with its config file (configs/<method>.py,
 optionally with presets after a colon: ``popo:filter``, ``popo:stale=10``, several joined by
 ``+`` since ``--methods`` is comma-separated: ``rollout_replay:paper+minibatches=4``) and the
-same batch (B prompts x G rollouts per step), so equal steps mean equal rollouts — unless the
+same batch (B prompts x G rollouts per step), so equal steps mean equal rollouts, unless the
 method allocates rollouts (DAPO's dynamic sampling, SARA), which spends a different number per
-step: ``--rollouts=R`` then gives every run the same budget of *generated* rollouts, evaluates
-each time another ``--eval_every_rollouts`` were generated, tabulates accuracy at those marks and
-the rollouts each method needed to reach a target accuracy (``--target``; by default the
-accuracy GRPO ends with, mean over seeds).
-Writes ``<out>/efficiency.md`` (a markdown table of mean@8 by rollouts, per seed, with the
-mean and spread) and ``<out>/efficiency.png`` (needs matplotlib), and prints the table.
+step. Three budgets, one per invocation:
+
+* ``--steps=S`` (the default): every run makes S optimiser steps and is evaluated every
+  ``--eval_every`` steps; the table has one row per evaluation.
+* ``--rollouts=R``: every run stops once it has *generated* R rollouts
+  (``config.total_rollouts``) and is evaluated each time another ``--eval_every_rollouts`` were
+  generated (default: ``--eval_every`` steps of B x G).
+* ``--tokens=N``: every run stops once it has generated N completion tokens
+  (``config.total_tokens``) and is evaluated each time another ``--eval_every_tokens`` were
+  generated (``config.eval.every_tokens``; default N / 4, rounded). This compares methods whose
+  completion lengths differ at equal generation cost; a step's tokens are read from the step
+  record written just before its evaluation, so these runs log every step.
+
+With a budget (``--rollouts`` or ``--tokens``, not both) the table has one row per mark
+0, M, 2M, ..., budget (M the evaluation interval): each seed's mean@k at its first evaluation
+at or past the mark, then the seeds' mean and population std; then the rollouts (or tokens)
+each method needed to reach a target accuracy (``--target``; by default the accuracy GRPO
+ends with, mean over its seeds; else the first method's), interpolated between evaluations.
+Run folders are ``<out>/<method>[-<presets>][-tokensN]_seed<s>``: a finished run is reused
+when it is complete for the requested budget; token-budget runs have their own folders, so a
+run of another budget is never continued or reused.
+
+Writes ``<out>/efficiency.md`` (the markdown table, mean@k of the config: 8, or 2 under
+``:smoke``), ``<out>/efficiency.json`` and ``<out>/efficiency.png`` (accuracy against rollouts
+and wall seconds; needs matplotlib), and prints the table.
 """
 
 from __future__ import annotations
@@ -29,6 +49,7 @@ from absl import app, flags
 
 from grpo_jax import console
 from grpo_jax import evaluate as evaluate_lib
+from grpo_jax import metrics as metrics_lib
 from grpo_jax import report
 from grpo_jax import train
 
@@ -44,6 +65,10 @@ _OUT = flags.DEFINE_string("out", "runs/efficiency", "output folder")
 _ROLLOUTS = flags.DEFINE_integer("rollouts", 0, "rollout budget per run (0: --steps steps)")
 _EVAL_ROLLOUTS = flags.DEFINE_integer("eval_every_rollouts", 0, "with --rollouts: rollouts "
                                       "between evaluations (0: eval_every steps of B x G)")
+_TOKENS = flags.DEFINE_integer("tokens", 0, "completion-token budget per run (0: none; not with "
+                               "--rollouts)")
+_EVAL_TOKENS = flags.DEFINE_integer("eval_every_tokens", 0, "with --tokens: completion tokens "
+                                    "between evaluations (0: tokens / 4, rounded)")
 _TARGET = flags.DEFINE_float("target", 0.0, "accuracy to reach (0: GRPO's final mean)")
 
 
@@ -52,9 +77,44 @@ def run_name(method: str) -> str:
   return method.replace(":", "-").replace(",", "-").replace("+", "-").replace("=", "")
 
 
+# The x axes of a budget: a curve's (step, x, mean@k) key -> its label in the tables.
+AXES = {"rollouts": "rollouts", "completion_tokens": "completion tokens"}
+
+
+def token_curve(workdir: str, k: int = 8) -> list[tuple[int, int, float]]:
+  """(step, completion tokens, mean@k) of every evaluation of a run, like ``report.curve``
+  with completion tokens for rollouts.
+
+  An evaluation record has no token count: it is the cumulative ``completion_tokens`` of the
+  last step record of the same step written before it (the loop writes a step's record just
+  before its evaluation's), 0 for the evaluation before the first step.
+
+  Raises:
+    ValueError: an evaluation after step 0 has no step record before it (a run with
+      ``log_every`` > 1).
+  """
+  key = f"eval/mean_at_{k}"
+  tokens, out = {0: 0}, []
+  for r in metrics_lib.read_metrics(workdir):
+    if key in r:
+      t = r.get("completion_tokens", tokens.get(r["step"]))
+      if t is None:
+        raise ValueError(f"{workdir}: the evaluation at step {r['step']} has no step record "
+                         "before it to read its completion tokens from (log_every > 1?)")
+      out.append((r["step"], t, r[key]))
+    elif "completion_tokens" in r:
+      tokens[r["step"]] = r["completion_tokens"]
+  return out
+
+
+def budget_curve(workdir: str, k: int, axis: str) -> list[tuple[int, int, float]]:
+  """(step, x, mean@k) of every evaluation, x on ``axis``: "rollouts" or "completion_tokens"."""
+  return token_curve(workdir, k) if axis == "completion_tokens" else report.curve(workdir, k)
+
+
 def at_marks(curve, marks) -> list[tuple[int, float]]:
-  """(rollouts, mean@k) of the first evaluation at or past each rollout mark (None when the run
-  never got there)."""
+  """(x, mean@k) of the first evaluation at or past each mark on the curve's x axis (its
+  rollouts or tokens; None when the run never got there)."""
   out = []
   for m in marks:
     hit = next(((r, a) for _, r, a in curve if r >= m), None)
@@ -62,12 +122,12 @@ def at_marks(curve, marks) -> list[tuple[int, float]]:
   return out
 
 
-def budget_table(results: dict, marks: list[int]) -> str:
-  """Markdown: one row per rollout mark, one column per method (seeds, mean +- std); each
-  seed's value is its first evaluation at or past the mark (its rollouts overshoot the mark by
-  less than one step's)."""
+def budget_table(results: dict, marks: list[int], axis: str = "rollouts") -> str:
+  """Markdown: one row per mark on ``axis`` (a key of AXES), one column per method (seeds,
+  mean +- std); each seed's value is its first evaluation at or past the mark (its x overshoots
+  the mark by less than one step's rollouts or tokens)."""
   methods = list(results)
-  lines = ["| rollouts (mark) | " + " | ".join(f"{m}: seeds / mean ± std" for m in methods)
+  lines = [f"| {AXES[axis]} (mark) | " + " | ".join(f"{m}: seeds / mean ± std" for m in methods)
            + " |", "|---|" + "---|" * len(methods)]
   for i, mark in enumerate(marks):
     cells = []
@@ -80,9 +140,9 @@ def budget_table(results: dict, marks: list[int]) -> str:
   return "\n".join(lines)
 
 
-def rollouts_to_target(curve, target: float) -> float | None:
-  """Rollouts at which the run first reaches ``target``, interpolated linearly between the
-  evaluations on either side; None if it never does."""
+def to_target(curve, target: float) -> float | None:
+  """The x (rollouts or tokens, the curve's axis) at which the run first reaches ``target``,
+  interpolated linearly between the evaluations on either side; None if it never does."""
   prev = None
   for _, r, a in curve:
     if a >= target:
@@ -94,16 +154,16 @@ def rollouts_to_target(curve, target: float) -> float | None:
   return None
 
 
-def target_row(results: dict, target: float) -> str:
-  """Markdown row: rollouts to reach ``target`` per method (mean +- std over the seeds that
-  reached it, and how many did)."""
+def target_row(results: dict, target: float, axis: str = "rollouts") -> str:
+  """Markdown row: the rollouts or tokens (``axis``) to reach ``target`` per method (mean +-
+  std over the seeds that reached it, and how many did)."""
   cells = []
   for m in results:
-    hits = [rollouts_to_target(c, target) for c in results[m].values()]
+    hits = [to_target(c, target) for c in results[m].values()]
     got = [h for h in hits if h is not None]
     cells.append((f"**{np.mean(got):,.0f}** ± {np.std(got):,.0f} " if got else "never ") +
                  f"({len(got)}/{len(hits)} seeds)")
-  return f"| rollouts to reach {target:.3f} | " + " | ".join(cells) + " |"
+  return f"| {AXES[axis]} to reach {target:.3f} | " + " | ".join(cells) + " |"
 
 
 def aes_rows(results: dict, lengths: dict, base: str = "grpo") -> str | None:
@@ -158,9 +218,10 @@ def table(results: dict, walls: dict | None = None) -> str:
 
 def main(argv):
   del argv
+  axis, budget, every = _budget()
   console.quiet_unless_verbose()
   os.makedirs(_OUT.value, exist_ok=True)
-  results, walls, lengths, workdirs = {}, {}, {}, {}
+  results, walls, lengths, workdirs, curves = {}, {}, {}, {}, {}
   for method in _METHODS.value:
     name, _, presets = method.partition(":")
     presets = presets.replace("+", ",")
@@ -179,23 +240,33 @@ def main(argv):
         # Every allocator spends at least B x G rollouts per step; the budget stops the run.
         config.total_steps = -(-_ROLLOUTS.value // per_step)
         config.checkpoint.every = config.total_steps
-      # --presets are part of the name: a run of another task is never taken for this one.
+      if _TOKENS.value:
+        per_step = config.rollout.batch_prompts * config.rollout.group_size
+        config.total_tokens = _TOKENS.value
+        config.eval.every_tokens, config.eval.every_rollouts = every, 0
+        # A step generates at least B x G tokens (one per rollout): the budget stops the run.
+        config.total_steps = -(-_TOKENS.value // per_step)
+        config.checkpoint.every = config.total_steps
+        config.log_every = 1  # token_curve reads each evaluation's step record
+      # --presets and the token budget are part of the name: a run of another task or budget
+      # is never taken for this one.
       suffix = f"-{run_name(_PRESETS.value)}" if _PRESETS.value else ""
+      suffix += f"-tokens{_TOKENS.value}" if _TOKENS.value else ""
       workdir = os.path.join(_OUT.value, f"{run_name(method)}{suffix}_seed{seed}")
       k = config.eval.k  # mean@k of the config (8, or 2 under :smoke)
-      if not _finished(workdir, _STEPS.value, _ROLLOUTS.value, k):
+      if not _finished(workdir, _STEPS.value, budget, axis, k):
         train.train_and_evaluate(config, workdir)
       results[method][seed] = report.curve(workdir, k)
+      curves.setdefault(method, {})[seed] = budget_curve(workdir, k, axis)
       workdirs.setdefault(method, []).append(workdir)
       walls.setdefault(method, []).append(report.wall_at_evals(workdir, k))
       lengths.setdefault(method, []).append(report.lengths_at_evals(workdir, k))
-  if _ROLLOUTS.value:
-    every = _EVAL_ROLLOUTS.value or _EVAL_EVERY.value * _per_step()
-    marks = list(range(0, _ROLLOUTS.value + 1, every))
-    md = budget_table(results, marks)
-    base = results.get("grpo") or next(iter(results.values()))
+  if budget:
+    marks = list(range(0, budget + 1, every))
+    md = budget_table(curves, marks, axis)
+    base = curves.get("grpo") or next(iter(curves.values()))
     target = _TARGET.value or float(np.mean([c[-1][2] for c in base.values()]))
-    md += "\n" + target_row(results, target)
+    md += "\n" + target_row(curves, target, axis)
     cells = [" ".join(f"{w[-1]:.0f}" for w in walls[m]) +
              f" / **{np.mean([w[-1] for w in walls[m]]):.0f}**" for m in results]
     md += "\n| wall s at the end | " + " | ".join(cells) + " |"
@@ -207,12 +278,39 @@ def main(argv):
   with open(os.path.join(_OUT.value, "efficiency.md"), "w") as f:
     f.write(md + "\n")
   with open(os.path.join(_OUT.value, "efficiency.json"), "w") as f:
-    json.dump({"mean_at_8": results, "wall_s": walls}, f)
+    json.dump({"mean_at_8": results, "wall_s": walls,
+               **({"axis": axis, "budget": budget, "curves": curves} if budget else {})}, f)
   title = "Countdown, embedded 1M-parameter Qwen3" + (
       f" ({_PRESETS.value})" if _PRESETS.value else "")
   drew = report.plot_accuracy(workdirs, os.path.join(_OUT.value, "efficiency.png"), title=title)
   print(md)
   print(f"wrote {_OUT.value}/efficiency.md" + (" and efficiency.png" if drew else ""))
+
+
+def _budget() -> tuple[str, int, int]:
+  """(axis, budget, evaluation interval) of the flags: ("rollouts", 0, 0) without a budget.
+
+  Raises:
+    app.UsageError: --rollouts with --tokens, a negative budget, or an interval without its
+      budget.
+  """
+  if _ROLLOUTS.value and _TOKENS.value:
+    raise app.UsageError("--rollouts and --tokens are exclusive: give one budget per run")
+  for name, value in (("rollouts", _ROLLOUTS.value), ("tokens", _TOKENS.value),
+                      ("eval_every_rollouts", _EVAL_ROLLOUTS.value),
+                      ("eval_every_tokens", _EVAL_TOKENS.value)):
+    if value < 0:
+      raise app.UsageError(f"--{name} must be >= 0, got {value}")
+  if _EVAL_TOKENS.value and not _TOKENS.value:
+    raise app.UsageError("--eval_every_tokens needs --tokens")
+  if _EVAL_ROLLOUTS.value and not _ROLLOUTS.value:
+    raise app.UsageError("--eval_every_rollouts needs --rollouts")
+  if _TOKENS.value:
+    every = _EVAL_TOKENS.value or max(round(_TOKENS.value / 4), 1)
+    return "completion_tokens", _TOKENS.value, every
+  if _ROLLOUTS.value:
+    return "rollouts", _ROLLOUTS.value, _EVAL_ROLLOUTS.value or _EVAL_EVERY.value * _per_step()
+  return "rollouts", 0, 0
 
 
 def _per_step() -> int:
@@ -221,12 +319,14 @@ def _per_step() -> int:
   return c.rollout.batch_prompts * c.rollout.group_size
 
 
-def _finished(workdir: str, steps: int, rollouts: int, k: int = 8) -> bool:
-  """Whether a run folder already holds a finished run of this benchmark."""
+def _finished(workdir: str, steps: int, budget: int, axis: str = "rollouts",
+              k: int = 8) -> bool:
+  """Whether a run folder already holds a finished run of this benchmark: its last evaluation
+  is at or past ``budget`` on ``axis`` (with a budget), else at ``steps`` steps or later."""
   if not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or not report.curve(workdir, k):
     return False
-  last = report.curve(workdir, k)[-1]
-  return last[1] >= rollouts if rollouts else last[0] >= steps
+  last = budget_curve(workdir, k, axis)[-1]
+  return last[1] >= budget if budget else last[0] >= steps
 
 
 if __name__ == "__main__":
