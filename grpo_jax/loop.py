@@ -206,7 +206,8 @@ def run(run: Run) -> dict:  # pylint: disable=redefined-outer-name
                 f"saved in {run.ckpt.directory}. Run the same command to resume.")
   elif sharding_lib.is_primary():
     console.say(console.summary(metrics_lib.read_metrics(run.workdir), run.config.eval.k,
-                                {**run.paths, **workdir_lib.report_paths(run.workdir, write=True)},
+                                {**run.paths, **workdir_lib.report_paths(run.workdir, write=True,
+                                                                     k=run.config.eval.k)},
                                 run.config.total_steps, run.config.total_rollouts,
                                 run.config.total_tokens))
   return run.last_eval

@@ -112,12 +112,12 @@ def resumed_timers(workdir: str, timers: dict) -> dict:
   return {name: last_step[-1].get(f"time_{name}_s", 0.0) for name in timers}
 
 
-def report_paths(workdir: str, write: bool = False) -> dict:
-  """The run's report (summary table, plots), written now when asked; where it is."""
+def report_paths(workdir: str, write: bool = False, k: int = 8) -> dict:
+  """The run's report (summary table, plots of mean@k), written now when asked; where it is."""
   out = os.path.join(workdir, "report")
   if write:
     try:
-      written = report.write_report([workdir], out)
+      written = report.write_report([workdir], out, k=k)
     except Exception as e:  # pylint: disable=broad-except
       console.say(f"grpo_jax: report not written ({e})")
       return {}

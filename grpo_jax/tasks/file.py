@@ -120,8 +120,8 @@ class FileSpec(registry.Configurable):
 
   def build(self, task_config) -> FileTask:
     if not task_config.data_path:
-      raise ValueError("the file task reads task.data_path: pass "
-                       "--config.task.data_path=train.parquet (or .jsonl / .json)")
+      raise errors.ConfigError("config.task.data_path: the file task reads task.data_path: "
+                               "pass --config.task.data_path=train.parquet (or .jsonl / .json)")
     train = _load(task_config.data_path, task_config)
     paths = [p.strip() for p in task_config.eval_paths.split(",") if p.strip()]
     sets = {}

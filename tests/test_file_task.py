@@ -1,0 +1,189 @@
+"""The file task: verl's parquet and TRL's JSONL as they are, held-out sets by file stem or a
+seeded split, prompts rendered, and a run on the embedded model with a user's reward function
+that resumes bit for bit and reports per held-out set."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from configs import grpo
+from grpo_jax import configuration, errors, metrics, prompts, tasks, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "tests", "data")
+VERL_TRAIN = os.path.join(DATA, "verl_math_train.parquet")
+VERL_TEST = os.path.join(DATA, "verl_math_test.parquet")
+TRL_JSONL = os.path.join(DATA, "trl_prompts.jsonl")
+TRL_REWARDS = os.path.join(DATA, "trl_rewards.py")
+
+
+def task_config(**values):
+  c = grpo.get_config("smoke")
+  c.task.update(name="file", **values)
+  return c
+
+
+def test_verl_parquet_runs_as_it_is():
+  task = tasks.make_task(task_config(data_path=VERL_TRAIN, eval_paths=VERL_TEST))
+  assert task.num_train_problems() == 6  # make_task_files.TRAIN
+  sets = task.eval_sets(10)
+  assert list(sets) == ["verl_math_test"] and len(sets["verl_math_test"]) == 2
+  first = task.train_problem(0)
+  assert first.conversational and first.answer == "\\frac{3}{4}"
+  prompts_, columns = task.reward_inputs([first, task.train_problem(1)])
+  # The row's own prompt messages; every other column; "answer" the ground truth read.
+  assert prompts_[0][0]["role"] == "user" and "1/2 + 1/4" in prompts_[0][0]["content"]
+  assert columns["answer"] == ["\\frac{3}{4}", "5"]
+  assert columns["reward_model"][1] == {"style": "rule", "ground_truth": "5"}
+  assert columns["data_source"] == ["DigitalLearningGmbH/MATH-lighteval"] * 2
+  assert columns["extra_info"][1] == {"split": "train", "index": 1}
+
+
+class Template:
+  """A tokenizer with a chat template: renders messages as 'role: content' lines."""
+
+  chat_template = "role: content"
+
+  def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+    assert not tokenize and add_generation_prompt
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+class NoTemplate:
+  chat_template = None
+
+
+def test_prompts_are_rendered_with_the_chat_template_and_the_system_prompt():
+  """TRL's JSONL mixes string and message prompts. Messages always go through the template
+  (contents joined by a blank line without one); strings only with task.chat_template."""
+  c = task_config(data_path=TRL_JSONL, system_prompt="Be brief.")
+  task = tasks.make_task(c)
+  by_prompt = {str(task.train_problem(i).prompt)[:20]: task.train_problem(i)
+               for i in range(task.num_train_problems())}
+  text = next(p for p in by_prompt.values() if not p.conversational)
+  chat = next(p for p in by_prompt.values() if p.conversational)
+  render = lambda tok, problem, flag=False: prompts.PromptStream(
+      task, tok, 64, chat_template=flag).render(problem)
+  # The row's own system message comes first, so the configured one is not added.
+  assert render(Template(), chat) == ("system: Think step by step.\nuser: Solve x + 2 = 7.\n"
+                                      "assistant:")
+  assert render(NoTemplate(), chat) == "Think step by step.\n\nSolve x + 2 = 7."
+  assert render(Template(), text) == f"Be brief.\n\n{text.prompt}"
+  task_t = tasks.make_task(task_config(data_path=TRL_JSONL, system_prompt="Be brief.",
+                                       chat_template=True))
+  assert prompts.PromptStream(task_t, Template(), 64).render(text) == (
+      f"system: Be brief.\nuser: {text.prompt}\nassistant:")
+
+
+def test_no_held_out_file_holds_out_a_seeded_split(capsys):
+  c = task_config(data_path=VERL_TRAIN)
+  a, b = tasks.make_task(c), tasks.make_task(c)
+  # 10% of 6 rows rounds to 1 (at least one).
+  assert "holding out 1 of 6 rows" in capsys.readouterr().out
+  held = a.eval_sets(10)["heldout"]
+  assert len(held) == 1 and held == b.eval_sets(10)["heldout"]  # the same split every time
+  train = [a.train_problem(i).answer for i in range(a.num_train_problems())]
+  assert len(train) == 5 and held[0].answer not in train
+  c.task.file.split_seed = 1
+  other = tasks.make_task(c).eval_sets(10)["heldout"]
+  assert other != held  # another seed, another row (for these 6 rows and seeds 0 / 1)
+
+
+def test_the_task_name_is_inferred_from_the_rows(capsys):
+  c = grpo.get_config("smoke")
+  c.task.data_path = VERL_TRAIN
+  configuration.validate(c)
+  assert c.task.name == "file"
+  assert "task.name=file" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("values,message", [
+    (dict(data_path=VERL_TRAIN, prompt_field="question"),
+     r"config.task.data_path: .*no usable row \(6 do not fit the verl schema; first: row 1: "
+     r"missing field 'question'\)"),
+    (dict(data_path=TRL_JSONL, answer_field="level2"), "row 1: missing field 'level2'"),
+    (dict(data_path=VERL_TRAIN, eval_paths=f"{VERL_TEST},{VERL_TEST}"),
+     "config.task.eval_paths: two held-out sets named 'verl_math_test'"),
+    (dict(data_path=VERL_TRAIN, eval_paths="/nonexistent/math500.parquet"),
+     "config.task.eval_paths: no such data file: /nonexistent/math500.parquet"),
+    (dict(data_path=os.path.join(DATA, "README.md")), "unsupported data file extension '.md'"),
+    (dict(), "the file task reads task.data_path"),
+])
+def test_bad_data_is_one_line(values, message):
+  with pytest.raises(errors.ConfigError, match=message):
+    tasks.make_task(task_config(**values))
+
+
+def test_an_unreadable_file_is_one_line_and_nothing_is_written(tmp_path):
+  bad = tmp_path / "broken.parquet"
+  bad.write_bytes(b"PAR1 not really")
+  workdir = tmp_path / "run"
+  proc = subprocess.run(
+      [sys.executable, "-m", "grpo_jax.train", "--config=configs/grpo.py:smoke",
+       f"--config.task.data_path={bad}", "--config.task.name=file", f"--workdir={workdir}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      f"grpo_jax.train: config.task.data_path: {bad} is not a readable Parquet file")
+  assert "Traceback" not in proc.stderr
+  assert not workdir.exists()
+
+
+def _config(total: int):
+  """GRPO on the embedded model with the verl parquet, a TRL-written reward from its file and
+  the format reward (weights 1, 0.5); advantages from the score so tiny groups differ."""
+  c = grpo.get_config("smoke")
+  c.task.update(data_path=VERL_TRAIN, eval_paths=VERL_TEST,
+                rewards=f"{TRL_REWARDS}:length_penalty,format", reward_weights="1,0.5",
+                success_reward="format", success_threshold=1.0)
+  c.rollout.prompt_len = 32
+  c.rl.reward_signal = "score"
+  c.total_steps, c.eval.every, c.checkpoint.every = total, 2, 2
+  return c
+
+
+def test_a_run_with_a_user_reward_resumes_bit_for_bit_and_reports_per_set(tmp_path):
+  straight, resumed = os.fspath(tmp_path / "straight"), os.fspath(tmp_path / "resumed")
+  train.train_and_evaluate(_config(4), straight)
+  train.train_and_evaluate(_config(2), resumed)  # "killed" after 2 steps ...
+  train.train_and_evaluate(_config(4), resumed)  # ... and started again
+  steps = lambda w: [r for r in metrics.read_metrics(w) if "loss" in r]
+  sa, sb = steps(straight), steps(resumed)
+  assert [r["step"] for r in sa] == [r["step"] for r in sb] == [1, 2, 3, 4]
+  for key in ("loss", "reward_mean", "rollouts", "completion_tokens",
+              "reward/length_penalty_mean", "reward/format_mean"):
+    assert [r[key] for r in sa] == [r[key] for r in sb], key
+  # The user's reward really scored: -0.01 per token, 8 tokens at most (smoke completion_len).
+  assert all(-0.08 - 1e-6 <= r["reward/length_penalty_mean"] < 0 for r in sa)
+  evals = [r for r in metrics.read_metrics(straight) if "eval/mean_at_2" in r]
+  assert [r["step"] for r in evals] == [0, 2, 4]
+  assert all("eval/verl_math_test/mean_at_2" in r and "eval/verl_math_test/pass_at_2" in r
+             for r in evals)
+  # One held-out set: the pooled metrics are that set's.
+  assert all(r["eval/mean_at_2"] == r["eval/verl_math_test/mean_at_2"] for r in evals)
+  la, lb = _params(straight), _params(resumed)
+  assert len(la) == len(lb) > 0
+  for x, y in zip(la, lb):
+    np.testing.assert_array_equal(x, y)
+  summary = open(os.path.join(straight, "report", "summary.md"), encoding="utf-8").read()
+  assert "| straight | verl_math_test |" in summary
+
+
+def _params(workdir):
+  """The leaves of the newest checkpoint's state, as numpy arrays."""
+  from tests.test_train import _final_state  # pylint: disable=g-import-not-at-top
+  return [np.asarray(x) for x in jax.tree.leaves(_final_state(workdir))]
+
+
+def test_trl_jsonl_rows_that_do_not_fit_are_skipped_and_counted(capsys):
+  task = tasks.make_task(task_config(data_path=TRL_JSONL))
+  out = capsys.readouterr().out
+  # trl_prompts.jsonl: 5 lines, an empty prompt and a line that is not JSON are skipped.
+  assert "skipped 2 of 5 row(s) that do not fit the trl schema" in out
+  answers = sorted(str(task.train_problem(i).answer) for i in range(task.num_train_problems())
+                   ) + [str(p.answer) for p in task.eval_sets(5)["heldout"]]
+  assert sorted(answers) == ["4", "\\frac{3}{4}", "x = 5"]
