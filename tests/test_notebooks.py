@@ -25,6 +25,35 @@ def test_quickstart_notebook_runs(tmp_path):
   assert (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def test_custom_task_notebook_runs(tmp_path):
+  """The own-task notebook: TRL rows in JSONL, a reward function in TRL's form from its .py
+  file plus the built-in format reward, two named held-out files; the per-set evaluation keys,
+  each reward's mean in the step records and the plot. Stored without outputs."""
+  nb = json.load(open(os.path.join(ROOT, "notebooks", "custom_task.ipynb")))
+  cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
+  assert all(not c["outputs"] and c["execution_count"] is None for c in cells)
+  code = "\n\n".join("".join(c["source"]) for c in cells)
+  assert "/tmp/grpo_jax_custom_task" in code
+  code = code.replace("/tmp/grpo_jax_custom_task", str(tmp_path / "nb"))
+  script = tmp_path / "custom_task.py"
+  script.write_text(code)
+  env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  proc = subprocess.run([sys.executable, str(script)], cwd=os.path.join(ROOT, "notebooks"),
+                        capture_output=True, text=True, timeout=600, env=env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  records = _records(tmp_path / "nb" / "run")
+  evals = [r for r in records if "eval/mean_at_4" in r]
+  assert [r["step"] for r in evals] == [0, 10, 20, 30, 40]
+  for name in ("heldout_a", "heldout_b"):
+    assert all(0.0 <= r[f"eval/{name}/mean_at_4"] <= 1.0 for r in evals)
+    assert f"{name}: mean@4" in proc.stdout  # the per-set numbers were printed
+  steps = [r for r in records if "loss" in r]
+  assert len(steps) == 40
+  for fn in ("countdown_accuracy", "format"):
+    assert all(f"reward/{fn}_mean" in r and r[f"reward/{fn}_failures"] == 0 for r in steps)
+  assert (tmp_path / "nb" / "heldout.png").stat().st_size > 0
+
+
 @pytest.mark.slow
 def test_tpu_vm_notebook_runs_on_eight_fake_cpu_devices(tmp_path):
   """The TPU-VM notebook with its SMOKE switch on (the default): 8 fake CPU devices set by
