@@ -35,7 +35,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.arch = ""  # published architecture for abstract benchmarks (bench/memory.py); training reads config.json
 
   c.task = ml_collections.ConfigDict()
-  c.task.name = "countdown"  # a registered task: countdown | gsm8k (TFDS) | jsonl (local file)
+  c.task.name = "countdown"  # a registered task: countdown | gsm8k (TFDS) | jsonl | file (your rows)
   c.task.train_size = 0  # > 0: train on the first N problems only (epochs); MoPPS/DPS need a pool
   c.task.data_path = ""  # optional local file of training problems (countdown rows / jsonl)
   c.task.chat_template = False  # wrap string prompts in the tokenizer's chat template (message prompts always are)

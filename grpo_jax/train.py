@@ -19,6 +19,7 @@ from ml_collections import config_flags
 from grpo_jax import configuration
 from grpo_jax import console
 from grpo_jax import loop
+from grpo_jax import scoring
 from grpo_jax import sharding as sharding_lib
 from grpo_jax import tokenization
 from grpo_jax.loop import TrainingStopped  # re-exported: callers catch train.TrainingStopped
@@ -50,7 +51,8 @@ def main(argv):
   try:
     train_and_evaluate(config, workdir)
   except (configuration.ConfigError, CheckpointError, OSError,
-          tokenization.PromptTooLongError, TrainingStopped, sharding_lib.MeshError) as e:
+          tokenization.PromptTooLongError, TrainingStopped, sharding_lib.MeshError,
+          scoring.RewardError) as e:
     # User errors (config, paths, data) and the machine's (a full disk, a folder that cannot be
     # written) end with one readable line, not a traceback.
     sys.exit(f"grpo_jax.train: {e}")

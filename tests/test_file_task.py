@@ -142,25 +142,25 @@ def _config(total: int):
                 success_reward="format", success_threshold=1.0)
   c.rollout.prompt_len = 32
   c.rl.reward_signal = "score"
-  c.total_steps, c.eval.every, c.checkpoint.every = total, 2, 2
+  c.total_steps, c.eval.every, c.checkpoint.every = total, 100, 1  # evaluations at 0 and the end
   return c
 
 
 def test_a_run_with_a_user_reward_resumes_bit_for_bit_and_reports_per_set(tmp_path):
   straight, resumed = os.fspath(tmp_path / "straight"), os.fspath(tmp_path / "resumed")
-  train.train_and_evaluate(_config(4), straight)
-  train.train_and_evaluate(_config(2), resumed)  # "killed" after 2 steps ...
-  train.train_and_evaluate(_config(4), resumed)  # ... and started again
+  train.train_and_evaluate(_config(2), straight)
+  train.train_and_evaluate(_config(1), resumed)  # "killed" after 1 step ...
+  train.train_and_evaluate(_config(2), resumed)  # ... and started again
   steps = lambda w: [r for r in metrics.read_metrics(w) if "loss" in r]
   sa, sb = steps(straight), steps(resumed)
-  assert [r["step"] for r in sa] == [r["step"] for r in sb] == [1, 2, 3, 4]
+  assert [r["step"] for r in sa] == [r["step"] for r in sb] == [1, 2]
   for key in ("loss", "reward_mean", "rollouts", "completion_tokens",
               "reward/length_penalty_mean", "reward/format_mean"):
     assert [r[key] for r in sa] == [r[key] for r in sb], key
   # The user's reward really scored: -0.01 per token, 8 tokens at most (smoke completion_len).
   assert all(-0.08 - 1e-6 <= r["reward/length_penalty_mean"] < 0 for r in sa)
   evals = [r for r in metrics.read_metrics(straight) if "eval/mean_at_2" in r]
-  assert [r["step"] for r in evals] == [0, 2, 4]
+  assert [r["step"] for r in evals] == [0, 2]
   assert all("eval/verl_math_test/mean_at_2" in r and "eval/verl_math_test/pass_at_2" in r
              for r in evals)
   # One held-out set: the pooled metrics are that set's.
@@ -183,7 +183,27 @@ def test_trl_jsonl_rows_that_do_not_fit_are_skipped_and_counted(capsys):
   task = tasks.make_task(task_config(data_path=TRL_JSONL))
   out = capsys.readouterr().out
   # trl_prompts.jsonl: 5 lines, an empty prompt and a line that is not JSON are skipped.
-  assert "skipped 2 of 5 row(s) that do not fit the trl schema" in out
+  assert "skipped 2 of 5 row(s) that do not fit the trl schema (first: row 3: 'prompt' is " \
+         "empty)" in out
   answers = sorted(str(task.train_problem(i).answer) for i in range(task.num_train_problems())
                    ) + [str(p.answer) for p in task.eval_sets(5)["heldout"]]
   assert sorted(answers) == ["4", "\\frac{3}{4}", "x = 5"]
+
+
+def test_a_reward_that_always_raises_stops_the_run_in_one_line(tmp_path):
+  """Counted and said once per batch until task.max_reward_failures (2) all-failed batches in
+  a row; then one line, exit 1, no traceback."""
+  broken = tmp_path / "broken_reward.py"
+  broken.write_text("def grade(completions, **kwargs):\n    raise KeyError('solution')\n")
+  proc = subprocess.run(
+      [sys.executable, "-m", "grpo_jax.train", "--config=configs/grpo.py:smoke",
+       f"--config.task.data_path={VERL_TRAIN}", f"--config.task.rewards={broken}:grade",
+       "--config.task.max_reward_failures=2", "--config.rollout.prompt_len=32",
+       f"--workdir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "grpo_jax.train: every reward function failed on 2 batches in a row (last: grade: raised "
+      "KeyError: 'solution'); nothing of this step was trained on and the checkpoints are as "
+      "they were")
+  assert "reward 'grade' raised KeyError: 'solution'" in proc.stdout  # said once, on the way

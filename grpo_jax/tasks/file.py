@@ -93,11 +93,12 @@ class FileTask:
 
 def _load(path: str, task_config) -> list[row_schemas.Example]:
   """The usable examples of one file; skipped rows said in one line."""
-  examples, skipped, schema = row_schemas.load_examples(
-      path, task_config.schema, task_config.prompt_field, task_config.answer_field)
+  examples, skipped, schema, first = row_schemas.load_examples(
+      path, task_config.schema, task_config.prompt_field, task_config.answer_field,
+      with_reason=True)
   if skipped:
     console.say(f"grpo_jax: {path}: skipped {skipped} of {skipped + len(examples)} row(s) that "
-                f"do not fit the {schema} schema")
+                f"do not fit the {schema} schema (first: {first or 'unequal JSON columns'})")
   return examples
 
 

@@ -149,7 +149,7 @@ def to_example(row: Any, schema: str, prompt_field: str = "",
 
 
 def load_examples(path, schema: str = "auto", prompt_field: str = "",
-                  answer_field: str = "") -> tuple[list[Example], int, str]:
+                  answer_field: str = "", with_reason: bool = False) -> tuple:
   """The Examples of a data file, in file order; rows that do not fit are skipped and counted.
 
   Args:
@@ -157,8 +157,10 @@ def load_examples(path, schema: str = "auto", prompt_field: str = "",
     schema: one of SCHEMAS, or "auto": detected from the file's first object row.
     prompt_field, answer_field: see ``to_example``.
 
+    with_reason: also return the first skipped row's number and reason ("" when none).
+
   Returns:
-    (examples, skipped rows, the schema used).
+    (examples, skipped rows, the schema used), and the first skip's reason with_reason.
 
   Raises:
     FileNotFoundError, ValueError, ImportError: as ``data_files.read_rows``; ValueError also for
@@ -185,4 +187,4 @@ def load_examples(path, schema: str = "auto", prompt_field: str = "",
   if not examples:
     raise ValueError(f"{path}: no usable row ({skipped} do not fit the {schema} schema; first: "
                      f"{reason})" if skipped else f"{path}: no usable row (the file has no rows)")
-  return examples, skipped, schema
+  return (examples, skipped, schema) + ((reason,) if with_reason else ())
