@@ -61,7 +61,8 @@ class PromptStream:
     """n (position, problem, text) triples, in data order.
 
     Raises:
-      ValueError: more than ``max_skips`` consecutive prompts are longer than P.
+      tokenization.PromptTooLongError: more than ``max_skips`` consecutive prompts are longer
+        than P (a whole pass over a finite training set of them: none fits).
     """
     out = []
     finite = self.train_size or getattr(self.task, "num_train_problems", lambda: 0)()
@@ -84,8 +85,9 @@ class PromptStream:
           skipped_now += 1
           in_a_row += 1
           if in_a_row > max_skips:
-            raise ValueError(f"more than {max_skips} consecutive prompts are longer than "
-                             f"rollout.prompt_len={self.prompt_len}: raise it")
+            raise tokenization.PromptTooLongError(f"more than {max_skips} consecutive prompts are longer than "
+                             f"rollout.prompt_len={self.prompt_len} (the last had {length} "
+                             "tokens): raise it")
         self.position += 1
     if skipped_now:
       _LOG.warning("skipped %d prompt(s) longer than %d tokens (%d so far)", skipped_now,

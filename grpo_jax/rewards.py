@@ -93,6 +93,11 @@ def countdown_reward(completions, nums=None, target=None, **kwargs) -> list[floa
           for c, ns, t in zip(completions, _references(nums, n), _references(target, n))]
 
 
+# The columns each built-in reads (its keyword defaults let it run without them; the Scorer
+# refuses a task whose rows lack them before training starts).
+gsm8k_reward.needs = ("answer",)
+countdown_reward.needs = ("nums", "target")
+
 _ANSWER = re.compile(r"<answer>.+?</answer>|\\boxed\{", re.DOTALL)
 
 
@@ -119,6 +124,8 @@ class MathReward:
   ``take_counts`` gives the unparseable answers, timeouts and unparseable references since the
   last call (the step's ``reward/unparseable``, ``reward/timeouts``, ``reward/bad_gold``).
   """
+
+  needs = ("answer",)
 
   def __init__(self, workers: int = 0, timeout_s: float = 5.0,
                batch_timeout_s: float | None = None):

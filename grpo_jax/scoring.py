@@ -123,6 +123,11 @@ class Scorer:
     (prompts, completions, completion_ids) nor the task's ``columns`` supplies."""
     given = {"prompts", "completions", "completion_ids", *columns}
     for name, fn in self.functions:
+      lacking = [c for c in getattr(fn, "needs", ()) if c not in given]
+      errors.check(not lacking, "task.rewards",
+                   f"the {name} reward reads the column(s) {', '.join(map(repr, lacking))}, "
+                   f"which the {self.task.name} task's rows do not have (they have "
+                   f"{', '.join(sorted(columns)) or 'none'})")
       try:
         params = inspect.signature(fn).parameters.values()
       except (TypeError, ValueError):  # a builtin without a signature: nothing to check

@@ -209,3 +209,11 @@ def test_a_function_needing_a_column_the_rows_lack_is_refused_before_training():
   with pytest.raises(errors.ConfigError, match="reward 'boxed_matches' needs 'ground_truth', "
                      "but the rows have the columns solution"):
     scorer.check_columns({"solution": ["2"]})
+
+
+def test_a_builtin_on_rows_without_its_columns_is_refused():
+  """countdown reads nums and target; a question / answer task has neither."""
+  scorer = scoring.Scorer(QA(), [("countdown", rewards.get("countdown"))])
+  with pytest.raises(errors.ConfigError, match="the countdown reward reads the column\\(s\\) "
+                     "'nums', 'target', which the qa task's rows do not have"):
+    scorer.check_columns({"ground_truth": ["2"]})

@@ -76,8 +76,10 @@ def eval_sets(task, n: int) -> dict[str, list]:
 
 
 def infer_name(config) -> None:
-  """``task.name`` "file" for a ``task.data_path`` of rows that are not Countdown's, when the
-  name was left at its default (countdown); says so in one line. Nothing else changes."""
+  """``task.name`` "file" for a ``task.data_path`` of rows that are not Countdown's (the first
+  row has neither ``nums`` nor ``target``: a malformed Countdown row stays Countdown's, whose
+  loader names what is wrong), when the name was left at its default (countdown); says so in
+  one line. Nothing else changes."""
   t = config.task
   if t.name != "countdown" or not t.data_path or not os.path.isfile(t.data_path):
     return
@@ -86,7 +88,7 @@ def infer_name(config) -> None:
   except (ValueError, ImportError):
     return  # the task that reads the file names what is wrong with it
   first = next((r for r in rows if isinstance(r, dict)), None)
-  if first is not None and not ("nums" in first and "target" in first):
+  if first is not None and "nums" not in first and "target" not in first:
     t.name = "file"
     console.say(f"grpo_jax: task.name=file (the rows of {t.data_path} are not Countdown's "
                 "nums / target)")

@@ -98,6 +98,10 @@ def read_rows(path: str | os.PathLike[str],
     ImportError: a .parquet file without pyarrow installed.
   """
   path = pathlib.Path(path)
+  if path.is_dir():
+    raise ValueError(f"{path} is a folder, not a data file; a Hugging Face datasets folder "
+                     "(save_to_disk) converts in one line: datasets.load_from_disk(folder)"
+                     ".to_parquet('train.parquet')")
   if not path.is_file():
     raise FileNotFoundError(f"no such data file: {path}")
   readers = {".json": _json_rows, ".jsonl": _jsonl_rows, ".parquet": _parquet_rows}
