@@ -35,6 +35,9 @@ def test_custom_task_notebook_runs(tmp_path):
   code = "\n\n".join("".join(c["source"]) for c in cells)
   assert "/tmp/grpo_jax_custom_task" in code
   code = code.replace("/tmp/grpo_jax_custom_task", str(tmp_path / "nb"))
+  # 10 of the notebook's 40 steps: the same cells and checks, a quarter of the training.
+  assert "config.total_steps = 40" in code
+  code = code.replace("config.total_steps = 40", "config.total_steps = 10")
   script = tmp_path / "custom_task.py"
   script.write_text(code)
   env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -43,12 +46,12 @@ def test_custom_task_notebook_runs(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   records = _records(tmp_path / "nb" / "run")
   evals = [r for r in records if "eval/mean_at_4" in r]
-  assert [r["step"] for r in evals] == [0, 10, 20, 30, 40]
+  assert [r["step"] for r in evals] == [0, 10]
   for name in ("heldout_a", "heldout_b"):
     assert all(0.0 <= r[f"eval/{name}/mean_at_4"] <= 1.0 for r in evals)
     assert f"{name}: mean@4" in proc.stdout  # the per-set numbers were printed
   steps = [r for r in records if "loss" in r]
-  assert len(steps) == 40
+  assert len(steps) == 10
   for fn in ("countdown_accuracy", "format"):
     assert all(f"reward/{fn}_mean" in r and r[f"reward/{fn}_failures"] == 0 for r in steps)
   assert (tmp_path / "nb" / "heldout.png").stat().st_size > 0
