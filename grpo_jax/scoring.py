@@ -187,10 +187,11 @@ class Scorer:
         self._named.add(name)
         console.say(f"grpo_jax: reward {name!r} {why.splitlines()[0]}; its rows get no value "
                     f"from it (counted in reward/{name}_failures; training goes on)")
+    for fn in (f for _, f in self.functions if hasattr(f, "take_counts")):
+      counts = fn.take_counts()  # taken either way: evaluation's counts are not the step's
+      for key, count in counts.items() if record else ():
+        self._add(f"reward/{key}", float(count), 0)
     if record:
-      for fn in (f for _, f in self.functions if hasattr(f, "take_counts")):
-        for key, count in fn.take_counts().items():
-          self._add(f"reward/{key}", float(count), 0)
       self._limit(failures)
     stacked = np.stack(values)  # [functions, R]
     w = np.asarray(self.weights)[:, None]

@@ -217,3 +217,25 @@ def test_a_builtin_on_rows_without_its_columns_is_refused():
   with pytest.raises(errors.ConfigError, match="the countdown reward reads the column\\(s\\) "
                      "'nums', 'target', which the qa task's rows do not have"):
     scorer.check_columns({"ground_truth": ["2"]})
+
+
+def test_evaluation_counts_stay_out_of_the_step_metrics():
+  """A built-in's counts (math's unparseable answers) from an evaluation batch (record=False)
+  are dropped, not added to the next training batch's."""
+
+  class Counting:
+    def __init__(self):
+      self.pending = 0
+
+    def __call__(self, completions, **kw):
+      self.pending += len(completions)
+      return [0.0] * len(completions)
+
+    def take_counts(self):
+      counts, self.pending = {"unparseable": self.pending}, 0
+      return counts
+
+  scorer = scoring.Scorer(QA(), [("counting", Counting())])
+  scorer.score(rows("1", "1", "1"), ["a", "b", "c"], record=False)  # evaluation: 3 answers
+  scorer.score(rows("1"), ["a"])  # training: 1 answer
+  assert scorer.take_stats()["reward/unparseable"] == 1.0
