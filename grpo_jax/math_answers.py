@@ -7,10 +7,16 @@ sets, ``x = 5`` against ``5``, ``\\dfrac``, ``\\text{}`` units. Two things make 
 call inline in a training loop: its timeouts use ``signal.alarm``, which only works in a
 process's main thread, and a hostile answer such as ``9^{9^{9^9}}`` keeps sympy inside one C
 call (a big-integer power) that no signal interrupts. So ``MathVerifier`` runs every check in
-spawned worker processes, one answer at a time each, with math-verify's own alarms off; the
+worker processes, one answer at a time each, with math-verify's own alarms off; the
 parent watches the clock, and a worker still busy ``timeout_s`` after it took an answer is
 killed (that answer is a timeout) and replaced; a whole batch can be bounded as well
 (``batch_timeout_s``). Model output is only parsed, never executed.
+
+A worker is ``python -m grpo_jax.math_answers FD``: a fresh interpreter that imports this module
+and math-verify only, speaking ``multiprocessing.connection`` over one end of a socket pair.
+(multiprocessing's own "spawn" would re-import the parent's main module in every worker, e.g.
+``grpo_jax.train`` with JAX and transformers: a second per worker and its memory; "fork" is
+unsafe in a process that runs JAX threads.)
 
 Verdicts: ``correct``, ``wrong``, ``unparseable`` (no answer could be extracted), ``bad_gold``
 (the reference itself does not parse: the row must stay out of "success"), ``timeout``.
@@ -18,9 +24,13 @@ Verdicts: ``correct``, ``wrong``, ``unparseable`` (no answer could be extracted)
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
-import multiprocessing
+import os
+import socket
+import subprocess
+import sys
 import time
 from multiprocessing import connection
 
@@ -98,16 +108,23 @@ class MathVerifier:
     if batch_timeout_s is not None and batch_timeout_s <= 0:
       raise ValueError(f"need batch_timeout_s > 0 or None, got {batch_timeout_s}")
     self.workers, self.timeout_s, self.batch_timeout_s = workers, timeout_s, batch_timeout_s
-    self._ctx = multiprocessing.get_context("spawn")  # never fork a process that runs JAX
-    self._procs: list = []  # [(process, parent end of its pipe)]
+    self._procs: list = []  # [(process, parent end of its connection)]
     self._starting: dict[int, float] = {}  # worker index -> when it was started, until ready
+    atexit.register(self._stop, True)  # no worker outlives the run (a busy one is killed)
 
-  def _start(self):
-    parent, child = self._ctx.Pipe()
-    proc = self._ctx.Process(target=_worker, args=(child,), daemon=True)
-    proc.start()
+  @staticmethod
+  def _start():
+    """A worker process and the parent's end of its connection (the worker reports ready)."""
+    parent, child = socket.socketpair()
+    # The folder that holds the grpo_jax package, first on the worker's path: it imports this
+    # very module whatever the parent's working directory or sys.path.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [root, os.environ.get("PYTHONPATH", "")]))}
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_jax.math_answers", str(child.fileno())],
+                            pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
     child.close()
-    return proc, parent
+    return proc, connection.Connection(parent.detach())
 
   @staticmethod
   def _ready(worker, wait_s: float = 0.0) -> None:
@@ -115,7 +132,7 @@ class MathVerifier:
     proc, conn = worker
     try:
       ok = conn.poll(wait_s) and conn.recv() == "ready"
-    except EOFError:  # it died while starting (e.g. math-verify does not import)
+    except (EOFError, OSError):  # it died while starting (e.g. math-verify does not import)
       ok = False
     if not ok:
       proc.kill()
@@ -156,7 +173,7 @@ class MathVerifier:
           if conn in ready:
             try:
               verdicts[item] = conn.recv()
-            except EOFError:  # the worker died (e.g. out of memory): that answer scores 0
+            except (EOFError, OSError):  # the worker died (e.g. out of memory): it scores 0
               verdicts[item] = "timeout"
               self._replace(w)
             del busy[w]
@@ -178,7 +195,7 @@ class MathVerifier:
     """Kills worker w and starts its replacement, which takes answers once it is ready."""
     proc, conn = self._procs[w]
     proc.kill()
-    proc.join()
+    proc.wait()
     conn.close()
     self._procs[w] = self._start()
     self._starting[w] = time.monotonic()
@@ -186,20 +203,28 @@ class MathVerifier:
   def _stop(self, kill: bool) -> None:
     """Stops every worker: idle ones by closing their pipe unless kill, the others by a kill."""
     for w, (proc, conn) in enumerate(self._procs):
-      conn.close()
+      conn.close()  # an idle worker's recv ends: it exits
       if not kill and w not in self._starting:
-        proc.join(timeout=1.0)
-      if proc.is_alive():
+        try:
+          proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+          pass
+      if proc.poll() is None:
         proc.kill()
-      proc.join()
+      proc.wait()
     self._procs, self._starting = [], {}
 
   def close(self) -> None:
-    """Stops the workers (also at garbage collection: they are daemons)."""
+    """Stops the workers (also at interpreter exit)."""
     self._stop(kill=False)
+    atexit.unregister(self._stop)
 
   def __enter__(self):
     return self
 
   def __exit__(self, *exc):
     self.close()
+
+
+if __name__ == "__main__":  # a worker: python -m grpo_jax.math_answers FD (MathVerifier._start)
+  _worker(connection.Connection(int(sys.argv[1])))
