@@ -226,19 +226,23 @@ def _load_model(config, tokenizer, mesh) -> tuple[nnx.GraphDef, Any]:
 
 
 def _eval_sets(config, task, stream) -> dict:
-  """The task's held-out sets (``eval.num_prompts`` each), without the prompts longer than
-  ``rollout.prompt_len`` (said, with how many; a set left empty is a ConfigError)."""
-  sets = tasks_lib.eval_sets(task, config.eval.num_prompts)
+  """The task's held-out sets, ``eval.num_prompts`` each, of prompts no longer than
+  ``rollout.prompt_len``: a named set's first that fit (the longer ones are counted and said), a
+  generated set's first (the generator's prompts fit; one that does not is said and left out).
+  A set left empty is a ConfigError."""
+  n = config.eval.num_prompts
+  named = hasattr(task, "eval_sets")  # finite files: read whole, filtered, then cut to n
+  sets = tasks_lib.eval_sets(task, None if named else n)
   for name, problems in sets.items():
     kept = [p for p in problems if stream.fits(stream.render(p))]
+    label = f"held-out set {name!r}" if name else "the held-out set"
+    configuration.errors.check(
+        bool(kept), "rollout.prompt_len", f"no prompt of {label} fits in {stream.prompt_len} "
+        "tokens: raise it")
     if len(kept) < len(problems):
-      label = f"held-out set {name!r}" if name else "the held-out set"
-      configuration.errors.check(
-          bool(kept), "rollout.prompt_len", f"no prompt of {label} fits in {stream.prompt_len} "
-          "tokens: raise it")
       console.say(f"grpo_jax: {len(problems) - len(kept)} of {len(problems)} prompts of {label} "
                   f"are longer than rollout.prompt_len={stream.prompt_len}: left out")
-      sets[name] = kept
+    sets[name] = kept[:n]
   return sets
 
 

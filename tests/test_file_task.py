@@ -140,8 +140,8 @@ def _config(total: int):
   c.task.update(data_path=VERL_TRAIN, eval_paths=VERL_TEST,
                 rewards=f"{TRL_REWARDS}:length_penalty,format", reward_weights="1,0.5",
                 success_reward="format", success_threshold=1.0)
-  # rollout.prompt_len stays the smoke preset's 24: 3 of the 6 training prompts fit (24, 24,
-  # 24 tokens; the others 25-28 are skipped and counted), both held-out ones (24, 24).
+  # rollout.prompt_len stays the smoke preset's 24: 2 of the 6 training prompts fit (rows 4
+  # and 6, 24 tokens; the others, 25-28, are skipped and counted), both held-out ones (24, 24).
   c.rl.reward_signal = "score"
   c.total_steps, c.eval.every, c.checkpoint.every = total, 100, 1  # evaluations at 0 and the end
   return c
@@ -208,3 +208,17 @@ def test_a_reward_that_always_raises_stops_the_run_in_one_line(tmp_path):
       "KeyError: 'solution'); nothing of this step was trained on and the checkpoints are as "
       "they were")
   assert "reward 'grade' raised KeyError: 'solution'" in proc.stdout  # said once, on the way
+
+
+def test_a_held_out_set_is_its_first_prompts_that_fit(tmp_path, capsys):
+  """The training file as a held-out set, eval.num_prompts=1: rows 1-3 (28, 25, 25 tokens) do
+  not fit 24, row 4 (24) is the set; 4 of the 6 are said to be left out."""
+  from grpo_jax import loop  # pylint: disable=g-import-not-at-top
+  c = _config(1)
+  c.task.eval_paths = f"{VERL_TEST},{VERL_TRAIN}"
+  c.eval.num_prompts = 1
+  run = loop.setup(c, os.fspath(tmp_path / "run"))
+  assert "4 of 6 prompts of held-out set 'verl_math_train' are longer" in capsys.readouterr().out
+  assert [p.answer for p in run.eval_sets["verl_math_train"]] == ["12"]  # row 4: 3 * 4
+  assert [p.answer for p in run.eval_sets["verl_math_test"]] == ["4"]
+  run.ckpt.close()

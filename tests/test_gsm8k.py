@@ -53,6 +53,15 @@ def test_tfds_loader_with_mock_data():
   assert task.is_success(task.score("6 * 7 = 42\n#### 42", problem))
 
 
+def test_gsm8k_not_prepared_is_one_line(tmp_path):
+  """Nothing downloads at run time: an empty TFDS data_dir names the fix, not a TFDS trace."""
+  pytest.importorskip("tensorflow_datasets")
+  from grpo_jax import errors  # pylint: disable=g-import-not-at-top
+  with pytest.raises(errors.ConfigError, match=r"config.task.gsm8k: GSM8K is not prepared in "
+                     rf"{tmp_path} .*tfds build gsm8k"):
+    gsm8k.GSM8KTask(data_dir=str(tmp_path))
+
+
 def test_jsonl_task(tmp_path):
   path = tmp_path / "qa.jsonl"
   lines = [json.dumps({"prompt": f"What is {i} + 1?", "answer": i + 1}) for i in range(10)]

@@ -49,7 +49,7 @@ class Task(Protocol):
 
   # Optional, for reward functions in TRL's form and several held-out sets:
   #   reward_inputs(problems) -> (prompts, {column: [value per problem]})
-  #   eval_sets(n) -> {set name: its first n problems}
+  #   eval_sets(n) -> {set name: its first n problems (None: all)}
   #   messages(problem) -> the chat messages of a conversational prompt, or None
   #   default_rewards: the rewards used when config.task.rewards is empty (a task without a
   #     verifier of its own leaves score / is_success out and names these)
@@ -67,9 +67,9 @@ class TaskSpec(Protocol):
   def build(self, task_config) -> Task: ...
 
 
-def eval_sets(task, n: int) -> dict[str, list]:
-  """The task's held-out sets by name, the first ``n`` problems of each; a task with one
-  unnamed set gives ``{"": task.eval_problems(n)}``."""
+def eval_sets(task, n: int | None) -> dict[str, list]:
+  """The task's held-out sets by name, the first ``n`` problems of each (None: whole, for a
+  task with named sets); a task with one unnamed set gives ``{"": task.eval_problems(n)}``."""
   if hasattr(task, "eval_sets"):
     return task.eval_sets(n)
   return {"": task.eval_problems(n)}

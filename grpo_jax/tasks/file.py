@@ -55,7 +55,8 @@ class FileTask:
   def num_train_problems(self) -> int:
     return len(self.train)
 
-  def eval_sets(self, n: int) -> dict[str, list]:
+  def eval_sets(self, n: int | None) -> dict[str, list]:
+    """Each held-out set's first ``n`` examples (None: all of them)."""
     return {name: examples[:n] for name, examples in self._eval_sets.items()}
 
   def eval_problems(self, n: int) -> list:

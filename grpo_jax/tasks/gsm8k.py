@@ -23,7 +23,7 @@ import math
 import os
 import re
 
-from grpo_jax import registry
+from grpo_jax import errors, registry
 from grpo_jax import tasks as tasks_lib
 from grpo_jax.tasks import data_files
 
@@ -155,7 +155,15 @@ class GSM8KTask(_QATask):
 
     splits = {}
     for split in ("train", "test"):
-      ds = tfds.load("gsm8k", split=split, data_dir=data_dir, download=False)
+      try:
+        ds = tfds.load("gsm8k", split=split, data_dir=data_dir, download=False)
+      except Exception as e:  # pylint: disable=broad-except  (TFDS raises several kinds)
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise errors.ConfigError(
+            f"config.task.gsm8k: GSM8K is not prepared in {data_dir or 'TFDS default data_dir'} "
+            f"({first[:160]}); prepare it where there is network (tfds build gsm8k) and pass "
+            "--config.task.gsm8k.data_dir=DIR, or use your own rows: "
+            "--config.task.data_path=gsm8k.parquet --config.task.rewards=gsm8k") from None
       rows = [{k: v.decode("utf-8") for k, v in ex.items()} for ex in tfds.as_numpy(ds)]
       splits[split] = _rows_to_problems(rows, f"gsm8k/{split}")
     super().__init__(splits["train"], splits["test"])
