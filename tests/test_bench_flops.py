@@ -232,8 +232,16 @@ TINY = ["--vocab=64", "--width=32", "--intermediate=64", "--layers=1"]
 def test_throughput_phases_command_line(tmp_path):
   out = _run(["grpo_jax.bench.throughput", "--init_random", f"--model={tmp_path / 'm'}", *TINY,
               "--num_prompts=2", "--group_size=2", "--prompt_len=4", "--completion_len=4",
-              "--steps=2", "--peak_size=256"], tmp_path)
+              "--steps=2", "--peak_size=256", "--methods=grpo,rollout_replay", "--rows_equal"],
+             tmp_path)
   result = json.loads(out.strip().splitlines()[-1])
+  # --rows_equal: rollout replay trains on N + N/2 rows (4 + 2 at B = G = 2), so it is also
+  # timed against a GRPO step on 6 rows.
+  assert "grpo_rows6 train" in out
+  assert (result["grpo_fed_rows"], result["rollout_replay_fed_rows"],
+          result["grpo_rows6_fed_rows"]) == (4, 4, 6)  # fresh rows in; 6 for the equal GRPO
+  assert result["rollout_replay_over_grpo_equal_rows"] == pytest.approx(
+      result["rollout_replay_train_s_median"] / result["grpo_rows6_train_s_median"], rel=0.05)
   for key in ("step_s_median", "gen_s_median", "train_s_median"):  # the earlier fields
     assert key in result
   assert result["dtype"] == "float32" and result["peak_source"] == "measured"

@@ -13,6 +13,12 @@ initialised Qwen3 of the given shape to ``--model`` (the issue's reference model
 same rollouts in the same run (steps alternate), with that fraction of groups given constant
 rewards so POPO refills them from its buffer: the cost of the buffer, as a ratio.
 
+``--rows_equal`` adds, for each method that trains on more rows than the N fresh ones (rollout
+replay's extra rows, Headroom-Drift's extra groups: ``extra_rows``), a GRPO step on that many
+rows (the step's rollout with its first groups repeated: a step's cost depends on its shapes
+only), so that ``{method}_over_grpo_equal_rows`` is the method's overhead alone, the rows it
+trains on being its own choice. POPO trains on N rows: its ratio is the plain one.
+
 ``--phases`` (the default) then times each phase alone on the last step's rollouts, each its own
 jitted function (first call compiles and is excluded, then ``steps - 1`` timed calls): (a)
 generation (the timings above), (b) one no-grad log-prob pass over the batch
@@ -45,6 +51,7 @@ from grpo_jax import console
 from grpo_jax import configuration, losses, replay as replay_lib, sampler as sampler_lib
 from grpo_jax import batch as batch_lib, policy, step as step_lib
 from grpo_jax.bench import flops as flops_lib, peak as peak_lib
+from grpo_jax.replay import method as method_lib
 from grpo_jax.models import ModelConfig, Qwen3, from_pretrained, save_pretrained
 from grpo_jax.types import Rollout
 
@@ -72,6 +79,9 @@ _PHASES = flags.DEFINE_bool("phases", True, "time generation, one log-prob pass 
 _SHARED = flags.DEFINE_bool("shared_prompts", True, "run each prompt once for its G rows in the "
                             "sampler's prefill and every log-prob pass (the default of the "
                             "train loop); --noshared_prompts: every row [prompt; completion]")
+_ROWS_EQUAL = flags.DEFINE_bool("rows_equal", False, "also time GRPO on as many rows as each "
+                                "method trains on (fresh + replayed), for the overhead ratio "
+                                "at equal rows")
 _PEAK_SIZE = flags.DEFINE_integer("peak_size", 2048, "--phases: matrix side of the measured "
                                   "GEMM peak")
 
@@ -102,6 +112,20 @@ def main(argv):
         config=config, step=step_lib.make_train_step(graphdef, tx, config),
         state=step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),
         replay=replay_lib.init_replay(capacity, replay_method.entry_size(g), p, t), train_s=[])
+  # GRPO at each other method's row count (--rows_equal): "grpo_rows<M>".
+  equal = {}
+  for method in list(runs) if _ROWS_EQUAL.value else []:
+    extra = runs[method]["config"].replay.extra_rows(n, g)
+    if extra and f"grpo_rows{n + extra}" not in runs:
+      if extra % g:
+        raise app.UsageError(f"--rows_equal: {method} adds {extra} rows, not whole groups of {g}")
+      config = step_lib.StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value),
+                                   replay=method_lib.NoReplay(), shared_prompts=_SHARED.value)
+      runs[f"grpo_rows{n + extra}"] = dict(
+          config=config, step=step_lib.make_train_step(graphdef, tx, config),
+          state=step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),
+          replay=replay_lib.init_replay(0, g, p, t), train_s=[], rows=n + extra)
+    equal[method] = f"grpo_rows{n + extra}" if extra else "grpo"
   rng = np.random.RandomState(0)
   gen_s, step_s = [], []
   n_constant = int(round(_INEFFECTIVE.value * b))
@@ -123,8 +147,10 @@ def main(argv):
                       prompt_id=jnp.zeros(n, jnp.int32), version=jnp.full(n, i, jnp.int32))
     line = f"step {i}: gen {t1 - t0:.3f}s"
     for method, run in runs.items():
+      rows = _repeat_rows(rollout, run["rows"]) if "rows" in run else rollout
+      run["fed_rows"] = rows.num_rows
       t2 = time.perf_counter()
-      run["state"], run["replay"], metrics = run["step"](run["state"], run["replay"], rollout,
+      run["state"], run["replay"], metrics = run["step"](run["state"], run["replay"], rows,
                                                          ref_params, jax.random.key(i))
       jax.block_until_ready(metrics)
       dt = time.perf_counter() - t2
@@ -152,8 +178,19 @@ def main(argv):
       **{f"{m}_train_s_median": round(med(r["train_s"]), 4) for m, r in runs.items()},
       **{f"{m}_over_grpo_train": round(med(r["train_s"]) / med(runs["grpo"]["train_s"]), 3)
          for m, r in runs.items() if m != "grpo" and "grpo" in runs},
-      **{f"{m}_buffer_bytes": r["replay"].nbytes for m, r in runs.items()},
+      **{f"{m}_fed_rows": r["fed_rows"] for m, r in runs.items() if _ROWS_EQUAL.value},
+      **{f"{m}_over_grpo_equal_rows": round(med(runs[m]["train_s"]) / med(runs[e]["train_s"]), 3)
+         for m, e in equal.items() if m != "grpo" and e in runs},
+      **{f"{m}_buffer_bytes": r["replay"].nbytes for m, r in runs.items() if "rows" not in r},
       "dtype": _DTYPE.value, **extra}))
+
+
+def _repeat_rows(rollout: Rollout, rows: int) -> Rollout:
+  """The rollout grown to ``rows`` rows (a multiple of G) by repeating its first rows: the
+  same shapes as a batch of that many fresh rows, whole groups kept whole."""
+  n = rollout.num_rows
+  idx = jnp.arange(rows) % n
+  return jax.tree.map(lambda x: x[idx], rollout)
 
 
 def _median_seconds(fn, args, repeats: int) -> float:
