@@ -10,16 +10,31 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_quickstart_notebook_runs(tmp_path):
-  nb = json.load(open(os.path.join(ROOT, "notebooks", "quickstart.ipynb")))
-  code = "\n\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
-  code = code.replace("/tmp/grpo_jax_notebook", str(tmp_path / "run"))
-  script = tmp_path / "quickstart.py"
+def _cells(name):
+  """The code cells of notebooks/<name>.ipynb."""
+  nb = json.load(open(os.path.join(ROOT, "notebooks", f"{name}.ipynb"), encoding="utf-8"))
+  return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def _run_notebook(tmp_path, name, code, timeout=600, env_drop=()):
+  """Runs ``code`` (a notebook's cells, joined) as a script from notebooks/, as after
+  ``pip install -e .`` whether or not this environment installed the package."""
+  script = tmp_path / f"{name}.py"
   script.write_text(code)
-  # As after `pip install -e .`, whether or not this environment installed the package.
   env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-  proc = subprocess.run([sys.executable, str(script)], cwd=os.path.join(ROOT, "notebooks"),
-                        capture_output=True, text=True, timeout=600, env=env)
+  for key in env_drop:
+    env.pop(key, None)
+  return subprocess.run([sys.executable, str(script)], cwd=os.path.join(ROOT, "notebooks"),
+                        capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _code(cells):
+  return "\n\n".join("".join(c["source"]) for c in cells)
+
+
+def test_quickstart_notebook_runs(tmp_path):
+  code = _code(_cells("quickstart")).replace("/tmp/grpo_jax_notebook", str(tmp_path / "run"))
+  proc = _run_notebook(tmp_path, "quickstart", code)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "->" in proc.stdout  # sampled completions were printed with their scores
   assert (tmp_path / "run" / "metrics.jsonl").exists()
@@ -29,20 +44,15 @@ def test_custom_task_notebook_runs(tmp_path):
   """The own-task notebook: TRL rows in JSONL, a reward function in TRL's form from its .py
   file plus the built-in format reward, two named held-out files; the per-set evaluation keys,
   each reward's mean in the step records and the plot. Stored without outputs."""
-  nb = json.load(open(os.path.join(ROOT, "notebooks", "custom_task.ipynb")))
-  cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
+  cells = _cells("custom_task")
   assert all(not c["outputs"] and c["execution_count"] is None for c in cells)
-  code = "\n\n".join("".join(c["source"]) for c in cells)
+  code = _code(cells)
   assert "/tmp/grpo_jax_custom_task" in code
   code = code.replace("/tmp/grpo_jax_custom_task", str(tmp_path / "nb"))
   # 10 of the notebook's 40 steps: the same cells and checks, a quarter of the training.
   assert "config.total_steps = 40" in code
   code = code.replace("config.total_steps = 40", "config.total_steps = 10")
-  script = tmp_path / "custom_task.py"
-  script.write_text(code)
-  env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-  proc = subprocess.run([sys.executable, str(script)], cwd=os.path.join(ROOT, "notebooks"),
-                        capture_output=True, text=True, timeout=600, env=env)
+  proc = _run_notebook(tmp_path, "custom_task", code)
   assert proc.returncode == 0, proc.stderr[-3000:]
   records = _records(tmp_path / "nb" / "run")
   evals = [r for r in records if "eval/mean_at_4" in r]
@@ -62,16 +72,10 @@ def test_tpu_vm_notebook_runs_on_eight_fake_cpu_devices(tmp_path):
   """The TPU-VM notebook with its SMOKE switch on (the default): 8 fake CPU devices set by
   its first cell, the embedded model loaded into its shards, sampling, two steps of GRPO and
   of POPO on a 2 x 2 x 2 mesh, the plot."""
-  nb = json.load(open(os.path.join(ROOT, "notebooks", "tpu_vm.ipynb")))
-  code = "\n\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+  code = _code(_cells("tpu_vm"))
   assert "SMOKE = True" in code
   code = code.replace("/tmp/grpo_jax_tpu_vm", str(tmp_path / "run"))
-  script = tmp_path / "tpu_vm.py"
-  script.write_text(code)
-  env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-  env.pop("XLA_FLAGS", None)
-  proc = subprocess.run([sys.executable, str(script)], cwd=os.path.join(ROOT, "notebooks"),
-                        capture_output=True, text=True, timeout=900, env=env)
+  proc = _run_notebook(tmp_path, "tpu_vm", code, timeout=900, env_drop=("XLA_FLAGS",))
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "8 devices" in proc.stdout
   assert "Mesh('data': 2, 'fsdp': 2, 'tensor': 2" in proc.stdout
