@@ -10,8 +10,8 @@ import os
 
 import math
 
-from grpo_jax import (advantages, allocation, deprecated, errors, losses, scoring, sharding, step,
-                      tasks)
+from grpo_jax import (advantages, allocation, deprecated, errors, losses, rewards, scoring,
+                      sharding, step, tasks)
 from grpo_jax.tasks import row_schemas
 from grpo_jax.models import architectures
 from grpo_jax.replay import method as method_lib
@@ -144,8 +144,8 @@ def _validate_rewards(config) -> None:
   names = []
   for spec in specs:
     try:
-      names.append(scoring.rewards.load(spec)[0])
-    except scoring.rewards.RewardSpecError as e:
+      names.append(rewards.load(spec)[0])
+    except rewards.RewardSpecError as e:
       raise ConfigError(f"config.task.rewards: {e}") from None
   try:
     scoring.parse_weights(t.reward_weights, len(specs))

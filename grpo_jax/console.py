@@ -48,7 +48,7 @@ def say(text: str) -> None:
   sys.stdout.flush()
 
 
-def eval_sets(evaluation: dict, k: int) -> list[str]:
+def eval_set_names(evaluation: dict, k: int) -> list[str]:
   """The named held-out sets of an evaluation record (``eval/<set>/mean_at_<k>``), in order."""
   suffix = f"/mean_at_{k}"
   return [key[len("eval/"):-len(suffix)] for key in evaluation
@@ -67,7 +67,7 @@ def eval_line(step: int, evaluation: dict, rollouts: int, k: int) -> str:
     return out + [f"len {evaluation[f'{prefix}mean_length']:.1f}",
                   f"constant {evaluation[f'{prefix}constant_fraction']:.2f}"]
   lines = ["  ".join([f"step {step}"] + parts("eval/") + [f"rollouts {rollouts:,}"])]
-  names = eval_sets(evaluation, k)
+  names = eval_set_names(evaluation, k)
   width = max(map(len, names), default=0)
   lines += ["  ".join([f"  {name:<{width}}"] + parts(f"eval/{name}/")) for name in names]
   return "\n".join(lines)
@@ -124,7 +124,7 @@ def summary(records: list[dict], k: int, paths: dict, total_steps: int,
       line += (f"   greedy {evals[0].get('eval/greedy_accuracy', float('nan')):.3f} -> "
                f"{evals[-1]['eval/greedy_accuracy']:.3f}")
     lines.append(line)
-    for name in eval_sets(evals[-1], k):
+    for name in eval_set_names(evals[-1], k):
       key = f"eval/{name}/mean_at_{k}"
       first = next((r[key] for r in evals if key in r), float("nan"))
       lines.append(f"    {name}: mean@{k} {first:.3f} -> {evals[-1][key]:.3f}")

@@ -24,6 +24,7 @@ from grpo_jax import allocation
 from grpo_jax import checkpoint as checkpoint_lib
 from grpo_jax import configuration
 from grpo_jax import console
+from grpo_jax import errors
 from grpo_jax import evaluate as evaluate_lib
 from grpo_jax import keys
 from grpo_jax import metrics as metrics_lib
@@ -236,7 +237,7 @@ def _eval_sets(config, task, stream) -> dict:
   for name, problems in sets.items():
     kept = [p for p in problems if stream.fits(stream.render(p))]
     label = f"held-out set {name!r}" if name else "the held-out set"
-    configuration.errors.check(
+    errors.check(
         bool(kept), "rollout.prompt_len", f"no prompt of {label} fits in {stream.prompt_len} "
         "tokens: raise it")
     if len(kept) < len(problems):

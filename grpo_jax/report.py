@@ -215,7 +215,7 @@ def sets_table(workdirs: Sequence[str], labels: Sequence[str] | None = None,
   lines = []
   for label, w in zip(labels, workdirs):
     evals = [r for r in metrics_lib.read_metrics(w) if f"eval/mean_at_{k}" in r]
-    for name in console.eval_sets(evals[-1], k) if evals else []:
+    for name in console.eval_set_names(evals[-1], k) if evals else []:
       key = lambda m, name=name: f"eval/{name}/{m}"
       first = next((r for r in evals if key(f"mean_at_{k}") in r), evals[-1])
       end = evals[-1]

@@ -212,10 +212,16 @@ def load(spec: str, **settings) -> tuple[str, RewardFn]:
       if not os.path.isfile(where):
         raise RewardSpecError(f"{spec!r}: no such file {where}")
       name = "grpo_jax_user_rewards_" + re.sub(r"\W", "_", os.path.abspath(where))
-      module_spec = importlib.util.spec_from_file_location(name, where)
-      module = importlib.util.module_from_spec(module_spec)
-      sys.modules[name] = module  # dataclasses and pickling look modules up by name
-      module_spec.loader.exec_module(module)
+      module = sys.modules.get(name)  # run once: the config check and the scorer both load it
+      if module is None:
+        module_spec = importlib.util.spec_from_file_location(name, where)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module  # dataclasses and pickling look modules up by name
+        try:
+          module_spec.loader.exec_module(module)
+        except BaseException:
+          del sys.modules[name]  # a failed import is not cached: fixed, it loads next time
+          raise
     else:
       module = importlib.import_module(where)
   except RewardSpecError:
