@@ -51,6 +51,9 @@ class UpdateBatch:
     replayed: [N + R] bool, the row comes from the buffer; None when the method never replays.
     gen_logp: [N + R, T] float32 pi_gen of each row (the trainer's log-probs when it was
       generated), for the replay drift metrics; None when the method never replays.
+    age: [N + R] float32 steps since each row was generated (0 on fresh rows), when the loss
+      interpolates the replayed rows' pi_prox (``prox.interpolated``); else None, and
+      ``prox_logp`` / ``behaviour_logp`` are final.
   """
 
   tokens: Tokens
@@ -61,6 +64,7 @@ class UpdateBatch:
   ref_logp: jax.Array | None = None
   replayed: jax.Array | None = None
   gen_logp: jax.Array | None = None
+  age: jax.Array | None = None
 
   @property
   def num_rows(self) -> int:

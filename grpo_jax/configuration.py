@@ -164,6 +164,15 @@ def _replay_method(config):
   _check(p.capacity >= 0, "replay.capacity", "must be >= 0")
   _check(p.objective in method_lib.OBJECTIVES, "replay.objective",
          f"{p.objective!r}; known: {', '.join(method_lib.OBJECTIVES)}")
+  _check(p.get("prox", "exact") in step.PROX_ESTIMATES, "replay.prox",
+         f"{p.get('prox')!r}; known: {', '.join(step.PROX_ESTIMATES)}")
+  _check(p.get("prox", "exact") == "exact" or prox_pass(config) != "all", "replay.prox",
+         "'interpolate' replaces the pass over replayed rows only, and rl.prox_pass resolves "
+         "to 'all' (one pass over every row, the default under bfloat16): set "
+         "rl.prox_pass=replayed or replay.prox=exact")
+  chunks = p.get("prox_chunks", 0)
+  _check(isinstance(chunks, int) and not isinstance(chunks, bool) and chunks >= 0,
+         "replay.prox_chunks", f"{chunks!r} must be an integer >= 0 (0 = the whole batch)")
   method = None
   for name, cls in method_lib.METHODS.items():
     try:
@@ -248,7 +257,8 @@ def step_config(config) -> step.StepConfig:
   return step.StepConfig(
       group_size=config.rollout.group_size, estimator=config.rl.estimator,
       reward_signal=config.rl.reward_signal, effective_signal=config.rl.effective_signal,
-      prox_pass=prox_pass(config), loss=loss_config(config),
+      prox_pass=prox_pass(config), prox_estimate=config.replay.get("prox", "exact"),
+      prox_chunks=config.replay.get("prox_chunks", 0), loss=loss_config(config),
       num_minibatches=config.rl.num_minibatches, num_epochs=config.rl.num_epochs,
       temperature=config.rollout.temperature, compute_entropy=config.rl.entropy_coef > 0,
       replay=replay_config(config), logprob_chunk=config.rl.logprob_chunk,

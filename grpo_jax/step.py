@@ -33,6 +33,7 @@ from grpo_jax import advantages as advantages_lib
 from grpo_jax import keys
 from grpo_jax import objectives
 from grpo_jax import policy
+from grpo_jax import prox as prox_lib
 from grpo_jax import sharding as sharding_lib
 from grpo_jax import step_metrics
 from grpo_jax import update
@@ -40,7 +41,8 @@ from grpo_jax.batch import Tokens, UpdateBatch
 from grpo_jax.replay import ReplayState
 from grpo_jax.replay import method as replay_method
 # The step's settings live in step_config.py; importers use them as step.StepConfig etc.
-from grpo_jax.step_config import PROX_PASSES, REMAT, SHUFFLES, SIGNALS, StepConfig  # noqa: F401
+from grpo_jax.step_config import (PROX_ESTIMATES, PROX_PASSES, REMAT, SHUFFLES,  # noqa: F401
+                                  SIGNALS, StepConfig)
 from grpo_jax.types import Rollout, TrainState
 
 
@@ -81,7 +83,7 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   evicted, comp, evict_metrics = _compose(config, ctx, replay, start_logp, replaying)
   full_NxT = _proximal_pass(config, comp, start_logp, replaying)
   ctx, mismatch_metrics = _sampler_mismatch(config, rollout, ctx, comp, full_NxT)
-  batch = _update_batch(graphdef, config, comp, full_NxT, ref_params, replaying)
+  batch = _update_batch(graphdef, config, comp, full_NxT, ref_params, replaying, state.step)
   (params, opt_state), per_update = update.update_scan(graphdef, tx, config, state, batch, rng,
                                                        replaying)
   # After selection and the update: nothing is replayed in the step that produced it.
@@ -160,24 +162,32 @@ def _compose(config: StepConfig, ctx: replay_method.StepContext, replay: ReplayS
 
 def _proximal_pass(config: StepConfig, comp: replay_method.Composition, start_logp,
                    replaying: bool) -> jax.Array | None:
-  """The one no-grad pass at the start-of-step parameters over the whole batch, when needed.
+  """The no-grad pass at the start-of-step parameters, when one is needed.
 
-  Needed for every row with ``prox_pass="all"``; for the replayed rows when the objective uses
-  pi_prox and the method did not make the pass itself (``Composition.prox_logp``).
+  With ``prox_pass="all"``: one pass over every row. Else, when the objective uses pi_prox and
+  the method did not measure it (``Composition.prox_logp``) and the step does not interpolate
+  it (``prox_estimate``): a pass over the rows the method may replay (``prox.gathered``, in
+  ``prox_chunks`` chunks), or over the whole batch with ``prox_chunks=0`` or no bound.
 
   Args:
-    config: StepConfig (prox_pass, the method's objective).
+    config: StepConfig (prox_pass, prox_estimate, prox_chunks, the method's objective).
     comp: the Composition of N + R rows.
     start_logp: Rollout of n rows -> [n, T] log pi_prox.
     replaying: the method can replay (static).
 
   Returns:
-    [N + R, T] float32 log pi_prox, or None when no pass is needed.
+    [N + R, T] float32 log pi_prox (exact on every replayed row; mu or the pass on the others),
+    or None when no pass is needed.
   """
-  uses_prox = replaying and objectives.OBJECTIVES[config.replay.objective].uses_prox
-  if config.prox_pass == "all" or (uses_prox and comp.prox_logp is None):
+  if config.prox_pass == "all":
     return start_logp(comp.rollout)
-  return None
+  uses_prox = replaying and objectives.OBJECTIVES[config.replay.objective].uses_prox
+  if not uses_prox or comp.prox_logp is not None or config.prox_estimate == "interpolate":
+    return None
+  if config.prox_chunks and comp.prox_rows is not None:
+    return prox_lib.gathered(comp.rollout, comp.replayed, comp.prox_rows, start_logp,
+                             config.prox_chunks, config.group_size)
+  return start_logp(comp.rollout)
 
 
 def _sampler_mismatch(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContext,
@@ -213,22 +223,26 @@ def _sampler_mismatch(config: StepConfig, rollout: Rollout, ctx: replay_method.S
 
 
 def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_method.Composition,
-                  full_NxT: jax.Array | None, ref_params, replaying: bool) -> UpdateBatch:
+                  full_NxT: jax.Array | None, ref_params, replaying: bool,
+                  step: jax.Array) -> UpdateBatch:
   """The UpdateBatch: the composed rows with the loss's denominators and reference log-probs.
 
   Fresh rows: mu is the sampler's log mu and pi_prox is mu (or the start-of-step pass with
   ``prox_pass="all"``, so that rho starts at 1 exactly and w = pi_prox / mu corrects the
   sampler/trainer mismatch). Replayed rows: the objective's denominators (``objectives.py``)
   of their mu, their pi_prox (the method's own pass when it made one, else ``full_NxT``) and
-  their stored pi_gen.
+  their stored pi_gen. With ``prox_estimate="interpolate"`` and no pass, the replayed rows
+  keep mu here and carry their age: the loss applies the objective to the interpolated pi_prox
+  in each update (``update.py``, ``prox.interpolated``).
 
   Args:
     graphdef: the model's structure.
     config: StepConfig.
     comp: the Composition of N + R rows.
-    full_NxT: [N + R, T] float32 log pi_prox of every row, or None (``_proximal_pass``).
+    full_NxT: [N + R, T] float32 log pi_prox, or None (``_proximal_pass``).
     ref_params: the frozen reference's parameters (used when the KL coefficient is > 0).
     replaying: the method can replay (static).
+    step: int32 the state's step (the rows' ages are counted from it).
 
   Returns:
     UpdateBatch of N + R rows.
@@ -237,7 +251,11 @@ def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_metho
   mu_NxT = mixed.behaviour_logp
   prox_NxT = full_NxT if config.prox_pass == "all" else mu_NxT
   behaviour_NxT = mu_NxT
-  if replaying:
+  age_N = None
+  if interpolates(config, comp, full_NxT, replaying):
+    # Denominators in the loss, from pi_prox interpolated in each update.
+    age_N = jnp.where(replayed_N, step - mixed.version, 0).astype(jnp.float32)
+  elif replaying:
     objective = objectives.OBJECTIVES[config.replay.objective]
     replayed_prox_NxT = None
     if objective.uses_prox:
@@ -256,7 +274,16 @@ def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_metho
       behaviour_logp=behaviour_NxT, prox_logp=prox_NxT, ref_logp=ref_NxT,
       # The loss pass measures how far pi_theta is from each replayed row's pi_gen.
       replayed=replayed_N if replaying else None,
-      gen_logp=comp.gen_logp if replaying else None)
+      gen_logp=comp.gen_logp if replaying else None, age=age_N)
+
+
+def interpolates(config: StepConfig, comp: replay_method.Composition,
+                 full_NxT: jax.Array | None, replaying: bool) -> bool:
+  """Whether the loss interpolates the replayed rows' pi_prox (static): asked for, used by the
+  objective, and neither measured by the method nor made by a pass."""
+  return (replaying and config.prox_estimate == "interpolate" and full_NxT is None
+          and comp.prox_logp is None
+          and objectives.OBJECTIVES[config.replay.objective].uses_prox)
 
 
 def _metrics(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContext,

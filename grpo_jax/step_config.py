@@ -15,6 +15,7 @@ from grpo_jax.replay import method as replay_method
 
 SIGNALS = ("score", "success")
 PROX_PASSES = ("replayed", "all")
+PROX_ESTIMATES = ("exact", "interpolate")
 REMAT = ("none", "layer")
 SHUFFLES = ("groups", "rows")
 
@@ -34,6 +35,14 @@ class StepConfig:
       metric ``effective_advantage_disagree``.
     prox_pass: "replayed" (pi_prox from a no-grad pass for replayed rows only; fresh rows use
       mu) or "all" (every row; for bfloat16, where cached decoding and the full forward differ).
+    prox_estimate: how replayed rows get pi_prox where the step would make a pass for it:
+      "exact" (the no-grad pass at the start-of-step parameters) or "interpolate" (no pass: in
+      each update, log pi_prox = log mu + alpha (log pi_theta - log mu) with alpha from the
+      version stamps; ``prox.py``). A method that measures pi_prox itself keeps its values.
+    prox_chunks: with "exact", the pass runs over only the rows the method may replay (its
+      static bound, ``Composition.prox_rows``), gathered replayed-first into this many chunks,
+      a chunk holding no replayed row skipped at run time; 0 runs one pass over the whole
+      batch (the step before 2026-12, bit for bit).
     loss: LossConfig of the policy loss.
     num_minibatches: minibatches per epoch (rows split evenly).
     num_epochs: passes over the batch (mu of GRPO).
@@ -63,6 +72,8 @@ class StepConfig:
   reward_signal: str = "success"
   effective_signal: str = "success"
   prox_pass: str = "replayed"
+  prox_estimate: str = "exact"
+  prox_chunks: int = 0
   loss: losses.LossConfig = losses.LossConfig()
   num_minibatches: int = 1
   num_epochs: int = 1
@@ -83,6 +94,11 @@ class StepConfig:
         raise ValueError(f"{name} must be one of {SIGNALS}, got {getattr(self, name)!r}")
     if self.prox_pass not in PROX_PASSES:
       raise ValueError(f"prox_pass must be one of {PROX_PASSES}, got {self.prox_pass!r}")
+    if self.prox_estimate not in PROX_ESTIMATES:
+      raise ValueError(f"prox_estimate must be one of {PROX_ESTIMATES}, "
+                       f"got {self.prox_estimate!r}")
+    if self.prox_chunks < 0:
+      raise ValueError(f"prox_chunks must be >= 0, got {self.prox_chunks}")
     if self.remat not in REMAT:
       raise ValueError(f"remat must be one of {REMAT}, got {self.remat!r}")
     if self.query_block < 0:

@@ -15,7 +15,9 @@ from flax import nnx
 
 from grpo_jax import keys
 from grpo_jax import losses
+from grpo_jax import objectives
 from grpo_jax import policy
+from grpo_jax import prox as prox_lib
 from grpo_jax import step_metrics
 from grpo_jax.batch import UpdateBatch
 from grpo_jax.models.causal_lm import prompts_repeat
@@ -45,7 +47,8 @@ def update_scan(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config
   step = functools.partial(_minibatch_update, graphdef, tx, config, replaying)
   epoch = functools.partial(_epoch, step, config, batch)
   return jax.lax.scan(epoch, (state.params, state.opt_state),
-                      keys.shuffle(rng, state.step, config.num_epochs))
+                      (keys.shuffle(rng, state.step, config.num_epochs),
+                       jnp.arange(config.num_epochs, dtype=jnp.int32)))
 
 
 def epoch_order(key: jax.Array, rows: int, config: StepConfig) -> jax.Array:
@@ -57,23 +60,35 @@ def epoch_order(key: jax.Array, rows: int, config: StepConfig) -> jax.Array:
   return jax.random.permutation(key, rows)
 
 
-def _epoch(minibatch_update, config: StepConfig, batch: UpdateBatch, carry, key: jax.Array):
-  """One pass over the batch in M minibatches of U = (N + R) / M shuffled rows."""
+def _epoch(minibatch_update, config: StepConfig, batch: UpdateBatch, carry, xs):
+  """One pass over the batch in M minibatches of U = (N + R) / M shuffled rows.
+
+  ``xs``: (the epoch's shuffle key, its int32 index e); minibatch j is the step's update
+  e * M + j (``prox.interpolated`` reads the fraction of the step's updates made before it).
+  """
+  key, e = xs
   rows, m = batch.num_rows, config.num_minibatches
   perm = epoch_order(key, rows, config)
   # Under a mesh each minibatch's rows are split like the batch (the scan runs over the
   # unsplit minibatch axis).
   shaped = jax.tree.map(
       lambda x: constrain(x[perm].reshape((m, rows // m) + x.shape[1:]), (None, "batch")), batch)
-  return jax.lax.scan(minibatch_update, carry, shaped)
+  fraction_M = (e * m + jnp.arange(m)).astype(jnp.float32) / (m * config.num_epochs)
+  return jax.lax.scan(minibatch_update, carry, (shaped, fraction_M))
 
 
 def _loss(graphdef: nnx.GraphDef, config: StepConfig, replaying: bool, params,
-          mb: UpdateBatch, grouped: bool) -> tuple[jax.Array, dict]:
-  """The policy loss of one minibatch of U rows (differentiated in ``params``) and its aux."""
+          mb: UpdateBatch, fraction: jax.Array, grouped: bool) -> tuple[jax.Array, dict]:
+  """The policy loss of one minibatch of U rows (differentiated in ``params``) and its aux.
+
+  ``fraction``: the step's updates made before this one over all of them (u / U); read only
+  when the batch carries ages (pi_prox interpolated, ``with_interpolated_prox``).
+  """
   c = config
   logp_UxT, entropy_UxT = policy.logprobs(graphdef, params, mb.tokens, c, c.compute_entropy,
                                           remat=c.remat == "layer", grouped=grouped)
+  if mb.age is not None:
+    mb = with_interpolated_prox(mb, logp_UxT, fraction, c.replay.objective)
   loss, aux = losses.policy_loss(logp_UxT, mb.prox_logp, mb.behaviour_logp, mb.advantages,
                                  mb.loss_mask, c.loss, ref_logp_NxT=mb.ref_logp,
                                  entropy_NxT=entropy_UxT)
@@ -82,11 +97,39 @@ def _loss(graphdef: nnx.GraphDef, config: StepConfig, replaying: bool, params,
   return loss, aux
 
 
+def with_interpolated_prox(mb: UpdateBatch, logp_UxT: jax.Array, fraction: jax.Array,
+                           objective: str) -> UpdateBatch:
+  """The minibatch with its replayed rows' denominators from the interpolated pi_prox.
+
+  Args:
+    mb: UpdateBatch of U rows carrying ages; its replayed rows hold log mu in
+      ``behaviour_logp``.
+    logp_UxT: [U, T] float32 log pi_theta of the loss pass.
+    fraction: float32 u / U of this update.
+    objective: the replay objective (``objectives.OBJECTIVES``; one that uses pi_prox).
+
+  Returns:
+    UpdateBatch with ``behaviour_logp`` and ``prox_logp`` of the replayed rows set by the
+    objective's denominators of (mu, the interpolated pi_prox, pi_gen).
+  """
+  mu_UxT = mb.behaviour_logp
+  prox_UxT = prox_lib.interpolated(mu_UxT, logp_UxT, mb.age, fraction)
+  mu2_UxT, prox2_UxT = objectives.OBJECTIVES[objective].denominators(mu_UxT, prox_UxT,
+                                                                     mb.gen_logp)
+  rep = mb.replayed[:, None]
+  return mb.replace(behaviour_logp=jnp.where(rep, mu2_UxT, mu_UxT),
+                    prox_logp=jnp.where(rep, prox2_UxT, mb.prox_logp))
+
+
 def _minibatch_update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
-                      config: StepConfig, replaying: bool, carry, mb: UpdateBatch):
-  """One gradient and optax update on a minibatch of U rows: (carry, its metrics)."""
+                      config: StepConfig, replaying: bool, carry, xs):
+  """One gradient and optax update on a minibatch of U rows: (carry, its metrics).
+
+  ``xs``: (the UpdateBatch of U rows, float32 u / U of this update).
+  """
+  mb, fraction = xs
   params, opt_state = carry
-  loss_fn = functools.partial(_loss, graphdef, config, replaying)
+  loss_fn = functools.partial(_loss, graphdef, config, replaying, fraction=fraction)
   grad_fn = lambda grouped: functools.partial(
       jax.value_and_grad(loss_fn, has_aux=True), grouped=grouped)
   if policy.grouped_pass_possible(mb.num_rows, config):

@@ -200,7 +200,7 @@ def test_popo_kl_ranks_by_the_kl_estimate_not_the_squared_log_ratio():
   replay = replay_lib.insert(replay_lib.init_replay(2, GC, PC, TC), rows, jnp.ones((2, GC)),
                              jnp.ones(2, bool), 0)
   policy = lambda r: jnp.full(r.behaviour_logp.shape, -1.0)  # log pi = -1 everywhere
-  np.testing.assert_allclose(popo.stored_kl(replay, policy), [0.1065307, 0.1183122], rtol=1e-5)
+  np.testing.assert_allclose(popo.stored_kl(replay, policy)[0], [0.1065307, 0.1183122], rtol=1e-5)
   cfg = popo.PopoConfig(fill="replay", priority="lowest_kl", slots=1)
   effective = jnp.asarray([True, False, True, True])
   comp = cfg.compose(_ctx(_fresh(1, effective), _adv(1), effective, jnp.int32(1)), replay, policy)

@@ -100,6 +100,9 @@ class Composition:
       the entry was generated; ``buffer.ReplayState.gen_logp``), log mu on fresh rows.
     prox_logp: optional float32 [N + R, T] log pi_prox of replayed rows from the method's own pass
       at the start-of-step parameters (None: the step runs the pass when the objective needs it).
+    prox_rows: optional int32 [M] distinct rows that hold every replayed row, the replayed ones
+      first, M a static bound (whole groups where rows come in groups): the step's pi_prox pass
+      runs over these rows only (``prox.gathered``). None: over the whole batch.
     selection: what ``after_update`` needs to know of this step's selection (per method).
     metrics: float32 scalar diagnostics of the method.
   """
@@ -112,6 +115,7 @@ class Composition:
   prox_logp: Optional[jax.Array]
   selection: Any
   metrics: dict
+  prox_rows: Optional[jax.Array] = None
 
 
 class ReplayMethod(Protocol):
@@ -166,7 +170,7 @@ def fresh_anchored(ctx: StepContext, stored_R: Rollout, advantages_R: jax.Array,
   The layout of rollout-level replay (arXiv 2606.04560) and of Headroom-Drift's extra groups
   (arXiv 2609.03941). ``gen_logp_RxT``: the stored rows' pi_gen (default: their log mu);
   ``prox_logp_RxT``: their log pi_prox when the method has it; ``fresh_mask_BxGxT``: another
-  loss mask for the fresh rows (e.g. dropped groups).
+  loss mask for the fresh rows (e.g. dropped groups). A pi_prox pass runs over the tail only.
   """
   fresh = jax.tree.map(flat_rows, ctx.fresh)
   n = fresh.num_rows
@@ -181,7 +185,9 @@ def fresh_anchored(ctx: StepContext, stored_R: Rollout, advantages_R: jax.Array,
       loss_mask=cat(fresh_mask, stored_R.completion_mask & ok_R[:, None]),
       replayed=cat(jnp.zeros((n,), bool), ok_R),
       gen_logp=cat(fresh.behaviour_logp, gen), prox_logp=prox,
-      selection=selection, metrics=metrics or {})
+      selection=selection, metrics=metrics or {},
+      # Only the tail can be replayed; its replayed rows first.
+      prox_rows=n + jnp.argsort(~ok_R, stable=True).astype(jnp.int32))
 
 
 def no_rows(ctx: StepContext, r: int) -> tuple[Rollout, jax.Array, jax.Array]:

@@ -145,7 +145,8 @@ class PopoConfig(registry.Configurable):
     if not self.replays(replay):
       return fresh_composition(ctx, drop_ineffective if self.unfilled == "drop" else None)
     k = self.slots or b
-    kl_C = stored_kl(replay, logp_fn) if self.priority == "lowest_kl" else None
+    kl_C, logp_CxExT = (stored_kl(replay, logp_fn) if self.priority == "lowest_kl"
+                        else (None, None))
     indices_K, ok_K = buffer.select(replay, k, self.priority, step=ctx.step,
                                     staleness=self.staleness, score_C=kl_C)
     # Valid selections come first (top-k order), so "r < number valid" is the test.
@@ -165,16 +166,23 @@ class PopoConfig(registry.Configurable):
     metrics = {"replay_slots_filled": jnp.sum(replayed_B.astype(jnp.float32)),
                "replay_slots_unfilled": jnp.sum((~effective_B & ~replayed_B).astype(
                    jnp.float32))}
+    prox = None
     if kl_C is not None:
       metrics["replay_kl_selected"] = jnp.sum(jnp.where(used_K, kl_C[indices_K], 0.0)) / (
           jnp.maximum(jnp.sum(used_K.astype(jnp.float32)), 1.0))
+      # POPO-KL's pass over the buffer is pi_prox of every stored group: no second pass.
+      prox = flat_rows(pick(fresh.behaviour_logp, logp_CxExT[source_B]))
+    # At most k slots are refilled: the step's pi_prox pass needs those k groups only (the
+    # refilled slots first, then others to fill the static k).
+    slots_K = jnp.argsort(~replayed_B, stable=True)[:k].astype(jnp.int32)
     return Composition(
         rollout=jax.tree.map(flat_rows, rollout),
         advantages=flat_rows(pick(ctx.advantages, replay.advantages[source_B])),
         loss_mask=flat_rows(pick(fresh_mask, stored.completion_mask)),
         replayed=jnp.repeat(replayed_B, g),
         gen_logp=flat_rows(pick(fresh.behaviour_logp, replay.gen_logp[source_B])),
-        prox_logp=None, selection=(indices_K, used_K), metrics=metrics)
+        prox_logp=prox, selection=(indices_K, used_K), metrics=metrics,
+        prox_rows=(slots_K[:, None] * g + jnp.arange(g, dtype=jnp.int32)).reshape(-1))
 
   def after_update(self, ctx: StepContext, replay: ReplayState,
                    comp: Composition) -> tuple[ReplayState, dict]:
@@ -187,8 +195,9 @@ class PopoConfig(registry.Configurable):
                          gen_logp_MxExT=ctx.fresh_gen_logp), {}
 
 
-def stored_kl(replay: ReplayState, logp_fn: LogpFn) -> jax.Array:
-  """KL(mu || pi_theta) [C] of every stored entry under the current policy (POPO-KL's priority).
+def stored_kl(replay: ReplayState, logp_fn: LogpFn) -> tuple[jax.Array, jax.Array]:
+  """KL(mu || pi_theta) [C] of every stored entry under the current policy (POPO-KL's priority),
+  and the pass's [C, E, T] log-probs (the entries' pi_prox).
 
   The entry's tokens were sampled from its behaviour policy mu, so the per-token k3 estimator
   r - 1 - log r with r = pi_theta / mu (Schulman 2020; unbiased for KL(mu || pi_theta) under
@@ -199,8 +208,10 @@ def stored_kl(replay: ReplayState, logp_fn: LogpFn) -> jax.Array:
   sampler/trainer mismatch does not rank the entries.
   """
   rows = jax.tree.map(flat_rows, replay.rollouts)
-  k3 = losses.kl_penalty(flat_rows(replay.gen_logp), logp_fn(rows), "k3")
+  logp_NxT = logp_fn(rows)
+  k3 = losses.kl_penalty(flat_rows(replay.gen_logp), logp_NxT, "k3")
   mask = rows.completion_mask.astype(jnp.float32)
   c = replay.capacity
   per_entry = jnp.sum((k3 * mask).reshape(c, -1), axis=1)
-  return per_entry / jnp.maximum(jnp.sum(mask.reshape(c, -1), axis=1), 1.0)
+  kl_C = per_entry / jnp.maximum(jnp.sum(mask.reshape(c, -1), axis=1), 1.0)
+  return kl_C, logp_NxT.reshape(replay.gen_logp.shape)
