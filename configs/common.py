@@ -167,6 +167,9 @@ def _add_groups(parent: ml_collections.ConfigDict, table: registry.Registry) -> 
       parent[name] = group
 
 
+_PARAMETRIC = ["pool=N", "minibatches=M", "prox=exact|interpolate", "prox_chunks=K"]
+
+
 def apply_presets(c: ml_collections.ConfigDict, arg: str | None,
                   own: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
   """Applies comma-separated presets; an unknown name fails listing every preset the config
@@ -178,12 +181,18 @@ def apply_presets(c: ml_collections.ConfigDict, arg: str | None,
     if name.startswith("pool=") and name[5:].isdigit():
       c.task.train_size = int(name[5:])  # a finite training set of that many problems
       continue
+    if name.startswith("prox=") and name[5:] in ("exact", "interpolate"):
+      c.replay.prox = name[5:]  # pi_prox of replayed rows: the exact pass or interpolated
+      continue
+    if name.startswith("prox_chunks=") and name[12:].isdigit():
+      c.replay.prox_chunks = int(name[12:])  # the exact pass in this many chunks (0 = whole batch)
+      continue
     if name.startswith("minibatches=") and name[12:].isdigit():
       c.rl.num_minibatches = int(name[12:])  # optimiser updates per train step (per epoch)
       continue
     if name not in known:
       raise ValueError(f"unknown config preset {name!r}; known: "
-                       f"{', '.join(sorted(set(known) | set(own)) + ['pool=N', 'minibatches=M'])}")
+                       f"{', '.join(sorted(set(known) | set(own)) + _PARAMETRIC)}")
     known[name](c)
   return c
 

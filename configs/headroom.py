@@ -11,11 +11,13 @@ Presets (combine with the common ones):
   headroom_only   no drift gate: the 8 highest-headroom groups
   drift_only      the gate, walking the buffer oldest first instead of by headroom
   decoupled       pi_prox from the candidate pass as the ratio denominator (no extra pass)
+  walk=N          teacher-force the candidates in N chunks in walk order, stopping once 8 are
+                  admitted (the same groups; unread candidates keep their cached H and D)
 """
 
 from configs import common
 
-PRESETS = ("headroom_only", "drift_only", "decoupled")
+PRESETS = ("headroom_only", "drift_only", "decoupled", "walk=N")
 
 
 def get_config(arg: str | None = None):
@@ -37,6 +39,8 @@ def get_config(arg: str | None = None):
       c.replay.headroom.order = "fifo"
     elif name == "decoupled":
       c.replay.objective = "decoupled"
+    elif name.startswith("walk=") and name[5:].isdigit():
+      c.replay.headroom.candidate_chunks = int(name[5:])
     else:
       rest.append(name)
   return common.apply_presets(c, ",".join(rest), own=PRESETS)

@@ -88,13 +88,17 @@ def _compose(cfg):
                    unique=True),
     shifts=st.lists(st.sampled_from([0.0, 0.01, 0.02, 0.05, 0.1]), min_size=CAP, max_size=CAP),
     valid=st.lists(st.booleans(), min_size=CAP, max_size=CAP),
-    gate=st.booleans(), order=st.sampled_from(headroom_lib.ORDERS))
-def test_admission_walk_against_a_python_model(heads, shifts, valid, gate, order):
+    gate=st.booleans(), order=st.sampled_from(headroom_lib.ORDERS),
+    chunks=st.sampled_from([1, 2, 4]))
+def test_admission_walk_against_a_python_model(heads, shifts, valid, gate, order, chunks):
   """tau = 1e-3, K_rep = 2, M = 4: candidates are the M live groups of highest cached headroom
   (or the M oldest); admitted in that order while D = shift^2 <= tau (0.0, 0.01, 0.02 pass;
   0.05^2 = 2.5e-3 and 0.1^2 = 1e-2 fail); never a group with D > tau when gated; the cache of
-  every live candidate is refreshed with its measured D."""
-  cfg = headroom_lib.HeadroomConfig(slots=2, candidates=4, tau=1e-3, gate=gate, order=order)
+  every live candidate the walk reads is refreshed with its measured D. In ``chunks`` chunks
+  of 4 / chunks the walk reads a chunk only while fewer than K_rep have passed before it: the
+  same groups are admitted, and the candidates it did not read keep their cached D."""
+  cfg = headroom_lib.HeadroomConfig(slots=2, candidates=4, tau=1e-3, gate=gate, order=order,
+                                    candidate_chunks=chunks)
   rows, adv = _group_rows(list(range(CAP)), [1.0] * CAP)
   replay = replay_lib.init_replay(CAP, GH, PH, TH)
   replay = replay_lib.insert(replay, rows, adv, jnp.ones(CAP, bool), 0,
@@ -116,8 +120,14 @@ def test_admission_walk_against_a_python_model(heads, shifts, valid, gate, order
   if gate:
     assert all(shifts[i] ** 2 <= 1e-3 for i in set(got))
   assert float(comp.metrics["headroom_admitted"]) == len(admitted)
+  size = 4 // chunks
+  slots_read = [j for j in range(4) if sum(
+      1 for i in candidates[:j // size * size] if i in passes) < 2]
+  read = [candidates[j] for j in slots_read if j < len(candidates)]
+  assert float(comp.metrics["headroom_candidates"]) == len(read)
   for i in candidates:
-    assert float(new.drift[i]) == pytest.approx(shifts[i] ** 2, abs=1e-7)
+    want = shifts[i] ** 2 if i in read else float(replay.drift[i])
+    assert float(new.drift[i]) == pytest.approx(want, abs=1e-7)
   # Replayed rows' pi_prox is the candidate pass: log mu + shift.
   for row, r in enumerate(np.asarray(comp.replayed[n:])):
     if r:

@@ -2,13 +2,16 @@
 scattered to their rows) and AReaL's interpolation (alpha by hand, the update fractions, the
 step's first update equal to the exact pass)."""
 
+import hypothesis
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import strategies as st
 
-from grpo_jax import losses, policy, prox, step as step_lib, update
+from configs import headroom as headroom_config, popo as popo_config
+from grpo_jax import configuration, losses, policy, prox, step as step_lib, update
 from grpo_jax.batch import Tokens, UpdateBatch
 from grpo_jax.replay import popo
 from grpo_jax.types import Rollout
@@ -145,3 +148,53 @@ def test_interpolation_in_the_only_update_of_a_step_is_the_exact_pass(split):
   assert float(interp_m["loss"]) == pytest.approx(float(exact_m["loss"]), rel=1e-5)
   for a, b in zip(jax.tree.leaves(exact_state.params), jax.tree.leaves(interp_state.params)):
     np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@hypothesis.settings(max_examples=30, deadline=None)
+@hypothesis.given(groups=st.integers(1, 5), g=st.integers(1, 3), chunks=st.integers(1, 9),
+                  data=st.data())
+def test_gathered_pass_against_a_python_model(groups, g, chunks, data):
+  """Any chunk count (capped at the groups of the bound): a row gets the pass's value iff its
+  chunk holds a replayed row, and log mu otherwise; rows outside the bound always keep log mu."""
+  n = 6 * g  # 6 groups in the batch, the bound ``groups`` of them
+  order = data.draw(st.permutations(range(6)))[:groups]
+  replayed_groups = data.draw(st.sets(st.sampled_from(order)))
+  bound_groups = sorted(order, key=lambda q: q not in replayed_groups)  # replayed first
+  bound = [q * g + j for q in bound_groups for j in range(g)]
+  replayed = np.zeros(n, bool)
+  for q in replayed_groups:
+    replayed[q * g:(q + 1) * g] = True
+  rows = _rows(n)
+  out = np.asarray(prox.gathered(rows, jnp.asarray(replayed), jnp.asarray(bound, jnp.int32),
+                                 _fake_pass, chunks, g))
+  k = min(chunks, groups)
+  per = -(-groups // k) * g  # rows per chunk
+  want = np.asarray(rows.behaviour_logp).copy()
+  for c in range(k):
+    part = bound[c * per:(c + 1) * per]
+    if any(replayed[r] for r in part):
+      want[part] = np.asarray(_fake_pass(rows))[part]
+  np.testing.assert_array_equal(out, want)
+
+
+def test_the_config_keys_refuse_what_cannot_run():
+  c = popo_config.get_config("smoke")
+  c.replay.prox = "approximate"
+  with pytest.raises(configuration.ConfigError, match="replay.prox.*exact, interpolate"):
+    configuration.validate(c)
+  c = popo_config.get_config("smoke,bf16,prox=interpolate")  # rl.prox_pass auto -> "all"
+  with pytest.raises(configuration.ConfigError, match="replay.prox.*resolves to 'all'"):
+    configuration.validate(c)
+  for bad in (-1, True):  # (a float is refused by the ConfigDict itself)
+    c = popo_config.get_config("smoke")
+    c.replay.prox_chunks = bad
+    with pytest.raises(configuration.ConfigError, match="replay.prox_chunks"):
+      configuration.validate(c)
+  c = headroom_config.get_config("smoke,walk=3")  # 16 candidates in 3 chunks
+  with pytest.raises(configuration.ConfigError, match="candidate_chunks must be >= 1 and divide"):
+    configuration.validate(c)
+  for ok in ("smoke,prox=interpolate", "smoke,prox_chunks=0", "smoke,prox_chunks=7"):
+    c = popo_config.get_config(ok)
+    configuration.validate(c)
+    step = configuration.step_config(c)
+    assert (step.prox_estimate, step.prox_chunks) == (c.replay.prox, c.replay.prox_chunks)

@@ -11,7 +11,9 @@ initialised Qwen3 of the given shape to ``--model`` (the issue's reference model
 
 ``--methods=grpo,popo --ineffective_fraction=0.5`` times the train step of each method on the
 same rollouts in the same run (steps alternate), with that fraction of groups given constant
-rewards so POPO refills them from its buffer: the cost of the buffer, as a ratio.
+rewards so POPO refills them from its buffer: the cost of the buffer, as a ratio. A method's
+presets set its pi_prox pass too (``popo:prox_chunks=0``: the pass over the whole batch,
+``popo:prox=interpolate``: none; ``headroom:walk=2``: the candidate pass in two chunks).
 
 ``--rows_equal`` adds, for each method that trains on more rows than the N fresh ones (rollout
 replay's extra rows, Headroom-Drift's extra groups: ``extra_rows``), a GRPO step on that many
@@ -105,9 +107,11 @@ def main(argv):
   ref_params = jax.tree.map(jnp.copy, params)
   runs = {}
   for method in _METHODS.value:
-    replay_method, capacity = _replay_method(method, b, g)
+    replay_method, capacity, run_config = _replay_method(method, b, g)
     config = step_lib.StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value),
-                                 replay=replay_method, shared_prompts=_SHARED.value)
+                                 replay=replay_method, shared_prompts=_SHARED.value,
+                                 prox_estimate=run_config.replay.prox,
+                                 prox_chunks=run_config.replay.prox_chunks)
     runs[method] = dict(
         config=config, step=step_lib.make_train_step(graphdef, tx, config),
         state=step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),
@@ -286,7 +290,8 @@ def phase_report(graphdef, params, config: ModelConfig, rollout: Rollout, gen_s:
 
 
 def _replay_method(name: str, b: int, g: int):
-  """(replay method, buffer capacity) of configs/<name>.py[:presets] at this batch shape.
+  """(replay method, buffer capacity, the run config) of configs/<name>.py[:presets] at this
+  batch shape (the step takes its pi_prox settings, ``replay.prox*``, from the config too).
 
   Warm-up is switched off so that replay happens from the second step on.
   """
@@ -295,7 +300,7 @@ def _replay_method(name: str, b: int, g: int):
   config.rollout.batch_prompts, config.rollout.group_size = b, g
   config.replay.prioritized.warmup_steps = 0
   method = configuration.replay_config(config)
-  return method, (config.replay.capacity if config.replay.method != "none" else 0)
+  return method, (config.replay.capacity if config.replay.method != "none" else 0), config
 
 
 if __name__ == "__main__":

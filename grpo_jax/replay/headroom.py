@@ -10,7 +10,12 @@ generation-time log-probs pi_gen, frozen advantages and a cached headroom. Per s
    pi_gen is the trainer's log-probs at generation (``buffer.ReplayState.gen_logp``), so
    under bfloat16 D measures the policy's movement, not the sampler/trainer mismatch.
 3. Walking the candidates in order, a group is admitted while D <= tau, until K_rep groups
-   (``gate=False``, the headroom-only ablation: the first K_rep, no gate).
+   (``gate=False``, the headroom-only ablation: the first K_rep, no gate). With
+   ``candidate_chunks`` = n > 1 the pass of step 2 walks with it, M / n candidates at a time,
+   and stops once K_rep are admitted: the admitted groups are the same, and the candidates
+   after them keep their last measured H and D, as every entry outside the top M does (the
+   ranking of step 1 is always by the last measured H). The pass then costs what the walk
+   reads, which is little when most candidates pass.
 4. The update runs on the fresh groups plus the admitted ones (K_rep * G extra rows, masked
    where fewer were admitted); a replayed group's ratio denominator is pi_gen (objective
    "align_mu", the paper's L_mix), or pi_prox from the same pass ("decoupled": no extra pass).
@@ -84,6 +89,8 @@ class HeadroomConfig(registry.Configurable):
     gate: apply the drift gate (False: the headroom-only ablation).
     order: "headroom" (cached H, descending) or "fifo" (oldest first: the drift-only ablation).
     max_age: entries older than this many steps are dropped (0 = only FIFO overwrite).
+    candidate_chunks: the candidates are teacher-forced in this many chunks of M / n, in walk
+      order, a chunk skipped once K_rep groups are admitted (1: one pass over all M).
     objective: how replayed rows enter the loss (method.OBJECTIVES); "align_mu" as the paper.
   """
 
@@ -93,6 +100,7 @@ class HeadroomConfig(registry.Configurable):
   gate: bool = True
   order: str = "headroom"
   max_age: int = 0
+  candidate_chunks: int = 1
   objective: str = objective_field("align_mu")
 
   def __post_init__(self):
@@ -104,6 +112,9 @@ class HeadroomConfig(registry.Configurable):
                        f"candidates={self.candidates}")
     if self.tau <= 0 or self.max_age < 0:
       raise ValueError(f"tau must be > 0 and max_age >= 0, got {self.tau}, {self.max_age}")
+    if self.candidate_chunks < 1 or self.candidates % self.candidate_chunks:
+      raise ValueError(f"candidate_chunks must be >= 1 and divide candidates={self.candidates}, "
+                       f"got {self.candidate_chunks}")
 
   @classmethod
   def from_config(cls, config) -> HeadroomConfig:
@@ -145,34 +156,72 @@ class HeadroomConfig(registry.Configurable):
     ok_M = jnp.isfinite(top_M)
     cand = jax.tree.map(lambda x: x[cand_M], replay.rollouts)  # [M, G, ...]
     adv_MxG = replay.advantages[cand_M]
-    logp_MxGxT = logp_fn(jax.tree.map(flat_rows, cand)).reshape(cand.behaviour_logp.shape)
     gen_MxGxT = replay.gen_logp[cand_M]
-    drift_M = jax.vmap(group_drift)(logp_MxGxT, gen_MxGxT, cand.completion_mask)
-    head_M = jax.vmap(group_headroom)(logp_MxGxT, adv_MxG, cand.completion_mask)
-    passes_M = ok_M & (drift_M <= self.tau) if self.gate else ok_M
+    logp_MxGxT, drift_M, head_M, passes_M, scored_M = self._walk(
+        cand, adv_MxG, gen_MxGxT, ok_M, replay.drift[cand_M], replay.headroom[cand_M], logp_fn)
     admitted_M = passes_M & (jnp.cumsum(passes_M.astype(jnp.int32)) <= k)
     # Slot j takes the j-th admitted candidate (stable order keeps the walk's order).
     order_M = jnp.argsort(~admitted_M, stable=True)
     take_K = order_M[:k]
     slot_ok_K = jnp.arange(k) < jnp.sum(admitted_M.astype(jnp.int32))
     pick = lambda x: x[take_K].reshape((k * g,) + x.shape[2:])
-    num_ok = jnp.maximum(jnp.sum(ok_M.astype(jnp.float32)), 1.0)
+    num_ok = jnp.maximum(jnp.sum(scored_M.astype(jnp.float32)), 1.0)
     num_adm = jnp.sum(admitted_M.astype(jnp.float32))
     mean_over = lambda x, w: jnp.sum(jnp.where(w, x, 0.0)) / jnp.maximum(
         jnp.sum(w.astype(jnp.float32)), 1.0)
     return fresh_anchored(
         ctx, jax.tree.map(pick, cand), pick(adv_MxG), jnp.repeat(slot_ok_K, g),
         gen_logp_RxT=pick(gen_MxGxT), prox_logp_RxT=pick(logp_MxGxT),
-        selection=(cand_M, ok_M, admitted_M, drift_M, head_M),
+        selection=(cand_M, scored_M, admitted_M, drift_M, head_M),
         metrics={
             "headroom_admitted": num_adm,
             "headroom_accept_rate": jnp.sum(passes_M.astype(jnp.float32)) / num_ok,
-            "headroom_candidates": jnp.sum(ok_M.astype(jnp.float32)),
-            "headroom_candidate_drift": mean_over(drift_M, ok_M),
-            "headroom_candidate_h": mean_over(head_M, ok_M),
+            "headroom_candidates": jnp.sum(scored_M.astype(jnp.float32)),
+            "headroom_candidate_drift": mean_over(drift_M, scored_M),
+            "headroom_candidate_h": mean_over(head_M, scored_M),
             "headroom_admitted_drift": mean_over(drift_M, admitted_M),
             "headroom_admitted_h": mean_over(head_M, admitted_M),
         })
+
+  def _walk(self, cand, adv_MxG, gen_MxGxT, ok_M, cached_drift_M, cached_head_M, logp_fn):
+    """The teacher-forced pass over the candidates in walk order (module docstring, 2-3).
+
+    Args:
+      cand: Rollout of [M, G, ...] candidate groups, in walk order.
+      adv_MxG: float32 their frozen advantages.
+      gen_MxGxT: float32 their pi_gen.
+      ok_M: bool, the candidate is a live entry.
+      cached_drift_M, cached_head_M: float32, their last measured D and H.
+      logp_fn: Rollout of n rows -> [n, T] log pi_theta at the start-of-step policy.
+
+    Returns:
+      ([M, G, T] log pi_theta (pi_gen where not scored), [M] D, [M] H (the cached values where
+      not scored), [M] bool passes the gate, [M] bool scored this step).
+    """
+    m, g = adv_MxG.shape
+    k, n = self.slots, self.candidate_chunks
+
+    def score(cand, adv, gen, ok):
+      logp = logp_fn(jax.tree.map(flat_rows, cand)).reshape(gen.shape)
+      drift = jax.vmap(group_drift)(logp, gen, cand.completion_mask)
+      head = jax.vmap(group_headroom)(logp, adv, cand.completion_mask)
+      passes = ok & (drift <= self.tau) if self.gate else ok
+      return logp, drift, head, passes
+
+    if n == 1:
+      return (*score(cand, adv_MxG, gen_MxGxT, ok_M), ok_M)
+    chunked = lambda x: x.reshape((n, m // n) + x.shape[1:])
+    xs = jax.tree.map(chunked, (cand, adv_MxG, gen_MxGxT, ok_M, cached_drift_M, cached_head_M))
+
+    def chunk(passed, x):
+      cand_X, adv_X, gen_X, ok_X, drift_X, head_X = x
+      skip = lambda *_: (gen_X, drift_X, head_X, jnp.zeros_like(ok_X))
+      run = passed < k  # fewer than K_rep admitted so far: the walk reads this chunk
+      logp, drift, head, passes = jax.lax.cond(run, score, skip, cand_X, adv_X, gen_X, ok_X)
+      return passed + jnp.sum(passes.astype(jnp.int32)), (logp, drift, head, passes, ok_X & run)
+
+    _, out = jax.lax.scan(chunk, jnp.int32(0), xs)
+    return jax.tree.map(lambda x: x.reshape((m,) + x.shape[2:]), out)
 
   def after_update(self, ctx: StepContext, replay: ReplayState,
                    comp: Composition) -> tuple[ReplayState, dict]:
@@ -180,9 +229,9 @@ class HeadroomConfig(registry.Configurable):
     step's mixed-outcome groups with their headroom under pi_gen."""
     if not self.replays(replay):
       return replay, {}
-    cand_M, ok_M, admitted_M, drift_M, head_M = comp.selection
+    cand_M, scored_M, admitted_M, drift_M, head_M = comp.selection
     c = replay.capacity
-    slot_M = jnp.where(ok_M, cand_M, c)
+    slot_M = jnp.where(scored_M, cand_M, c)
     replay = replay.replace(
         headroom=replay.headroom.at[slot_M].set(head_M, mode="drop"),
         drift=replay.drift.at[slot_M].set(drift_M, mode="drop"))
