@@ -19,10 +19,13 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow  # three launches of the CLI, two of them two processes each
 
-# Greedy evaluation off: one sampler fewer to compile in each of the three launches.
+# Greedy evaluation off, and 4 held-out prompts x k = 2 samples: the evaluation's sampler is
+# the rollouts' one (4 prompts x 2 rollouts), so each process of the three launches compiles
+# one sampler, not two (process 1 compiles everything again when resumed: only process 0
+# writes the compilation cache, and process 1's cache keys differ from it).
 SMOKE = ["--config=configs/popo.py:smoke", "--config.rollout.batch_prompts=4",
          "--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
-         "--config.eval.greedy=false"]
+         "--config.eval.greedy=false", "--config.eval.num_prompts=4"]
 
 
 def _env(devices: int) -> dict:
