@@ -144,6 +144,7 @@ def _config(total: int):
   # and 6, 24 tokens; the others, 25-28, are skipped and counted), both held-out ones (24, 24).
   c.rl.reward_signal = "score"
   c.total_steps, c.eval.every, c.checkpoint.every = total, 100, 1  # evaluations at 0 and the end
+  c.eval.greedy = False  # one sampler fewer to compile
   return c
 
 
@@ -200,6 +201,8 @@ def test_a_reward_that_always_raises_stops_the_run_in_one_line(tmp_path):
       [sys.executable, "-m", "grpo_jax.train", "--config=configs/grpo.py:smoke",
        f"--config.task.data_path={VERL_TRAIN}", f"--config.task.rewards={broken}:grade",
        "--config.task.max_reward_failures=2",
+       # The signal and evaluation of _config: the steps the resumed run above compiled.
+       "--config.rl.reward_signal=score", "--config.eval.greedy=false",
        f"--workdir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 1, proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
