@@ -155,6 +155,7 @@ def test_resume_gives_exactly_the_uninterrupted_run(tmp_path, module):
     c.replay.headroom.tau = 1e3  # Headroom-Drift: admit whatever the tiny batches' updates move
     c.total_steps = total
     c.eval.every = 100  # evaluations never change the trajectory; keep them out of the way
+    c.eval.greedy = False  # (one sampler fewer to compile; the k=2 one is the rollouts')
     c.checkpoint.every = 2
     return c
 
@@ -190,6 +191,7 @@ def test_resume_of_an_allocator_makes_the_same_decisions(tmp_path, module, prese
     c.task.train_size = 16  # prompts come back within 4 steps, so the posteriors matter
     c.total_steps = total
     c.eval.every = 100
+    c.eval.greedy = False  # (one sampler fewer to compile, as above)
     c.checkpoint.every = 2
     return c
 
