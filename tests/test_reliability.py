@@ -298,7 +298,8 @@ def test_real_full_disk_is_one_line_and_the_last_checkpoint_survives(tmp_path):
     pytest.skip("unprivileged user namespaces (unshare -rm) are not available here")
   out.mkdir()
   run = small / "run"
-  overrides = {"total_steps": 4, "checkpoint.every": 2, "eval.every": 1000}
+  # The other tests' signals and evaluation: the steps they compiled.
+  overrides = {**OVERRIDES, "total_steps": 4, "checkpoint.every": 2}
   train_cmd = shlex.join([sys.executable, "-m", "grpo_jax.train",
                           "--config=configs/popo.py:smoke", f"--workdir={run}"] +
                          [f"--config.{k}={v}" for k, v in overrides.items()])
