@@ -211,6 +211,9 @@ def test_resume_of_an_allocator_makes_the_same_decisions(tmp_path, module, prese
 
 def test_rollout_budget_ends_the_run_and_a_rerun_says_it_is_complete(tmp_path, capsys):
   c = sara.get_config("smoke")
+  # The allocator resume test's signals and evaluation, so that its compiled steps serve here.
+  c.rl.reward_signal = c.rl.effective_signal = "score"
+  c.eval.greedy = False
   c.total_steps, c.total_rollouts = 50, 6
   c.eval.every_rollouts = 4
   workdir = os.fspath(tmp_path / "budget")
