@@ -131,6 +131,10 @@ def setup(config, workdir: str) -> Run:
   tx = optim.make_optimizer(config)
   state = step_lib.init_train_state(params, tx, mesh)
   replay = _init_replay(config, mesh)
+  if mesh is None:
+    # A restored state comes back committed to its device; the fresh one is committed too, so
+    # that a run and its resume compile the same programs (one persistent-cache entry each).
+    state, replay = jax.device_put((state, replay), jax.devices()[0])
   task = tasks_lib.make_task(config)
   stream = prompts_lib.PromptStream(task, tokenizer, r.prompt_len, config.task.chat_template,
                                     train_size=config.task.train_size)
