@@ -10,6 +10,7 @@ compiles.
 import ml_collections
 
 from grpo_jax import allocation, assets, deprecated, registry, tasks
+from grpo_jax.models import lora
 from grpo_jax.replay import method as replay_method
 
 
@@ -33,6 +34,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.remat = "none"  # activation checkpointing of the gradient pass: none | layer (per decoder block)
   c.model.query_block = 0  # queries per attention block in the train step (0 = all): bounds [rows, heads, block, P+T] scores
   c.model.arch = ""  # published architecture for abstract benchmarks (bench/memory.py); training reads config.json
+  # LoRA adapters (grpo_jax/models/lora.py): rank 0 = full fine-tuning. Under LoRA the base is
+  # frozen in model.dtype, only the adapters (float32) are trained and checkpointed, and the
+  # KL reference is the base (adapters off). Presets :lora (rank 32) and :lora=R.
+  c.model.lora = ml_collections.ConfigDict()
+  c.model.lora.rank = 0  # r, the adapters' inner width
+  c.model.lora.alpha = 32.0  # the update is scaled by alpha / r
+  c.model.lora.dropout = 0.0  # must be 0: a random pi_theta breaks ratio = 1 at the first update
+  c.model.lora.targets = lora.DEFAULT_TARGETS  # regex over dense-layer paths: attention and MLP projections
 
   c.task = ml_collections.ConfigDict()
   c.task.name = "countdown"  # a registered task: countdown | gsm8k (TFDS) | jsonl | file (your rows)
@@ -167,7 +176,11 @@ def _add_groups(parent: ml_collections.ConfigDict, table: registry.Registry) -> 
       parent[name] = group
 
 
-_PARAMETRIC = ["pool=N", "minibatches=M", "prox=exact|interpolate", "prox_chunks=K"]
+_PARAMETRIC = ["pool=N", "minibatches=M", "prox=exact|interpolate", "prox_chunks=K", "lora",
+               "lora=R"]
+# LoRA's learning rate over full fine-tuning's (LoRA Without Regret, Schulman et al. 2025:
+# ~10x across model sizes, for supervised and RL fine-tuning alike).
+LORA_LR_SCALE = 10.0
 
 
 def apply_presets(c: ml_collections.ConfigDict, arg: str | None,
@@ -177,6 +190,7 @@ def apply_presets(c: ml_collections.ConfigDict, arg: str | None,
   known = {"smoke": _smoke, "countdown_hard": _countdown_hard,
            "mopps": _selector("mopps"), "dps": _selector("dps"), "qwen3_0p6b": _qwen3("0.6B"), "qwen3_1p7b": _qwen3("1.7B"),
            "qwen3_4b": _qwen3("4B"), "qwen3_8b": _qwen3("8B"), "gsm8k": _gsm8k, "bf16": _bf16}
+  lora_rank = 0
   for name in filter(None, (arg or "").split(",")):
     if name.startswith("pool=") and name[5:].isdigit():
       c.task.train_size = int(name[5:])  # a finite training set of that many problems
@@ -190,10 +204,17 @@ def apply_presets(c: ml_collections.ConfigDict, arg: str | None,
     if name.startswith("minibatches=") and name[12:].isdigit():
       c.rl.num_minibatches = int(name[12:])  # optimiser updates per train step (per epoch)
       continue
+    if name == "lora" or (name.startswith("lora=") and name[5:].isdigit()):
+      lora_rank = int(name[5:]) if "=" in name else 32  # applied after the others (below)
+      continue
     if name not in known:
       raise ValueError(f"unknown config preset {name!r}; known: "
                        f"{', '.join(sorted(set(known) | set(own)) + _PARAMETRIC)}")
     known[name](c)
+  if lora_rank:
+    # After every other preset, so that a model preset's learning rate is the one scaled.
+    c.model.lora.update(rank=lora_rank, alpha=32.0)
+    c.opt.learning_rate *= LORA_LR_SCALE
   return c
 
 

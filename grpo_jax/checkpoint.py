@@ -32,7 +32,7 @@ import time
 import jax
 import orbax.checkpoint as ocp
 
-from grpo_jax.models import CheckpointError
+from grpo_jax.models import CheckpointError, lora
 
 # ENOSPC from Python's own writes; tensorstore (orbax's array writer) reports the same failure
 # as a ValueError ("RESOURCE_EXHAUSTED: ... No space left on device [os_error_code='28']") whose
@@ -163,6 +163,9 @@ class Checkpointer:
 
   @staticmethod
   def _tree(state, replay) -> dict:
+    # Under LoRA only the adapters (and their optimiser state) are saved: the base weights
+    # never change and are the model folder's (``lora.trainable``).
+    state = state.replace(params=lora.trainable(state.params)[0])
     # A capacity-0 buffer (plain GRPO) has only zero-size arrays, which orbax refuses; it
     # holds nothing, so it is left out and recreated empty on restore.
     return {"train": state, "replay": replay} if replay.capacity else {"train": state}
@@ -226,12 +229,15 @@ class Checkpointer:
             "to resume")
 
   def restore(self, step: int, state, replay):
-    """Restores into the structure, shapes and dtypes of the given (template) pytrees."""
+    """Restores into the structure, shapes and dtypes of the given (template) pytrees; under
+    LoRA the template's base weights are kept."""
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self._tree(state, replay))
     restored = self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
-    return (restored.state["train"], restored.state.get("replay", replay),
-            dict(restored.host))
+    train = restored.state["train"]
+    # The saved adapters joined to the template's base weights (as they were loaded).
+    train = train.replace(params=lora.join(train.params, lora.trainable(state.params)[1]))
+    return train, restored.state.get("replay", replay), dict(restored.host)
 
   def host(self, step: int) -> dict:
     """The host record of one checkpoint alone (no device arrays are read)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import math
+import re
 
 from grpo_jax import (advantages, allocation, deprecated, errors, losses, rewards, scoring,
                       sharding, step, tasks)
@@ -53,6 +54,7 @@ def validate(config, *, weights: bool = True) -> None:
   _check(m.query_block >= 0, "model.query_block", f"{m.query_block} must be >= 0 (0 = all at once)")
   _check(not m.arch or m.arch in architectures.ARCHITECTURES, "model.arch",
          f"{m.arch!r}; known: {', '.join(architectures.ARCHITECTURES)} (or empty)")
+  _lora(m)
   try:
     sharding.MeshConfig.from_config(config.mesh)
   except sharding.MeshError as e:
@@ -242,6 +244,26 @@ def check_mesh(config, mesh) -> None:
   _check(config.replay.capacity % shards == 0, "replay.capacity",
          f"{config.replay.capacity} entries must be a multiple of mesh data x fsdp = {shards} "
          "(buffer entries are split like the batch)")
+
+
+def _lora(m) -> None:
+  """``model.lora``: rank, alpha, dropout and the targets' regular expression."""
+  lo = m.get("lora")
+  if lo is None:
+    return
+  _check(isinstance(lo.rank, int) and lo.rank >= 0, "model.lora.rank",
+         f"{lo.rank!r} must be an int >= 0 (0 = full fine-tuning)")
+  _check(isinstance(lo.alpha, (int, float)) and lo.alpha > 0, "model.lora.alpha",
+         f"{lo.alpha!r} must be > 0 (the update is scaled by alpha / rank)")
+  _check(lo.dropout == 0, "model.lora.dropout",
+         f"{lo.dropout!r}: only 0 is supported; dropout would make pi_theta random, so the "
+         "step's ratio on fresh rows would not start at 1 and no pass would reproduce the "
+         "sampler's log-probs")
+  try:
+    re.compile(lo.targets)
+  except (re.error, TypeError) as e:
+    raise ConfigError(f"config.model.lora.targets: {lo.targets!r} is not a regular "
+                      f"expression ({e})") from None
 
 
 def prox_pass(config) -> str:

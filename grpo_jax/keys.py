@@ -4,6 +4,7 @@ A key is either a *parent* (only ever folded or split to derive others) or a *le
 one random function), never both, and no two consumers share a key:
 
     run          = key(seed)
+    lora_init    = fold_in(run, LORA_INIT)         the LoRA adapters' A draws (models/lora.py)
     evaluation   = fold_in(run, EVALUATION)        parent of the evaluation batches:
       batch(i)   = fold_in(evaluation, i)          parent of the sampler's token keys
     train(s)     = fold_in(fold_in(run, TRAIN), s) parent of step s's consumers:
@@ -32,11 +33,17 @@ GENERATION = 3
 UPDATE = 4
 REPLAY = 5
 SHUFFLE = 6
+LORA_INIT = 7
 
 
 def run_key(seed: int) -> jax.Array:
   """The run's root key."""
   return jax.random.key(seed)
+
+
+def lora_init(seed: int) -> jax.Array:
+  """The key of the LoRA adapters' initial draws (``nnx.Rngs(params=...)``)."""
+  return jax.random.fold_in(run_key(seed), LORA_INIT)
 
 
 def evaluation_batch(seed: int, batch: int) -> jax.Array:

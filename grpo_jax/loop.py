@@ -39,7 +39,7 @@ from grpo_jax import sharding as sharding_lib
 from grpo_jax import step as step_lib
 from grpo_jax import tasks as tasks_lib
 from grpo_jax import workdir as workdir_lib
-from grpo_jax.models import CheckpointError, from_pretrained
+from grpo_jax.models import CheckpointError, from_pretrained, lora
 
 
 class TrainingStopped(RuntimeError):
@@ -126,8 +126,10 @@ def setup(config, workdir: str) -> Run:
   r = config.rollout
   tokenizer = transformers.AutoTokenizer.from_pretrained(config.model.path)
   graphdef, params = _load_model(config, tokenizer, mesh)
-  # The reference must own its buffers: the state's parameters are donated every step.
-  ref_params = jax.tree.map(jnp.copy, params) if config.rl.kl_coef > 0 else None
+  # The reference must own its buffers: the state's parameters are donated every step. Under
+  # LoRA the step takes the base (adapters off) as the reference: no copy is made.
+  copy_ref = config.rl.kl_coef > 0 and not lora.has_adapters(params)
+  ref_params = jax.tree.map(jnp.copy, params) if copy_ref else None
   tx = optim.make_optimizer(config)
   state = step_lib.init_train_state(params, tx, mesh)
   replay = _init_replay(config, mesh)
@@ -220,13 +222,22 @@ def run(run: Run) -> dict:  # pylint: disable=redefined-outer-name
 
 def _load_model(config, tokenizer, mesh) -> tuple[nnx.GraphDef, Any]:
   """The policy's (graphdef, params) from ``config.model.path``, checked against the
-  tokenizer."""
-  model = from_pretrained(config.model.path, param_dtype=config.model.param_dtype,
+  tokenizer; with ``model.lora.rank`` > 0 the base is stored in the compute dtype (it is never
+  updated, so it needs no float32 master copy) and carries fresh adapters (``lora.attach``,
+  drawn from ``keys.lora_init`` of the seed)."""
+  adapters = lora.from_config(config.model)
+  param_dtype = config.model.dtype if adapters else config.model.param_dtype
+  model = from_pretrained(config.model.path, param_dtype=param_dtype,
                           dtype=config.model.dtype, mesh=mesh)
   if len(tokenizer) > model.config.vocab_size:
     raise CheckpointError(
         f"the tokenizer in {config.model.path} has {len(tokenizer):,} tokens but the model's "
         f"embedding has {model.config.vocab_size:,} rows: they do not belong together")
+  if adapters:
+    try:
+      lora.attach(model, adapters, nnx.Rngs(params=keys.lora_init(config.seed)))
+    except ValueError as e:
+      raise errors.ConfigError(f"config.model.lora: {e}") from None
   return nnx.split(model)
 
 

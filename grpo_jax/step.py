@@ -38,6 +38,7 @@ from grpo_jax import sharding as sharding_lib
 from grpo_jax import step_metrics
 from grpo_jax import update
 from grpo_jax.batch import Tokens, UpdateBatch
+from grpo_jax.models import lora
 from grpo_jax.replay import ReplayState
 from grpo_jax.replay import method as replay_method
 # The step's settings live in step_config.py; importers use them as step.StepConfig etc.
@@ -51,9 +52,11 @@ def init_train_state(params, tx: optax.GradientTransformation, mesh=None) -> Tra
 
   With a ``mesh`` the state is created by one jitted call whose outputs are laid out by
   ``sharding.tree_shardings`` (the optimiser state split like the parameter it belongs to) and
-  whose input parameters are donated (they become the state's, with no copy).
+  whose input parameters are donated (they become the state's, with no copy). With LoRA
+  adapters in ``params`` the optimiser state is of the adapters only (``lora.trainable``).
   """
-  init = lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p))
+  init = lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p,
+                              opt_state=tx.init(lora.trainable(p)[0]))
   if mesh is None:
     return init(params)
   shardings = sharding_lib.tree_shardings(mesh, jax.eval_shape(init, params))
@@ -70,7 +73,8 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
     state: TrainState (donated).
     replay: ReplayState (donated; passed through at capacity 0).
     rollout: the fresh Rollout, N = B * G rows, group-major.
-    ref_params: frozen reference parameters (ignored when the KL coefficient is 0).
+    ref_params: frozen reference parameters (ignored when the KL coefficient is 0, and when
+      ``state.params`` holds LoRA adapters: the reference is then the base, adapters off).
     rng: the step's update key (``keys.update``): parent of the replay method's key and of the
       minibatch shuffles, each folded with the state's step (``keys.py``).
 
@@ -83,6 +87,9 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   evicted, comp, evict_metrics = _compose(config, ctx, replay, start_logp, replaying)
   full_NxT = _proximal_pass(config, comp, start_logp, replaying)
   ctx, mismatch_metrics = _sampler_mismatch(config, rollout, ctx, comp, full_NxT)
+  if lora.has_adapters(state.params):
+    # The reference is the base model: the adapters switched off, no second copy of weights.
+    ref_params = lora.without_adapters(state.params)
   batch = _update_batch(graphdef, config, comp, full_NxT, ref_params, replaying, state.step)
   (params, opt_state), per_update = update.update_scan(graphdef, tx, config, state, batch, rng,
                                                        replaying)

@@ -20,6 +20,7 @@ from grpo_jax import policy
 from grpo_jax import prox as prox_lib
 from grpo_jax import step_metrics
 from grpo_jax.batch import UpdateBatch
+from grpo_jax.models import lora
 from grpo_jax.models.causal_lm import prompts_repeat
 from grpo_jax.sharding import constrain
 from grpo_jax.step_config import StepConfig
@@ -43,12 +44,18 @@ def update_scan(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config
 
   Returns:
     ((params, opt_state) after the last update, name -> [E, M] per-update metrics).
+
+  With adapters (``lora``) only they are differentiated, updated and carried through the
+  scan; the base weights are read from ``state.params`` unchanged.
   """
-  step = functools.partial(_minibatch_update, graphdef, tx, config, replaying)
+  trainable, frozen = lora.trainable(state.params)
+  step = functools.partial(_minibatch_update, graphdef, tx, config, replaying, frozen)
   epoch = functools.partial(_epoch, step, config, batch)
-  return jax.lax.scan(epoch, (state.params, state.opt_state),
-                      (keys.shuffle(rng, state.step, config.num_epochs),
-                       jnp.arange(config.num_epochs, dtype=jnp.int32)))
+  (trainable, opt_state), per_update = jax.lax.scan(
+      epoch, (trainable, state.opt_state),
+      (keys.shuffle(rng, state.step, config.num_epochs),
+       jnp.arange(config.num_epochs, dtype=jnp.int32)))
+  return (lora.join(trainable, frozen), opt_state), per_update
 
 
 def epoch_order(key: jax.Array, rows: int, config: StepConfig) -> jax.Array:
@@ -122,14 +129,17 @@ def with_interpolated_prox(mb: UpdateBatch, logp_UxT: jax.Array, fraction: jax.A
 
 
 def _minibatch_update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
-                      config: StepConfig, replaying: bool, carry, xs):
+                      config: StepConfig, replaying: bool, frozen, carry, xs):
   """One gradient and optax update on a minibatch of U rows: (carry, its metrics).
 
+  ``carry``: (the trained parameters, the optimiser state); ``frozen``: the parameters that
+  are not trained (the base under adapters; None: every parameter is trained).
   ``xs``: (the UpdateBatch of U rows, float32 u / U of this update).
   """
   mb, fraction = xs
   params, opt_state = carry
-  loss_fn = functools.partial(_loss, graphdef, config, replaying, fraction=fraction)
+  loss_fn = lambda trained, mb, grouped: _loss(
+      graphdef, config, replaying, lora.join(trained, frozen), mb, fraction, grouped)
   grad_fn = lambda grouped: functools.partial(
       jax.value_and_grad(loss_fn, has_aux=True), grouped=grouped)
   if policy.grouped_pass_possible(mb.num_rows, config):

@@ -109,8 +109,12 @@ def _safetensors(file: str):
 
 
 def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "float32",
-                    rngs: Optional[nnx.Rngs] = None, mesh=None) -> CausalLM:
+                    rngs: Optional[nnx.Rngs] = None, mesh=None, base: str = "") -> CausalLM:
   """Loads a Hugging Face checkpoint folder as the NNX model of its family (Qwen3, Qwen2).
+
+  A PEFT LoRA adapter folder (``adapter_config.json``, as ``save_adapter`` writes) loads as
+  its base model (``base``, else the folder's ``base_model_name_or_path``) carrying those
+  adapters (``adapter_folder.load_adapter``).
 
   With a ``mesh`` every parameter is built shard by shard (``jax.make_array_from_callback``):
   each device's block is read from the safetensors file as a slice (memory-mapped, transposed
@@ -126,6 +130,7 @@ def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "fl
     rngs: unused by loading (all parameters come from the checkpoint); kept for symmetry.
     mesh: optional ``jax.sharding.Mesh``; parameters are laid out by the family's
       ``param_axes``.
+    base: the base model folder of an adapter folder (default: the one it records).
 
   Returns:
     The model, with every parameter taken from the checkpoint.
@@ -136,6 +141,12 @@ def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "fl
     sharding.MeshError: a parameter dimension the mesh does not divide.
   """
   del rngs
+  from grpo_jax.models import adapter_folder  # pylint: disable=g-import-not-at-top
+  if adapter_folder.is_adapter_folder(path) and not os.path.exists(os.path.join(path, _CONFIG)):
+    base = base or adapter_folder.base_model(path)
+    model = from_pretrained(base, param_dtype=param_dtype, dtype=dtype, mesh=mesh)
+    adapter_folder.load_adapter(model, path)
+    return model
   hf_config = read_hf_config(path)
   model_type = hf_config.get("model_type")
   family = family_for(model_type, hf_config.get("architectures"))
@@ -207,6 +218,9 @@ def save_pretrained(model: CausalLM, path: str, *, tokenizer=None,
                     max_shard_bytes: Optional[int] = None) -> None:
   """Writes ``model`` as a Hugging Face folder (config.json + safetensors).
 
+  A model with LoRA adapters is written merged (each kernel W + (alpha / r) A B,
+  ``lora.merged``); ``adapter_folder.save_adapter`` writes the adapters alone, for PEFT.
+
   Args:
     model: the NNX model (its family is its config's ``model_type``).
     path: output folder (created if needed).
@@ -216,7 +230,10 @@ def save_pretrained(model: CausalLM, path: str, *, tokenizer=None,
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
 
+  from grpo_jax.models import lora  # pylint: disable=g-import-not-at-top
   family = family_for(model.config.model_type)
+  if lora.has_adapters(nnx.state(model, nnx.Param)):
+    model = lora.merged(model)
   os.makedirs(path, exist_ok=True)
   family.config_to_hf(model.config).save_pretrained(path)
   tensors = {}

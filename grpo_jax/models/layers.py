@@ -63,13 +63,24 @@ class Dense(nnx.Module):
     self.kernel = nnx.Param(INIT(rngs.params(), (din, dout), param_dtype))
     self.bias = nnx.Param(jnp.zeros((dout,), param_dtype)) if use_bias else None
     self.dtype = dtype
+    # A low-rank adapter (``nnx.LoRA`` without a base module) and its alpha / r, set by
+    # ``lora.attach``; None: a plain dense layer.
+    self.lora = nnx.data(None)
+    self.lora_scale = 1.0
 
   def __call__(self, x):
     lead = x.shape[:-1]
-    y = jnp.dot(x.reshape(-1, x.shape[-1]).astype(self.dtype), self.kernel[...].astype(self.dtype))
+    x2 = x.reshape(-1, x.shape[-1]).astype(self.dtype)
+    y = jnp.dot(x2, self.kernel[...].astype(self.dtype))
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
-    return y.reshape(*lead, y.shape[-1])
+    return self.adapted(x2, y).reshape(*lead, y.shape[-1])
+
+  def adapted(self, x2, y):
+    """``y`` [rows, out] of ``x2`` [rows, in] plus the adapter's (alpha / r) (x A) B, if any."""
+    if self.lora is None:
+      return y
+    return y + (self.lora_scale * self.lora(x2)).astype(y.dtype)
 
 
 def fused_dense(x, denses) -> list:
@@ -84,10 +95,12 @@ def fused_dense(x, denses) -> list:
   dtype = denses[0].dtype
   lead = x.shape[:-1]
   kernel = jnp.concatenate([d.kernel[...].astype(dtype) for d in denses], axis=1)
-  y = jnp.dot(x.reshape(-1, x.shape[-1]).astype(dtype), kernel)
+  x2 = x.reshape(-1, x.shape[-1]).astype(dtype)
+  y = jnp.dot(x2, kernel)
   if denses[0].bias is not None:
     y = y + jnp.concatenate([d.bias[...].astype(dtype) for d in denses])
-  y = y.reshape(*lead, y.shape[-1])
   widths = [d.kernel.shape[1] for d in denses]
   splits = [sum(widths[:i + 1]) for i in range(len(widths) - 1)]
-  return jnp.split(y, splits, axis=-1)
+  # Adapters (if any) are added per layer, after the shared product.
+  return [d.adapted(x2, part).reshape(*lead, part.shape[-1])
+          for d, part in zip(denses, jnp.split(y, splits, axis=-1))]
