@@ -29,8 +29,8 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from grpo_jax import assets, checkpoint as checkpoint_lib, sampler as sampler_lib  # noqa: E402
-from grpo_jax import sharding, step as step_lib  # noqa: E402
-from grpo_jax.models import from_pretrained, hf  # noqa: E402
+from grpo_jax import losses, sharding, step as step_lib  # noqa: E402
+from grpo_jax.models import from_pretrained, hf, lora  # noqa: E402
 from grpo_jax.replay import init_replay, popo  # noqa: E402
 from grpo_jax.types import Rollout  # noqa: E402
 
@@ -164,6 +164,16 @@ def compare_steps(graphdef, params, sharded_params, batches, config, capacity, m
   return report, s8, r8
 
 
+def with_adapters(model):
+  """(graphdef, params) of ``model`` with rank-4 adapters on every projection, B ~ 0.05 N(0, 1)
+  (the same draws on every call)."""
+  lora.attach(model, lora.LoraConfig(rank=4, alpha=8.0), nnx.Rngs(0))
+  for i, (_, dense) in enumerate(lora.dense_layers(model)):
+    if dense.lora is not None:
+      dense.lora.lora_b[...] = 0.05 * jax.random.normal(jax.random.key(i), dense.lora.lora_b.shape)
+  return nnx.split(model)
+
+
 def main(out_path: str):
   results = {"devices": jax.device_count()}
   t0 = time.time()
@@ -208,6 +218,19 @@ def main(out_path: str):
                                     replay=popo.PopoConfig(fill="replay", max_uses=1))
   results["popo"], state, replay = compare_steps(graphdef, params, sharded_params, batches,
                                                  popo_config, 4, mesh)
+
+  # LoRA: adapters (B drawn away from 0, so A's gradient is not 0 either) on the same base,
+  # replicated under the mesh; a KL term, whose reference is the base (adapters off).
+  lora_graphdef, lora_params = with_adapters(from_pretrained(assets.EMBEDDED_MODEL))
+  _, lora_sharded = with_adapters(from_pretrained(assets.EMBEDDED_MODEL, mesh=mesh))
+  lora_config = step_lib.StepConfig(group_size=G, num_minibatches=2, logprob_chunk=16,
+                                    loss=losses.LossConfig(kl_coef=0.05))
+  results["lora"], lora_state, _ = compare_steps(lora_graphdef, lora_params, lora_sharded,
+                                                 batches, lora_config, 0, mesh)
+  adapters, base = lora.split(lora_state.params)
+  _, base0 = lora.split(lora_params)
+  results["lora"]["base_max_abs_diff"] = max_abs_diff(base, base0)
+  results["lora"]["adapters_moved"] = max_abs_diff(adapters, lora.split(lora_params)[0])
 
   # Checkpoints: the POPO state saved from the (2, 2, 2) mesh, restored onto (1, 2, 4) and
   # onto one device, into zero-filled templates of those layouts.

@@ -93,6 +93,25 @@ def test_sharded_train_step_equals_single_device(report, method):
   assert r["cache_size"] == 1  # the second step reused the first step's executable
 
 
+def test_sharded_lora_step_equals_single_device(report):
+  """LoRA under the (2, 2, 2) mesh: two SGD steps with a KL term to the base (adapters off)."""
+  r = report["lora"]
+  assert r["state_step"] == 2
+  assert r["base_max_abs_diff"] == 0.0  # the base weights are never updated
+  assert r["adapters_moved"] > 1e-4  # the adapters are (measured: ~3e-3)
+  assert r["params_max_abs_diff"] <= 1e-5  # sharded == single device, as for full training
+  worst = max(r["metrics_rel_diff"], key=r["metrics_rel_diff"].get)
+  assert r["metrics_rel_diff"][worst] <= 1e-5, worst
+  assert r["metrics_sharded"][0]["kl_ref"] > 0  # the reference is not the adapted policy
+  # The adapters and their momentum are replicated; the base keeps its FSDP x tensor layout.
+  replicated = lambda spec: set(spec.removeprefix("P(").rstrip(")").split(", ")) <= {"None", ""}
+  lora_specs = {k: v for k, v in r["param_specs"].items() if "lora" in k}
+  assert len(lora_specs) == 56 and all(map(replicated, lora_specs.values()))  # 28 x (A, B)
+  assert not all(replicated(v) for k, v in r["param_specs"].items() if "lora" not in k)
+  assert all("lora" in k for k in r["opt_state_specs"])  # optimiser state of adapters only
+  assert r["cache_size"] == 1
+
+
 def test_popo_replayed_under_the_mesh(report):
   # Step 2's group 0 is constant ([1, 1, 1, 1]): POPO refills that slot with one of the two
   # effective groups stored at step 1, i.e. G = 4 replayed rows.

@@ -138,9 +138,13 @@ def _final_state(workdir):
   return ck.manager.restore(ck.latest_step()).state
 
 
-@pytest.mark.parametrize("module", [popo, rollout_replay, headroom])
-def test_resume_gives_exactly_the_uninterrupted_run(tmp_path, module):
+@pytest.mark.parametrize("module,presets", [(popo, "smoke"), (rollout_replay, "smoke"),
+                                            (headroom, "smoke"), (popo, "smoke,lora=4")])
+def test_resume_gives_exactly_the_uninterrupted_run(tmp_path, module, presets):
   """N steps + resume + N steps == 2N steps: parameters, optimiser state, the replay buffer.
+
+  Under LoRA (``lora=4``) the checkpoints hold the adapters alone, on the base reloaded from
+  the model folder at the restart.
 
   The replay methods only: their steps are GRPO's plus the buffer, and the GRPO loop runs end
   to end in the CLI smoke test, so a GRPO copy of these three runs would add time and no
@@ -149,7 +153,7 @@ def test_resume_gives_exactly_the_uninterrupted_run(tmp_path, module):
   """
 
   def config(total):
-    c = module.get_config("smoke")
+    c = module.get_config(presets)
     c.rl.reward_signal = c.rl.effective_signal = "score"
     c.replay.prioritized.warmup_steps = 1
     c.replay.headroom.tau = 1e3  # Headroom-Drift: admit whatever the tiny batches' updates move
@@ -168,6 +172,9 @@ def test_resume_gives_exactly_the_uninterrupted_run(tmp_path, module):
   assert int(np.asarray(a["replay"]["num_inserted"])) > 0  # the buffer really was used...
   replayed = [r["replay_rows"] for r in metrics.read_metrics(straight) if "loss" in r]
   assert sum(replayed) > 0  # ...and replayed from
+  params = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+      a["train"]["params"])[0]}
+  assert all("lora" in k for k in params) == ("lora" in presets)
   leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
   assert len(leaves_a) == len(leaves_b) > 0
   for x, y in zip(leaves_a, leaves_b):

@@ -1,0 +1,214 @@
+"""LoRA: adapters start as a no-op, only they train, the reference is the base, exports load.
+
+The tiny Qwen3 of tests/data (loaded afresh here: adapters change a model in place) with rank-2
+adapters on every projection. Equalities that hold exactly are asserted exactly: an adapter
+with B = 0 adds (x A) 0 = 0 to each projection, and y + 0 = y in floating point.
+"""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from configs import common, grpo, popo
+from grpo_jax import checkpoint as checkpoint_lib
+from grpo_jax import configuration, losses, step as step_lib, train
+from grpo_jax.models import CheckpointError, adapter_folder, from_pretrained, lora
+from grpo_jax.models import save_pretrained
+from grpo_jax.replay import init_replay
+from tests.conftest import DATA
+from tests.test_step import B, G, MIXED, P, T, _rollout
+
+TINY = os.fspath(DATA / "tiny_qwen3")
+IDS = np.array([[7, 19, 33, 2, 90, 41, 8], [3, 3, 64, 100, 12, 5, 77]], np.int32)
+
+
+def _adapted(seed_b=None, rank=2, alpha=4.0, targets=lora.DEFAULT_TARGETS):
+  """The tiny model with adapters; ``seed_b`` draws B ~ 0.1 N(0, 1) (else B = 0)."""
+  model = from_pretrained(TINY)
+  lora.attach(model, lora.LoraConfig(rank, alpha, targets), nnx.Rngs(0))
+  if seed_b is not None:
+    for i, (_, dense) in enumerate(lora.dense_layers(model)):
+      if dense.lora is not None:
+        dense.lora.lora_b[...] = 0.1 * jax.random.normal(jax.random.key(seed_b + i),
+                                                         dense.lora.lora_b.shape)
+  return model
+
+
+def _logits(model):
+  return np.asarray(model(jnp.asarray(IDS)))
+
+
+@pytest.fixture(scope="module")
+def base_logits():
+  return _logits(from_pretrained(TINY))
+
+
+def test_adapters_start_as_a_no_op_and_cover_the_projections(base_logits):
+  model = _adapted()
+  adapted = [p for p, d in lora.dense_layers(model) if d.lora is not None]
+  # 2 layers x (q, k, v, o, gate, up, down); the tied LM head is no dense layer.
+  assert len(adapted) == 2 * 7 and all(p.split(".")[-1].endswith("proj") for p in adapted)
+  np.testing.assert_array_equal(_logits(model), base_logits)
+  a = model.layers[0].self_attn.q_proj.lora.lora_a
+  assert a.dtype == jnp.float32 and isinstance(a, nnx.LoRAParam)
+  # PEFT's A: uniform in +-1 / sqrt(in); the tiny model's width is 64 -> +-0.125.
+  assert 0.1 < float(jnp.abs(a[...]).max()) <= 0.125
+
+
+def test_targets_select_layers_and_a_target_matching_nothing_is_refused():
+  model = _adapted(targets=r"self_attn\.(q|v)_proj$")
+  assert [p for p, d in lora.dense_layers(model) if d.lora is not None] == [
+      "layers.0.self_attn.q_proj", "layers.0.self_attn.v_proj",
+      "layers.1.self_attn.q_proj", "layers.1.self_attn.v_proj"]
+  with pytest.raises(ValueError, match="matches none of the dense layers"):
+    _adapted(targets="attention_typo")
+
+
+def test_reference_is_the_base_model_exactly(base_logits):
+  model = _adapted(seed_b=1)
+  graphdef, params = nnx.split(model)
+  assert np.abs(_logits(model) - base_logits).max() > 1e-3  # the adapters change the model
+  off = nnx.merge(graphdef, lora.without_adapters(params))
+  np.testing.assert_array_equal(_logits(off), base_logits)
+  # The base arrays are shared, not copied.
+  _, base_in = lora.split(params)
+  _, base_off = lora.split(lora.without_adapters(params))
+  assert all(x is y for x, y in zip(jax.tree.leaves(base_in), jax.tree.leaves(base_off)))
+
+
+def _step(graphdef, kl_coef=0.0):
+  tx = optax.adam(1e-2)
+  config = step_lib.StepConfig(group_size=G, num_minibatches=1,
+                               loss=losses.LossConfig(kl_coef=kl_coef))
+  return tx, step_lib.make_train_step(graphdef, tx, config)
+
+
+def test_a_step_trains_only_the_adapters_with_the_base_as_reference():
+  graphdef, params = nnx.split(_adapted())
+  full_graphdef, full_params = nnx.split(from_pretrained(TINY))
+  rollout = _rollout((full_graphdef, full_params), MIXED)
+  tx, fn = _step(graphdef, kl_coef=0.1)
+  state = step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx)
+  # The optimiser state is of the adapters only: Adam's mu and nu of 14 x (A, B).
+  assert len(jax.tree.leaves(state.opt_state)) == 1 + 2 * 28
+  new, _, m = fn(state, init_replay(0, G, P, T), rollout, None, jax.random.key(0))
+  adapters0, base0 = lora.split(params)
+  adapters1, base1 = lora.split(new.params)
+  for x, y in zip(jax.tree.leaves(base0), jax.tree.leaves(base1)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  b_moved = [float(jnp.abs(y - x).max()) for (p, x), y in zip(
+      jax.tree_util.tree_flatten_with_path(adapters0)[0], jax.tree.leaves(adapters1))
+      if "lora_b" in jax.tree_util.keystr(p)]
+  # Adam's first step moves every B entry with a non-zero gradient by ~lr = 1e-2.
+  assert min(b_moved) > 5e-3
+  # At the start policy == base: the KL to the reference is 0 and the loss equals the full
+  # model's loss on the same rows (the same function), to float32 rounding of the extra adds.
+  assert float(m["kl_ref"]) == 0.0
+  full_tx, full_fn = _step(full_graphdef, kl_coef=0.1)
+  full_state = step_lib.init_train_state(jax.tree.map(jnp.copy, full_params), full_tx)
+  ref = jax.tree.map(jnp.copy, full_params)
+  _, _, full_m = full_fn(full_state, init_replay(0, G, P, T), rollout, ref, jax.random.key(0))
+  np.testing.assert_allclose(float(m["loss"]), float(full_m["loss"]), rtol=1e-6, atol=1e-8)
+  # One step later the adapted policy has left the base: the KL is positive.
+  _, _, m2 = fn(new, init_replay(0, G, P, T), rollout, None, jax.random.key(1))
+  assert float(m2["kl_ref"]) > 0.0
+
+
+def test_checkpoint_holds_the_adapters_only_and_restores_exactly(tmp_path):
+  graphdef, params = nnx.split(_adapted(seed_b=2))
+  tx = optax.adam(1e-3)
+  state = step_lib.init_train_state(params, tx)
+  replay = init_replay(0, G, P, T)
+  ckpt = checkpoint_lib.Checkpointer(os.fspath(tmp_path), keep=1)
+  ckpt.save(3, state, replay, {"data_position": 0})
+  raw = ckpt.manager.restore(3).state["train"]
+  saved = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+      raw["params"])[0]}
+  assert saved and all("lora" in k for k in saved)
+  # Into a template with the same base and other adapters: the saved adapters come back.
+  template = step_lib.init_train_state(nnx.split(_adapted(seed_b=9))[1], tx)
+  restored, _, _ = ckpt.restore(3, template, replay)
+  ckpt.close()
+  for x, y in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  del graphdef
+
+
+def test_merged_export_loads_in_transformers(tmp_path):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  model = _adapted(seed_b=3)
+  save_pretrained(model, os.fspath(tmp_path))
+  hf = transformers.AutoModelForCausalLM.from_pretrained(os.fspath(tmp_path),
+                                                         dtype=torch.float32)
+  theirs = hf(torch.tensor(IDS.astype(np.int64))).logits.detach().numpy()
+  np.testing.assert_allclose(theirs, _logits(model), atol=1e-4, rtol=0)
+  # The merged folder is a plain model: loading it gives no adapters and the same logits.
+  plain = from_pretrained(os.fspath(tmp_path))
+  assert all(d.lora is None for _, d in lora.dense_layers(plain))
+  np.testing.assert_allclose(_logits(plain), _logits(model), atol=1e-5, rtol=0)
+  # The model that was saved keeps its adapters.
+  assert any(d.lora is not None for _, d in lora.dense_layers(model))
+
+
+def test_adapter_folder_loads_back_and_in_peft(tmp_path):
+  model = _adapted(seed_b=4)
+  out = os.fspath(tmp_path / "adapter")
+  adapter_folder.save_adapter(model, out, base_model=TINY)
+  config = json.load(open(os.path.join(out, adapter_folder.CONFIG)))
+  assert config["r"] == 2 and config["lora_alpha"] == 4.0 and len(config["target_modules"]) == 14
+  back = from_pretrained(out)  # the base from the folder's record
+  np.testing.assert_array_equal(_logits(back), _logits(model))
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  peft = pytest.importorskip("peft")
+  base = transformers.AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32)
+  theirs = peft.PeftModel.from_pretrained(base, out)(torch.tensor(IDS.astype(np.int64)))
+  np.testing.assert_allclose(theirs.logits.detach().numpy(), _logits(model), atol=1e-4, rtol=0)
+
+
+def test_adapter_folder_without_its_base_is_one_line(tmp_path):
+  out = os.fspath(tmp_path / "adapter")
+  adapter_folder.save_adapter(_adapted(), out, base_model="/nowhere/Qwen3-8B")
+  with pytest.raises(CheckpointError, match="is not a local folder; pass the base"):
+    from_pretrained(out)
+  np.testing.assert_array_equal(_logits(from_pretrained(out, base=TINY)),
+                                _logits(_adapted()))
+
+
+def test_lora_presets_scale_the_learning_rate_after_model_presets():
+  plain = grpo.get_config("").opt.learning_rate
+  c = grpo.get_config("lora")
+  assert (c.model.lora.rank, c.model.lora.alpha) == (32, 32.0)
+  assert c.opt.learning_rate == pytest.approx(plain * common.LORA_LR_SCALE)
+  # The model preset's rate (1e-6) is the one scaled, wherever :lora stands.
+  for arg in ("lora=8,qwen3_4b", "qwen3_4b,lora=8"):
+    c = popo.get_config(arg)
+    assert c.model.lora.rank == 8 and c.opt.learning_rate == pytest.approx(1e-5)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("rank", -1, "must be an int >= 0"),
+    ("alpha", 0.0, "must be > 0"),
+    ("dropout", 0.05, "only 0 is supported"),
+    ("targets", "(q_proj", "is not a regular expression"),
+])
+def test_invalid_lora_values_name_the_field(field, value, message):
+  c = grpo.get_config("lora")
+  c.model.lora[field] = value
+  with pytest.raises(configuration.ConfigError, match=f"config.model.lora.{field}: .*{message}"):
+    configuration.validate(c)
+
+
+def test_targets_matching_nothing_fail_before_anything_is_written(tmp_path):
+  c = grpo.get_config("smoke,lora=2")
+  c.model.lora.targets = "no_such_layer"
+  with pytest.raises(configuration.ConfigError, match="config.model.lora: .* matches none"):
+    train.train_and_evaluate(c, os.fspath(tmp_path / "run"))
+  assert not os.path.exists(tmp_path / "run")
