@@ -8,6 +8,8 @@ with B = 0 adds (x A) 0 = 0 to each projection, and y + 0 = y in floating point.
 import json
 import os
 
+import hypothesis
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -212,3 +214,20 @@ def test_targets_matching_nothing_fail_before_anything_is_written(tmp_path):
   with pytest.raises(configuration.ConfigError, match="config.model.lora: .* matches none"):
     train.train_and_evaluate(c, os.fspath(tmp_path / "run"))
   assert not os.path.exists(tmp_path / "run")
+
+
+@hypothesis.settings(max_examples=8, deadline=None)
+@hypothesis.given(rank=st.integers(1, 200), alpha=st.floats(1e-3, 1e3),
+                  targets=st.sampled_from([lora.DEFAULT_TARGETS, "q_proj", r"mlp\.",
+                                           r"layers\.1\..*_proj$", "lm_head", "."]))
+def test_any_accepted_lora_setting_builds_a_no_op_model(base_logits, rank, alpha, targets):
+  """Every rank, alpha and target pattern the validator accepts gives a model (a rank above
+  the layer's width included) that starts exactly at the base, with adapters that train:
+  B's gradient is not zero."""
+  model = _adapted(rank=rank, alpha=alpha, targets=targets)
+  np.testing.assert_array_equal(_logits(model), base_logits)
+  graphdef, params = nnx.split(model)
+  adapters, base = lora.split(params)
+  loss = lambda a: jnp.sum(nnx.merge(graphdef, lora.combine(a, base))(jnp.asarray(IDS)) ** 2)
+  grads = jax.grad(loss)(adapters)
+  assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads)) > 0

@@ -243,6 +243,9 @@ def test_rollout_budget_ends_the_run_and_a_rerun_says_it_is_complete(tmp_path, c
 def test_every_config_validates(module):
   configuration.validate(module.get_config())
   configuration.validate(module.get_config("smoke"))
+  c = module.get_config("smoke,lora")  # every config takes the LoRA preset
+  configuration.validate(c)
+  assert c.model.lora.rank == 32
 
 
 @pytest.mark.parametrize("module,preset", [

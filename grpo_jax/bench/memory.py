@@ -77,7 +77,7 @@ from ml_collections import config_flags  # noqa: E402
 from grpo_jax import console  # noqa: E402
 from grpo_jax import configuration, losses, optim, replay as replay_lib  # noqa: E402
 from grpo_jax import sampler as sampler_lib, sharding, step as step_lib  # noqa: E402
-from grpo_jax.models import FAMILIES, ModelConfig, Qwen3  # noqa: E402
+from grpo_jax.models import FAMILIES, ModelConfig, Qwen3, lora  # noqa: E402
 from grpo_jax.types import Rollout  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -171,8 +171,9 @@ def main(argv):
 
 # --- per-device memory of a config on a mesh -------------------------------------------------
 
-# Memory per chip (GiB): an H100's 80 GB as CUDA reports it (81,559 MiB), a TPU v5e's 16 GiB.
-CHIPS = {"H100 80GB": 81_559 / 1024, "v5e 16GiB": 16.0}
+# Memory per chip (GiB): an H100's 80 GB as CUDA reports it (81,559 MiB), an H200's 141 GB
+# (143,771 MiB), a TPU v5e's 16 GiB.
+CHIPS = {"H100 80GB": 81_559 / 1024, "H200 141GB": 143_771 / 1024, "v5e 16GiB": 16.0}
 
 
 def architecture_of(config) -> ModelConfig:
@@ -210,9 +211,19 @@ def config_memory(config) -> dict:
   r = config.rollout
   mesh = sharding.make_mesh(sharding.MeshConfig.from_config(config.mesh))
   configuration.check_mesh(config, mesh)
+  adapters = lora.from_config(config.model)
   cfg = architecture_of(config)
+  if adapters:
+    cfg = cfg.replace(param_dtype=cfg.dtype)  # the frozen base in the compute dtype, as loaded
   build = FAMILIES.get(cfg.model_type).build
-  graphdef, params = nnx.split(nnx.eval_shape(lambda: build(cfg, rngs=nnx.Rngs(0))))
+
+  def model():
+    m = build(cfg, rngs=nnx.Rngs(0))
+    if adapters:
+      lora.attach(m, adapters, nnx.Rngs(0))
+    return m
+
+  graphdef, params = nnx.split(nnx.eval_shape(model))
   params = _with_shardings(params, sharding.tree_shardings(mesh, params))
   tx = optim.make_optimizer(config)
   state = jax.eval_shape(lambda p: step_lib.init_train_state(p, tx), params)
@@ -221,7 +232,7 @@ def config_memory(config) -> dict:
   replay = jax.eval_shape(lambda: replay_lib.init_replay(
       config.replay.capacity, method.entry_size(r.group_size), r.prompt_len, r.completion_len))
   replay = _with_shardings(replay, sharding.replay_shardings(mesh, replay))
-  ref = params if config.rl.kl_coef > 0 else None
+  ref = params if config.rl.kl_coef > 0 and not adapters else None  # LoRA: the base is it
   n, p, t = r.batch_prompts * r.group_size, r.prompt_len, r.completion_len
   rows = sharding.rows_sharding(mesh)
   s = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows)
@@ -261,7 +272,8 @@ def config_main(config):
         f"{config.rl.num_minibatches} minibatches, logprob_chunk {config.rl.logprob_chunk}, "
         f"remat {config.model.remat}, params {config.model.param_dtype}, matmuls "
         f"{config.model.dtype}, replay {config.replay.method} ({config.replay.capacity}), "
-        f"kl_coef {config.rl.kl_coef}; {jax.device_count()} {jax.default_backend()} devices",
+        f"kl_coef {config.rl.kl_coef}, LoRA rank {config.model.lora.rank}; "
+        f"{jax.device_count()} {jax.default_backend()} devices",
         flush=True)
   try:
     out = config_memory(config)

@@ -440,5 +440,12 @@ class Qwen3(nnx.Module):
       return jnp.einsum("...d,vd->...v", hidden_xD.astype(dtype), w_VxD,
                         preferred_element_type=jnp.float32)
     w_DxV = self.lm_head.kernel[...].astype(dtype)
-    return jnp.einsum("...d,dv->...v", hidden_xD.astype(dtype), w_DxV,
-                      preferred_element_type=jnp.float32)
+    logits = jnp.einsum("...d,dv->...v", hidden_xD.astype(dtype), w_DxV,
+                        preferred_element_type=jnp.float32)
+    if self.lm_head.lora is None:
+      return logits
+    # An adapted LM head (``lora.attach`` with a target matching lm_head).
+    lead, d = hidden_xD.shape[:-1], hidden_xD.shape[-1]
+    x2 = hidden_xD.reshape(-1, d).astype(dtype)
+    return self.lm_head.adapted(x2, logits.reshape(-1, logits.shape[-1])).reshape(
+        *lead, logits.shape[-1])
