@@ -231,3 +231,30 @@ def test_any_accepted_lora_setting_builds_a_no_op_model(base_logits, rank, alpha
   loss = lambda a: jnp.sum(nnx.merge(graphdef, lora.combine(a, base))(jnp.asarray(IDS)) ** 2)
   grads = jax.grad(loss)(adapters)
   assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads)) > 0
+
+
+def test_a_lora_run_exports_merged_and_as_an_adapter_folder(tmp_path):
+  """``:lora`` trains the embedded model, checkpoints the adapters only and exports both
+  formats, which load back to the same function; the wrong config is one line."""
+  from grpo_jax import export  # pylint: disable=g-import-not-at-top
+  c = popo.get_config("smoke,lora=4")
+  # The resume test's overrides (tests/test_train.py), so the steps come from the cache.
+  c.rl.reward_signal = c.rl.effective_signal = "score"
+  c.eval.update(every=100, greedy=False)
+  c.checkpoint.every = 2
+  workdir = os.fspath(tmp_path / "run")
+  train.train_and_evaluate(c, workdir)
+  merged, adapter = os.fspath(tmp_path / "merged"), os.fspath(tmp_path / "adapter")
+  assert export.export(c, workdir, merged) == 2
+  assert export.export(c, workdir, adapter, "adapter") == 2
+  assert sorted(os.listdir(adapter))[:2] == ["adapter_config.json", "adapter_model.safetensors"]
+  ids = jnp.asarray(IDS % 1000)
+  a, b = from_pretrained(merged)(ids), from_pretrained(adapter)(ids)
+  np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+  trained = from_pretrained(adapter)
+  assert max(float(jnp.abs(d.lora.lora_b[...]).max())
+             for _, d in lora.dense_layers(trained) if d.lora is not None) > 0  # it trained
+  with pytest.raises(CheckpointError, match="does not fit this config"):
+    export.export(popo.get_config("smoke"), workdir, os.fspath(tmp_path / "x"))
+  with pytest.raises(configuration.ConfigError, match="needs a LoRA run"):
+    export.export(popo.get_config("smoke"), workdir, os.fspath(tmp_path / "x"), "adapter")

@@ -180,4 +180,21 @@ def test_memory_benchmark_compiles_a_config_on_fake_devices():
   assert 0 <= step["output"] - step["alias"] < 4096
   assert step["temp"] > 0 and sampler["temp"] > 0
   assert step["total"] == step["argument"] + step["output"] - step["alias"] + step["temp"]
-  assert "fits: H100 80GB yes, v5e 16GiB yes" in out
+  assert "fits: H100 80GB yes, H200 141GB yes, v5e 16GiB yes" in out
+
+
+def test_memory_benchmark_under_lora_holds_adapter_optimiser_state_only():
+  """``bench.memory``'s abstract state under ``:lora=4``: the base once (no Adam moments, no
+  float32 master copy, no reference), the adapters and their two moments."""
+  from configs import popo  # pylint: disable=g-import-not-at-top
+  from grpo_jax.bench import memory  # pylint: disable=g-import-not-at-top
+  full = memory.config_memory(popo.get_config("smoke"))
+  adapted = memory.config_memory(popo.get_config("smoke,lora=4"))
+  # The embedded model: 0.93M parameters; rank-4 adapters on its 28 projections add
+  # 4 x (sum of in + out) = 38,912. Full state: 3 x 4 bytes per parameter (params, mu, nu);
+  # LoRA: 4 bytes per base parameter + 3 x 4 per adapter parameter.
+  base, extra = full["params"], 38_912
+  state_full, state_lora = 12 * base, 4 * base + 12 * extra
+  buffer_and_rows = full["step"]["argument"] - state_full  # the same in both
+  assert abs(adapted["step"]["argument"] - buffer_and_rows - state_lora) < 1024
+

@@ -267,10 +267,12 @@ def config_main(config):
   except configuration.ConfigError as e:
     sys.exit(f"grpo_jax.bench.memory: {e}")
   r = config.rollout
+  stored = (f"{config.model.dtype} (frozen base; adapters float32)" if config.model.lora.rank
+            else config.model.param_dtype)
   print(f"{config.model.arch or config.model.path}: {r.batch_prompts} prompts x "
         f"{r.group_size} rollouts, P = {r.prompt_len}, T = {r.completion_len}, "
         f"{config.rl.num_minibatches} minibatches, logprob_chunk {config.rl.logprob_chunk}, "
-        f"remat {config.model.remat}, params {config.model.param_dtype}, matmuls "
+        f"remat {config.model.remat}, params {stored}, matmuls "
         f"{config.model.dtype}, replay {config.replay.method} ({config.replay.capacity}), "
         f"kl_coef {config.rl.kl_coef}, LoRA rank {config.model.lora.rank}; "
         f"{jax.device_count()} {jax.default_backend()} devices",
