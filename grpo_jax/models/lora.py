@@ -67,7 +67,7 @@ def from_config(model_config) -> LoraConfig | None:
 def dense_layers(model: nnx.Module) -> list[tuple[str, Dense]]:
   """(dotted path, layer) of every ``Dense`` of ``model``, in graph order."""
   out = []
-  for path, module in model.iter_modules():
+  for path, module in nnx.iter_modules(model):
     if isinstance(module, Dense):
       out.append((".".join(str(p) for p in path), module))
   return out
