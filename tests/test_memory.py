@@ -187,14 +187,18 @@ def test_memory_benchmark_under_lora_holds_adapter_optimiser_state_only():
   """``bench.memory``'s abstract state under ``:lora=4``: the base once (no Adam moments, no
   float32 master copy, no reference), the adapters and their two moments."""
   from configs import popo  # pylint: disable=g-import-not-at-top
+  from grpo_jax import sharding  # pylint: disable=g-import-not-at-top
   from grpo_jax.bench import memory  # pylint: disable=g-import-not-at-top
-  full = memory.config_memory(popo.get_config("smoke"))
-  adapted = memory.config_memory(popo.get_config("smoke,lora=4"))
-  # The embedded model: 0.93M parameters; rank-4 adapters on its 28 projections add
-  # 4 x (sum of in + out) = 38,912. Full state: 3 x 4 bytes per parameter (params, mu, nu);
-  # LoRA: 4 bytes per base parameter + 3 x 4 per adapter parameter.
-  base, extra = full["params"], 38_912
-  state_full, state_lora = 12 * base, 4 * base + 12 * extra
-  buffer_and_rows = full["step"]["argument"] - state_full  # the same in both
-  assert abs(adapted["step"]["argument"] - buffer_and_rows - state_lora) < 1024
-
+  mesh = sharding.make_mesh(sharding.MeshConfig(data=1, fsdp=1, tensor=1))
+  nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+  count = lambda tree: sum(x.size for x in jax.tree.leaves(tree))
+  _, full_params, _, full = memory.abstract_state(popo.get_config("smoke"), mesh)
+  _, _, _, adapted = memory.abstract_state(popo.get_config("smoke,lora=4"), mesh)
+  # The embedded model: 927,104 parameters; rank-4 adapters on its 28 projections add
+  # 4 x (sum of in + out) = 38,912. Full state: 3 x 4 bytes per parameter (params, mu, nu)
+  # plus Adam's step count; LoRA: 4 bytes per base parameter + 3 x 4 per adapter parameter.
+  base, extra = count(full_params), 38_912
+  assert base == 927_104
+  counts = nbytes(full.opt_state) - 8 * base  # the scalars (step counts, learning rate)
+  assert nbytes(full) == 12 * base + counts + 4
+  assert nbytes(adapted) == 4 * base + 12 * extra + counts + 4

@@ -199,18 +199,10 @@ def _stats(compiled) -> dict:
   return out
 
 
-def config_memory(config) -> dict:
-  """Compiles ``config``'s train step and sampler for abstract inputs on the current devices.
-
-  Returns:
-    {"mesh": axis sizes, "params": count, "step"/"sampler": memory stats in bytes per device
-     plus "compile_s", "sampling_peak": bytes resident while sampling (the step's arguments,
-     i.e. state, buffer and reference, plus the sampler's temp and output)}.
-  """
-  configuration.validate(config, weights=False)
-  r = config.rollout
-  mesh = sharding.make_mesh(sharding.MeshConfig.from_config(config.mesh))
-  configuration.check_mesh(config, mesh)
+def abstract_state(config, mesh):
+  """(graphdef, params, optimiser, TrainState) of ``config``'s model as ShapeDtypeStructs laid
+  out on ``mesh``: under ``model.lora`` the base in the compute dtype (as the loop loads it)
+  with adapters, and the optimiser state of the adapters only."""
   adapters = lora.from_config(config.model)
   cfg = architecture_of(config)
   if adapters:
@@ -227,7 +219,24 @@ def config_memory(config) -> dict:
   params = _with_shardings(params, sharding.tree_shardings(mesh, params))
   tx = optim.make_optimizer(config)
   state = jax.eval_shape(lambda p: step_lib.init_train_state(p, tx), params)
-  state = _with_shardings(state, sharding.tree_shardings(mesh, state))
+  return graphdef, params, tx, _with_shardings(state, sharding.tree_shardings(mesh, state))
+
+
+def config_memory(config) -> dict:
+  """Compiles ``config``'s train step and sampler for abstract inputs on the current devices.
+
+  Returns:
+    {"mesh": axis sizes, "params": count, "step"/"sampler": memory stats in bytes per device
+     plus "compile_s", "sampling_peak": bytes resident while sampling (the step's arguments,
+     i.e. state, buffer and reference, plus the sampler's temp and output)}.
+  """
+  configuration.validate(config, weights=False)
+  r = config.rollout
+  mesh = sharding.make_mesh(sharding.MeshConfig.from_config(config.mesh))
+  configuration.check_mesh(config, mesh)
+  graphdef, params, tx, state = abstract_state(config, mesh)
+  adapters = lora.from_config(config.model)
+  cfg = architecture_of(config)
   method = configuration.replay_config(config)
   replay = jax.eval_shape(lambda: replay_lib.init_replay(
       config.replay.capacity, method.entry_size(r.group_size), r.prompt_len, r.completion_len))
