@@ -15,17 +15,55 @@ from __future__ import annotations
 
 import sys
 
+import transformers
 from absl import app, flags
+from flax import nnx
 from ml_collections import config_flags
 
+from grpo_jax import checkpoint as checkpoint_lib
 from grpo_jax import configuration
 from grpo_jax import console
 from grpo_jax import loop
+from grpo_jax import optim
+from grpo_jax import step as step_lib
 from grpo_jax.models import CheckpointError, save_pretrained
 from grpo_jax.models import adapter_folder
 from grpo_jax.models import lora
 
 FORMATS = ("merged", "adapter")
+
+
+def restored_policy(config, workdir: str, step: int | None = None):
+  """(the model, its tokenizer, the step) of a run's checkpoint: the newest, or ``step``.
+
+  The model is built as the run built it (``model.path``, its adapters under LoRA) and takes
+  the checkpoint's parameters (under LoRA: its adapters, on the base from ``model.path``).
+
+  Raises:
+    ConfigError: the config is invalid.
+    CheckpointError: ``workdir`` has no checkpoint (or not ``step``).
+  """
+  configuration.validate(config)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(config.model.path)
+  graphdef, params = loop.load_model(config, tokenizer, None)
+  state = step_lib.init_train_state(params, optim.make_optimizer(config))
+  ckpt = checkpoint_lib.Checkpointer(workdir, config.checkpoint.keep)
+  try:
+    steps = ckpt.manager.all_steps()
+    if not steps or (step is not None and step not in steps):
+      raise CheckpointError(f"{ckpt.directory} has no checkpoint"
+                            + (f" of step {step} (it has {sorted(steps)})" if steps and step
+                               is not None else ""))
+    step = max(steps) if step is None else step
+    try:
+      state, _, _ = ckpt.restore(step, state, loop.init_replay(config, None))
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f"checkpoint {step} of {workdir} does not fit this config (is it "
+                            f"the run's config, LoRA included?): {type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:200]}") from None
+  finally:
+    ckpt.close()
+  return nnx.merge(graphdef, state.params), tokenizer, step
 
 
 def export(config, workdir: str, out: str, fmt: str = "merged", step: int | None = None) -> int:
@@ -40,7 +78,7 @@ def export(config, workdir: str, out: str, fmt: str = "merged", step: int | None
   if fmt == "adapter" and lora.from_config(config.model) is None:
     raise configuration.ConfigError("--format=adapter needs a LoRA run (model.lora.rank > 0); "
                                     "use --format=merged")
-  model, tokenizer, step = loop.restored_policy(config, workdir, step)
+  model, tokenizer, step = restored_policy(config, workdir, step)
   if fmt == "adapter":
     adapter_folder.save_adapter(model, out, base_model=config.model.path)
     tokenizer.save_pretrained(out)

@@ -125,14 +125,14 @@ def setup(config, workdir: str) -> Run:
   configuration.check_mesh(config, mesh)
   r = config.rollout
   tokenizer = transformers.AutoTokenizer.from_pretrained(config.model.path)
-  graphdef, params = _load_model(config, tokenizer, mesh)
+  graphdef, params = load_model(config, tokenizer, mesh)
   # The reference must own its buffers: the state's parameters are donated every step. Under
   # LoRA the step takes the base (adapters off) as the reference: no copy is made.
   copy_ref = config.rl.kl_coef > 0 and not lora.has_adapters(params)
   ref_params = jax.tree.map(jnp.copy, params) if copy_ref else None
   tx = optim.make_optimizer(config)
   state = step_lib.init_train_state(params, tx, mesh)
-  replay = _init_replay(config, mesh)
+  replay = init_replay(config, mesh)
   if mesh is None:
     # A restored state comes back committed to its device; the fresh one is committed too, so
     # that a run and its resume compile the same programs (one persistent-cache entry each).
@@ -220,40 +220,7 @@ def run(run: Run) -> dict:  # pylint: disable=redefined-outer-name
   return run.last_eval
 
 
-def restored_policy(config, workdir: str, step: int | None = None):
-  """(the model, its tokenizer, the step) of a run's checkpoint: the newest, or ``step``.
-
-  The model is built as the run built it (``model.path``, its adapters under LoRA) and takes
-  the checkpoint's parameters (under LoRA: its adapters, on the base from ``model.path``).
-
-  Raises:
-    ConfigError: the config is invalid.
-    CheckpointError: ``workdir`` has no checkpoint (or not ``step``).
-  """
-  configuration.validate(config)
-  tokenizer = transformers.AutoTokenizer.from_pretrained(config.model.path)
-  graphdef, params = _load_model(config, tokenizer, None)
-  state = step_lib.init_train_state(params, optim.make_optimizer(config))
-  ckpt = checkpoint_lib.Checkpointer(workdir, config.checkpoint.keep)
-  try:
-    steps = ckpt.manager.all_steps()
-    if not steps or (step is not None and step not in steps):
-      raise CheckpointError(f"{ckpt.directory} has no checkpoint"
-                            + (f" of step {step} (it has {sorted(steps)})" if steps and step
-                               is not None else ""))
-    step = max(steps) if step is None else step
-    try:
-      state, _, _ = ckpt.restore(step, state, _init_replay(config, None))
-    except Exception as e:  # pylint: disable=broad-except
-      raise CheckpointError(f"checkpoint {step} of {workdir} does not fit this config (is it "
-                            f"the run's config, LoRA included?): {type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:200]}") from None
-  finally:
-    ckpt.close()
-  return nnx.merge(graphdef, state.params), tokenizer, step
-
-
-def _load_model(config, tokenizer, mesh) -> tuple[nnx.GraphDef, Any]:
+def load_model(config, tokenizer, mesh) -> tuple[nnx.GraphDef, Any]:
   """The policy's (graphdef, params) from ``config.model.path``, checked against the
   tokenizer; with ``model.lora.rank`` > 0 the base is stored in the compute dtype (it is never
   updated, so it needs no float32 master copy) and carries fresh adapters (``lora.attach``,
@@ -295,7 +262,7 @@ def _eval_sets(config, task, stream) -> dict:
   return sets
 
 
-def _init_replay(config, mesh) -> replay_lib.ReplayState:
+def init_replay(config, mesh) -> replay_lib.ReplayState:
   """The empty replay buffer of the configured method (laid out on the mesh, if any)."""
   r = config.rollout
   method = configuration.replay_config(config)

@@ -24,7 +24,7 @@ from grpo_jax.models import CheckpointError, adapter_folder, from_pretrained, lo
 from grpo_jax.models import save_pretrained
 from grpo_jax.replay import init_replay
 from tests.conftest import DATA
-from tests.test_step import B, G, MIXED, P, T, _rollout
+from tests.test_step import G, MIXED, P, T, _rollout
 
 TINY = os.fspath(DATA / "tiny_qwen3")
 IDS = np.array([[7, 19, 33, 2, 90, 41, 8], [3, 3, 64, 100, 12, 5, 77]], np.int32)
