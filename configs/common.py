@@ -32,7 +32,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.param_dtype = "float32"  # storage of parameters and optimiser state (float32 master weights)
   c.model.dtype = "float32"  # matmul dtype; "bfloat16" on accelerators (softmax, log-probs, loss stay float32)
   c.model.remat = "none"  # activation checkpointing of the gradient pass: none | layer (per decoder block)
-  c.model.query_block = 0  # queries per attention block in the train step (0 = all): bounds [rows, heads, block, P+T] scores
+  c.model.query_block = 0  # xla kernel only: queries per attention block in the train step (0 = all): bounds [rows, heads, block, P+T] scores
+  # Attention kernel of every pass (grpo_jax/models/attention.py): auto | xla | blocked | cudnn |
+  # splash. auto = cudnn on a GPU, splash on a TPU, else blocked from 1,024 key slots (P + T) on.
+  c.model.attention = "auto"
+  c.model.attention_block = 256  # queries and keys per block of the blocked kernel
   c.model.arch = ""  # published architecture for abstract benchmarks (bench/memory.py); training reads config.json
   # LoRA adapters (grpo_jax/models/lora.py): rank 0 = full fine-tuning. Under LoRA the base is
   # frozen in model.dtype, only the adapters (float32) are trained and checkpointed, and the

@@ -11,10 +11,12 @@ import os
 import math
 import re
 
+import jax
+
 from grpo_jax import (advantages, allocation, deprecated, errors, losses, rewards, scoring,
                       sharding, step, tasks)
 from grpo_jax.tasks import row_schemas
-from grpo_jax.models import architectures
+from grpo_jax.models import architectures, attention
 from grpo_jax.replay import method as method_lib
 
 _GROUPS = ("model", "task", "rollout", "rl", "replay", "allocation", "opt", "eval", "checkpoint",
@@ -52,6 +54,7 @@ def validate(config, *, weights: bool = True) -> None:
     _check(m[f] in ("float32", "bfloat16"), f"model.{f}", f"{m[f]!r} not float32 | bfloat16")
   _check(m.remat in step.REMAT, "model.remat", f"{m.remat!r}; known: {', '.join(step.REMAT)}")
   _check(m.query_block >= 0, "model.query_block", f"{m.query_block} must be >= 0 (0 = all at once)")
+  _attention(m)
   _check(not m.arch or m.arch in architectures.ARCHITECTURES, "model.arch",
          f"{m.arch!r}; known: {', '.join(architectures.ARCHITECTURES)} (or empty)")
   _lora(m)
@@ -244,6 +247,17 @@ def check_mesh(config, mesh) -> None:
   _check(config.replay.capacity % shards == 0, "replay.capacity",
          f"{config.replay.capacity} entries must be a multiple of mesh data x fsdp = {shards} "
          "(buffer entries are split like the batch)")
+
+
+def _attention(m):
+  """model.attention names a kernel this process's backend has; the block is positive."""
+  names = attention.IMPLEMENTATIONS
+  _check(m.attention in names, "model.attention", f"{m.attention!r}; known: {', '.join(names)}")
+  needs = attention.BACKEND.get(m.attention)
+  _check(needs is None or jax.default_backend() == needs, "model.attention",
+         f"{m.attention!r} needs a {needs.upper() if needs else ''} backend, this process has "
+         f"{jax.default_backend()!r}: use auto or blocked")
+  _check(m.attention_block >= 1, "model.attention_block", f"{m.attention_block} must be >= 1")
 
 
 def _lora(m) -> None:

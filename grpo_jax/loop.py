@@ -228,7 +228,9 @@ def load_model(config, tokenizer, mesh) -> tuple[nnx.GraphDef, Any]:
   adapters = lora.from_config(config.model)
   param_dtype = config.model.dtype if adapters else config.model.param_dtype
   model = from_pretrained(config.model.path, param_dtype=param_dtype,
-                          dtype=config.model.dtype, mesh=mesh)
+                          dtype=config.model.dtype, mesh=mesh,
+                          attention=config.model.attention,
+                          attention_block=config.model.attention_block)
   if len(tokenizer) > model.config.vocab_size:
     raise CheckpointError(
         f"the tokenizer in {config.model.path} has {len(tokenizer):,} tokens but the model's "

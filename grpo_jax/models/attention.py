@@ -1,4 +1,30 @@
-"""Attention kernels of the Qwen3-family decoder (pure functions over heads-grouped arrays).
+"""Attention of the Qwen3-family decoder: the one switch, ``model.attention``, and its kernels.
+
+Every pass goes through one of three entry points, which pick the kernel by name:
+``self_attention`` (a row's tokens causally among themselves: the per-row log-prob pass and a
+shared prompt), ``grouped_attention`` (B shared prompts and their N = B * G continuations) and
+``cache_attention`` (new tokens over a KV cache: the sampler's prefill and decode).
+
+=========  =================================================================================
+name       kernel
+=========  =================================================================================
+``xla``    dense: the masked [N, H, X, S] float32 scores and probabilities (``attention``;
+           with ``query_block`` > 0, ``blocked_attention``: X cut into rematerialised query
+           blocks). Exact reference; memory quadratic in length in the backward pass.
+``blocked`` ``flash.flash_attention``: keys and queries in blocks with an online softmax and a
+           custom VJP; no [X, S] array in either pass, causal block skipping; the sampler reads
+           only the filled cache blocks (``flash.cached_flash_attention``). Plain JAX, any
+           backend; the reference the accelerator kernels are tested against.
+``cudnn``  cuDNN flash attention (``fused_attention.cudnn_attention``; GPU, bf16/fp16).
+``splash`` Pallas TPU splash attention (``fused_attention.splash_attention``; TPU).
+``auto``   ``cudnn`` on a GPU, ``splash`` on a TPU, else ``blocked`` from
+           ``BLOCKED_FROM_KEYS`` key slots on and ``xla`` below.
+=========  =================================================================================
+
+``cudnn`` and ``splash`` compute the square causal case; the cache passes, and any shape or
+dtype they do not take, run ``blocked``. All agree with ``xla`` on every real query (float32:
+outputs within 1e-5, gradients within 1e-4; tests/test_attention.py); a query that sees no key
+(left padding) is unused, and its output may differ (uniform average vs 0).
 
 Shape letters: ``types.py``. N rows, X queries (a block of positions), S key slots, K key/value
 heads, Q query heads per key/value head, W head width; B prompts, P prompt and T continuation
@@ -11,6 +37,84 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from grpo_jax.models import flash, fused_attention
+
+IMPLEMENTATIONS = ("auto", "xla", "blocked", "cudnn", "splash")
+# ``auto`` on a CPU: the dense kernel for short rows (where it is as fast and its memory small),
+# ``blocked`` from this many key slots (P + T) on.
+BLOCKED_FROM_KEYS = 1024
+# The accelerator each fused kernel needs (``configuration`` refuses it elsewhere).
+BACKEND = {"cudnn": "gpu", "splash": "tpu"}
+
+
+def resolve(name: str, num_keys: int) -> str:
+  """The kernel ``name`` stands for at ``num_keys`` key slots on this process's backend."""
+  if name != "auto":
+    return name
+  backend = jax.default_backend()
+  if backend == "gpu":
+    return "cudnn"
+  if backend == "tpu":
+    return "splash"
+  return "blocked" if num_keys >= BLOCKED_FROM_KEYS else "xla"
+
+
+def causal_mask(key_mask_NxS, num_queries: int, offset=0):
+  """[N, X, S] bool: query x (at slot ``offset + x``) sees key s iff s <= offset + x and the key
+  is real."""
+  s = key_mask_NxS.shape[1]
+  causal_XxS = jnp.arange(s)[None, :] <= (offset + jnp.arange(num_queries))[:, None]
+  return causal_XxS[None] & key_mask_NxS.astype(bool)[:, None, :]
+
+
+def self_attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS, impl: str = "xla",
+                   query_block: int = 0, block: int = 256):
+  """A row's S tokens attending causally among themselves, real keys only.
+
+  Args:
+    q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW: queries, keys, values of the same S positions.
+    key_mask_NxS: True for real tokens (left padding False).
+    impl: a name of ``IMPLEMENTATIONS``.
+    query_block: ``xla`` only: queries per rematerialised block (0 = all at once).
+    block: ``blocked``: queries and keys per block.
+
+  Returns:
+    [N, S, K, Q, W] in the values' dtype.
+  """
+  s = q_NxSxKxQxW.shape[1]
+  impl = resolve(impl, s)
+  if impl == "cudnn" and fused_attention.cudnn_supported(q_NxSxKxQxW):
+    return fused_attention.cudnn_attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS)
+  if impl == "splash":
+    return fused_attention.splash_attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS)
+  if impl in ("blocked", "cudnn"):
+    return flash.flash_attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS, 0,
+                                 block_q=block, block_k=block)
+  mask_NxSxS = causal_mask(key_mask_NxS, s)
+  if 0 < query_block < s:
+    return blocked_attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, mask_NxSxS, query_block)
+  return attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, mask_NxSxS)
+
+
+def cache_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, index,
+                    impl: str = "xla", block: int = 256):
+  """X new tokens at slots ``index`` .. over a KV cache (``KVCache``'s layout): each sees the
+  real slots up to its own. ``xla`` reads every slot (``decode_attention`` for X = 1, else
+  ``cached_attention``); the others read only the filled blocks (``flash``).
+
+  Returns:
+    [N, X, K, Q, W] in the values' dtype.
+  """
+  x, s = q_NxXxKxQxW.shape[1], key_mask_NxS.shape[1]
+  if resolve(impl, s) != "xla":
+    return flash.cached_flash_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, index,
+                                        block_k=block)
+  mask_NxXxS = causal_mask(key_mask_NxS, x, index)
+  if x == 1:
+    return decode_attention(q_NxXxKxQxW[:, 0], k_NxKxWxS, v_NxKxSxW, mask_NxXxS[:, 0])
+  return cached_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, mask_NxXxS)
+
 
 # A finite "minus infinity": a fully masked row (a pad query) stays finite instead of NaN.
 _MASK_VALUE = -1e30
@@ -31,8 +135,12 @@ def attention(q_NxXxKxQxW, k_NxSxKxW, v_NxSxKxW, mask_NxXxS):
 
 
 def grouped_attention(qp_BxPxKxQxW, kp_BxPxKxW, vp_BxPxKxW, qc_NxTxKxQxW, kc_NxTxKxW,
-                      vc_NxTxKxW, prompt_mask_BxP, group: int, query_block: int = 0):
+                      vc_NxTxKxW, prompt_mask_BxP, group: int, query_block: int = 0,
+                      impl: str = "xla", block: int = 256):
   """``attention`` over B prompts, each continued by G = ``group`` rows (N = B * G).
+
+  ``impl`` other than ``xla`` (``IMPLEMENTATIONS``): the prompts through ``self_attention``,
+  the continuations as ``_grouped_fused`` says.
 
   Row i of the continuations follows prompt i // G. Prompt tokens attend causally to their
   prompt's real tokens; continuation tokens attend to every real token of their prompt and
@@ -49,6 +157,10 @@ def grouped_attention(qp_BxPxKxQxW, kp_BxPxKxW, vp_BxPxKxW, qc_NxTxKxQxW, kc_NxT
   p = prompt_mask_BxP.shape[1]
   n, t = qc_NxTxKxQxW.shape[:2]
   prompt_mask_BxP = prompt_mask_BxP.astype(bool)
+  impl = resolve(impl, p + t)
+  if impl != "xla":
+    return _grouped_fused(qp_BxPxKxQxW, kp_BxPxKxW, vp_BxPxKxW, qc_NxTxKxQxW, kc_NxTxKxW,
+                          vc_NxTxKxW, prompt_mask_BxP, group, impl, block)
   causal = lambda size: jnp.tril(jnp.ones((size, size), bool))
   mask_BxPxP = causal(p)[None] & prompt_mask_BxP[:, None, :]
   if 0 < query_block < p:
@@ -69,6 +181,33 @@ def grouped_attention(qp_BxPxKxQxW, kp_BxPxKxW, vp_BxPxKxW, qc_NxTxKxQxW, kc_NxT
                     (q_blocks, rows.reshape(num_blocks, query_block, t)))
   out = jnp.swapaxes(out, 0, 1).reshape((n, num_blocks * query_block) + out.shape[3:])
   return out_p, out[:, :t]
+
+
+def _grouped_fused(qp_BxPxKxQxW, kp_BxPxKxW, vp_BxPxKxW, qc_NxTxKxQxW, kc_NxTxKxW, vc_NxTxKxW,
+                   prompt_mask_BxP, group: int, impl: str, block: int):
+  """``grouped_attention`` with a blocked or fused kernel.
+
+  Each continuation row's keys are its prompt's followed by its own, [N, P + T] (the prompt's
+  keys and values repeated G times: O(N * (P + T) * K * W), linear in length); its T queries sit
+  at slots P .. P + T - 1 of that row. ``blocked`` attends them directly (offset P); the square
+  kernels (``cudnn``, ``splash``) attend the whole [prompt; continuation] row, the prompt's
+  queries repeated too, and keep the last T outputs.
+  """
+  p = prompt_mask_BxP.shape[1]
+  n, t = qc_NxTxKxQxW.shape[:2]
+  out_p = self_attention(qp_BxPxKxQxW, kp_BxPxKxW, vp_BxPxKxW, prompt_mask_BxP, impl,
+                         block=block)
+  rows = lambda a_p, a_c: jnp.concatenate([jnp.repeat(a_p, group, axis=0), a_c], axis=1)
+  k_NxSxKxW, v_NxSxKxW = rows(kp_BxPxKxW, kc_NxTxKxW), rows(vp_BxPxKxW, vc_NxTxKxW)
+  key_mask_NxS = rows(prompt_mask_BxP, jnp.ones((n, t), bool))
+  square = (impl == "splash" or
+            (impl == "cudnn" and fused_attention.cudnn_supported(qc_NxTxKxQxW)))
+  if square:
+    out = self_attention(rows(qp_BxPxKxQxW, qc_NxTxKxQxW), k_NxSxKxW, v_NxSxKxW, key_mask_NxS,
+                         impl)
+    return out_p, out[:, p:]
+  return out_p, flash.flash_attention(qc_NxTxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS, p,
+                                      block_q=block, block_k=block)
 
 
 def _continuation_attention(qc_NxXxKxQxW, kp_BxPxKxW, vp_BxPxKxW, kc_NxTxKxW, vc_NxTxKxW,

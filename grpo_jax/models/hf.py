@@ -109,7 +109,8 @@ def _safetensors(file: str):
 
 
 def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "float32",
-                    rngs: Optional[nnx.Rngs] = None, mesh=None, base: str = "") -> CausalLM:
+                    rngs: Optional[nnx.Rngs] = None, mesh=None, base: str = "",
+                    attention: str = "auto", attention_block: int = 256) -> CausalLM:
   """Loads a Hugging Face checkpoint folder as the NNX model of its family (Qwen3, Qwen2).
 
   A PEFT LoRA adapter folder (``adapter_config.json``, as ``save_adapter`` writes) loads as
@@ -131,6 +132,8 @@ def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "fl
     mesh: optional ``jax.sharding.Mesh``; parameters are laid out by the family's
       ``param_axes``.
     base: the base model folder of an adapter folder (default: the one it records).
+    attention: the attention kernel (``ModelConfig.attention``; not stored in the folder).
+    attention_block: queries and keys per block of the ``blocked`` kernel.
 
   Returns:
     The model, with every parameter taken from the checkpoint.
@@ -144,13 +147,15 @@ def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "fl
   from grpo_jax.models import adapter_folder  # pylint: disable=g-import-not-at-top
   if adapter_folder.is_adapter_folder(path) and not os.path.exists(os.path.join(path, _CONFIG)):
     base = base or adapter_folder.base_model(path)
-    model = from_pretrained(base, param_dtype=param_dtype, dtype=dtype, mesh=mesh)
+    model = from_pretrained(base, param_dtype=param_dtype, dtype=dtype, mesh=mesh,
+                            attention=attention, attention_block=attention_block)
     adapter_folder.load_adapter(model, path)
     return model
   hf_config = read_hf_config(path)
   model_type = hf_config.get("model_type")
   family = family_for(model_type, hf_config.get("architectures"))
-  config = family.config_from_hf(hf_config, param_dtype=param_dtype, dtype=dtype)
+  config = family.config_from_hf(hf_config, param_dtype=param_dtype, dtype=dtype).replace(
+      attention=attention, attention_block=attention_block)
   abstract = nnx.eval_shape(lambda: family.build(config, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   files = _weight_files(path)

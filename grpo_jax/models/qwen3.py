@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from grpo_jax.models.attention import (
-    attention, blocked_attention, cached_attention, decode_attention, grouped_attention)
+    IMPLEMENTATIONS, cache_attention, grouped_attention, self_attention)
 # prompts_repeat is re-exported: step.py and update.py import it from here.
 from grpo_jax.models.causal_lm import positions_from_mask, prompts_repeat  # noqa: F401
 from grpo_jax.models.kv_cache import KVCache
@@ -72,6 +72,9 @@ class ModelConfig:
     qk_norm: per-head RMSNorm on queries and keys before RoPE (Qwen3).
     param_dtype: storage dtype of parameters ("float32" or "bfloat16").
     dtype: compute dtype of matmuls ("float32" on CPU, "bfloat16" on accelerators).
+    attention: the attention kernel of every pass (``attention.IMPLEMENTATIONS``: auto, xla,
+      blocked, cudnn, splash; ``models/attention.py`` says what each is).
+    attention_block: queries and keys per block of the ``blocked`` kernel.
   """
 
   vocab_size: int
@@ -88,6 +91,8 @@ class ModelConfig:
   qk_norm: bool = True
   param_dtype: str = "float32"
   dtype: str = "float32"
+  attention: str = "auto"
+  attention_block: int = 256
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -99,6 +104,12 @@ class ModelConfig:
                        f"num_kv_heads ({self.num_kv_heads})")
     if self.head_dim % 2:
       raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+    if self.attention not in IMPLEMENTATIONS:
+      raise ValueError(f"ModelConfig.attention must be one of {', '.join(IMPLEMENTATIONS)}, "
+                       f"got {self.attention!r}")
+    if int(self.attention_block) <= 0:
+      raise ValueError(f"ModelConfig.attention_block must be positive, got "
+                       f"{self.attention_block}")
     for name in ("param_dtype", "dtype"):
       if getattr(self, name) not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"ModelConfig.{name} must be float32, bfloat16 or float16, "
@@ -185,17 +196,20 @@ class Attention(nnx.Module):
     qp, kp, vp = self._qkv(xp_BxPxD, positions_BxP)
     qc, kc, vc = self._qkv(xc_NxTxD, positions_NxT)
     out_p, out_c = grouped_attention(qp, kp.astype(qp.dtype), vp, qc, kc.astype(qc.dtype), vc,
-                                     prompt_mask_BxP, group, query_block)
+                                     prompt_mask_BxP, group, query_block, c.attention,
+                                     c.attention_block)
     flat = lambda o: o.reshape(o.shape[:2] + (c.num_heads * c.head_dim,))
     return self.o_proj(flat(out_p)), self.o_proj(flat(out_c))
 
-  def __call__(self, x_NxXxD, positions_NxX, mask_NxXxS, kv=None, index=None,
+  def __call__(self, x_NxXxD, positions_NxX, key_mask_NxS, kv=None, index=None,
                query_block: int = 0):
-    """Attends the X new tokens to themselves (S = X), or to the S cache slots given ``kv``.
+    """Attends the X new tokens causally to themselves (S = X), or to the S cache slots up to
+    their own given ``kv`` (written at slots ``index`` ..); ``key_mask_NxS`` marks the real
+    keys (``attention.self_attention`` / ``cache_attention``, kernel ``config.attention``).
 
-    ``query_block > 0`` computes the attention of ``query_block`` queries at a time
-    (``blocked_attention``): the same values, with [N, H, query_block, S] scores alive at a
-    time instead of [N, H, X, S].
+    ``query_block > 0`` (``xla`` kernel) computes the attention of ``query_block`` queries at a
+    time (``blocked_attention``): the same values, with [N, H, query_block, S] scores alive at
+    a time instead of [N, H, X, S].
 
     Returns:
       (output [N, X, D], (keys, values)) where keys/values are the updated cache entries
@@ -212,15 +226,11 @@ class Attention(nnx.Module):
           kv[0], jnp.transpose(k, (0, 2, 3, 1)).astype(kv[0].dtype), (0, 0, 0, index))
       v = jax.lax.dynamic_update_slice(
           kv[1], jnp.transpose(v, (0, 2, 1, 3)).astype(kv[1].dtype), (0, 0, index, 0))
-      if x == 1:
-        out = decode_attention(q_NxXxKxQxW[:, 0], k, v, mask_NxXxS[:, 0])
-      else:
-        out = cached_attention(q_NxXxKxQxW, k, v, mask_NxXxS)
-    elif 0 < query_block < x:
-      out = blocked_attention(q_NxXxKxQxW, k.astype(q_NxXxKxQxW.dtype), v, mask_NxXxS,
-                              query_block)
+      out = cache_attention(q_NxXxKxQxW, k, v, key_mask_NxS, index, c.attention,
+                            c.attention_block)
     else:
-      out = attention(q_NxXxKxQxW, k.astype(q_NxXxKxQxW.dtype), v, mask_NxXxS)
+      out = self_attention(q_NxXxKxQxW, k.astype(q_NxXxKxQxW.dtype), v, key_mask_NxS,
+                           c.attention, query_block, c.attention_block)
     return self.o_proj(out.reshape(n, x, c.num_heads * c.head_dim)), (k, v)
 
 
@@ -268,7 +278,7 @@ def _grouped_block(layer: DecoderLayer, xp_BxPxD, xc_NxTxD, positions_BxP, posit
   return mlp(xp_BxPxD), mlp(xc_NxTxD)
 
 
-def _remat_block(layer: DecoderLayer, x_NxSxD, positions_NxS, mask_NxSxS, query_block: int):
+def _remat_block(layer: DecoderLayer, x_NxSxD, positions_NxS, key_mask_NxS, query_block: int):
   """One decoder block under ``jax.checkpoint``: only its input is saved for the backward pass.
 
   The block's parameters enter as an explicit argument (split from the module), so the
@@ -277,7 +287,7 @@ def _remat_block(layer: DecoderLayer, x_NxSxD, positions_NxS, mask_NxSxS, query_
   graphdef, params = nnx.split(layer)
 
   def block(params, x):
-    return nnx.merge(graphdef, params)(x, positions_NxS, mask_NxSxS,
+    return nnx.merge(graphdef, params)(x, positions_NxS, key_mask_NxS,
                                        query_block=query_block)[0]
 
   return jax.checkpoint(block)(params, x_NxSxD)
@@ -350,17 +360,14 @@ class Qwen3(nnx.Module):
     attention_mask_NxX = attention_mask_NxX.astype(bool)
     if positions_NxX is None:
       positions_NxX = positions_from_mask(attention_mask_NxX)
-    causal_XxX = jnp.tril(jnp.ones((x, x), bool))
     if cache is None:
-      mask = causal_XxX[None] & attention_mask_NxX[:, None, :]  # [N, X, S = X]
+      mask = attention_mask_NxX  # real keys; the kernels add the causal part
       index = None
     else:
       index = cache.index
       key_mask_NxS = jax.lax.dynamic_update_slice(cache.key_mask_NxS, attention_mask_NxX,
                                                   (0, index))
-      slots_S = jnp.arange(cache.size)
-      causal_XxS = slots_S[None, :] <= (index + jnp.arange(x))[:, None]
-      mask = causal_XxS[None] & key_mask_NxS[:, None, :]
+      mask = key_mask_NxS
     residual = lambda h: constrain(h, ("batch", None, None))  # rows split, width whole
     h_NxXxD = residual(self.embed(input_ids_NxX))
     new_k, new_v = [], []
