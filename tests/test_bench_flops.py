@@ -13,8 +13,8 @@ import pytest
 from flax import nnx
 
 from grpo_jax import logprobs, sampler as sampler_lib
-from grpo_jax.bench import flops, peak
-from grpo_jax.models import ModelConfig
+from grpo_jax.bench import flops, growth, peak
+from grpo_jax.models import ModelConfig, Qwen3
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -262,15 +262,50 @@ def test_throughput_phases_command_line(tmp_path):
 @pytest.mark.slow
 def test_growth_command_line(tmp_path):
   md = tmp_path / "growth.md"
-  out = _run(["grpo_jax.bench.growth", *TINY, "--lengths=8,16,24", "--rows=8,16",
-              "--length_sweep_rows=8", "--rows_sweep_length=8", "--prompt_len=4", "--steps=1",
-              f"--out={md}"], tmp_path)
+  out = _run(["grpo_jax.bench.growth", *TINY, "--attention=blocked", "--attention_block=8",
+              "--lengths=8,16,24", "--rows=", "--length_sweep_rows=4", "--group_size=2",
+              "--prompt_len=4", "--steps=1", f"--out={md}"], tmp_path)
   result = json.loads(out.strip().splitlines()[-1])
-  assert len(result["points"]) == 4  # (8, 8) is in both sweeps, measured once
+  assert len(result["points"]) == 3
   for pt in result["points"]:
+    assert pt["attention"] == "blocked"
     assert pt["sampler_bytes"] > 0 and pt["step_bytes"] > pt["sampler_bytes"] / 10
-  fits = result["fits"]["length, 8 rows"]
+    assert pt["gen_ms_per_token"] == pytest.approx(1e3 * pt["gen_s"] / pt["T"])
+  fits = result["fits"]["blocked: length, 4 rows"]
   assert fits["x"] == "T" and fits["step_gflop"]["quadratic"] is not None
-  assert result["fits"]["rows, T=8"]["step_gflop"]["growth"] == "linear"
+  # Two of the three targets need T >= 1024 points or not: time and generation are there.
+  assert [t["bound"] for t in result["targets"]["blocked"]] == [1.3, 1.5]
   table = md.read_text()
-  assert table.count("\n| ") >= 4 + 10 and "| length, 8 rows (T) |" in table
+  assert "| blocked | 4 | 24 |" in table and "| blocked: length, 4 rows (T) |" in table
+
+
+def test_growth_targets_by_hand():
+  pt = lambda t, step_bytes, train_s, gflop, gen_s: dict(
+      T=t, step_bytes=step_bytes, train_s=train_s, step_gflop=gflop, gen_s=gen_s,
+      gen_ms_per_token=1e3 * gen_s / t)
+  # Memory 1, 2, 4 GB at T = 1k, 2k, 4k: exponent 1. Time x10 for FLOPs x8 from 512 to 4k:
+  # 10 / 8 = 1.25. Generation 1 s at 512 (1.953 ms/token), 12 s at 4k (2.93 ms): 1.5.
+  points = [pt(512, 0.5e9, 1.0, 100.0, 1.0), pt(1024, 1e9, 2.0, 200.0, 2.0),
+            pt(2048, 2e9, 4.0, 400.0, 5.0), pt(4096, 4e9, 10.0, 800.0, 12.0)]
+  (mem, v1, b1, ok1), (time_, v2, b2, ok2), (gen, v3, b3, ok3) = growth.targets(points)
+  assert "1024-4096" in mem and v1 == pytest.approx(1.0) and ok1 and b1 == 1.15
+  assert v2 == pytest.approx(1.25) and ok2
+  assert v3 == pytest.approx(1.5) and ok3
+  # A point that did not run (NaN times) is left out of the time targets, not of memory.
+  points[-1].update(train_s=float("nan"), gen_s=float("nan"), gen_ms_per_token=float("nan"),
+                    step_bytes=16e9)
+  rows = growth.targets(points)
+  # 1, 2, 16 GB at log2 T = 10, 11, 12: least-squares slope of log2 bytes (0, 1, 4) is
+  # ((-1)(-5/3) + 0 + (1)(7/3)) / 2 = 2.
+  assert rows[0][1] == pytest.approx(2.0) and not rows[0][3]
+  assert "512-2048" in rows[1][0] and rows[1][1] == pytest.approx((4 / 1) / (400 / 100))
+
+
+def test_growth_point_over_the_run_limit_is_compiled_not_run():
+  cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
+                    num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True,
+                    attention="blocked", attention_block=4)
+  graphdef, params = nnx.split(Qwen3(cfg, rngs=nnx.Rngs(0)))
+  pt = growth.measure(graphdef, params, 4, 4, 8, 2, 0.0, 1, run_limit_bytes=0)
+  assert math.isnan(pt["gen_s"]) and math.isnan(pt["train_s"])
+  assert pt["step_bytes"] > 0 and pt["sampler_bytes"] > 0 and pt["attention"] == "blocked"

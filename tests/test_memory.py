@@ -165,7 +165,7 @@ def test_remat_and_blocked_attention_shrink_compiled_memory():
 @pytest.mark.slow
 def test_memory_benchmark_compiles_a_config_on_fake_devices():
   cmd = [sys.executable, "-m", "grpo_jax.bench.memory", "--config=configs/popo.py:smoke",
-         "--mesh=4", "--config.mesh.data=2", "--config.mesh.tensor=2"]
+         "--mesh=4", "--config.mesh.data=2", "--config.mesh.tensor=2", "--json"]
   env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -181,6 +181,16 @@ def test_memory_benchmark_compiles_a_config_on_fake_devices():
   assert step["temp"] > 0 and sampler["temp"] > 0
   assert step["total"] == step["argument"] + step["output"] - step["alias"] + step["temp"]
   assert "fits: H100 80GB yes, H200 141GB yes, v5e 16GiB yes" in out
+  # --json: the last line, the same per-device figures, and the arithmetic beside them.
+  result = json.loads(out.strip().splitlines()[-1])
+  assert result["step_peak_bytes"] == step["total"]
+  assert result["sampler_peak_bytes"] == sampler["total"]
+  assert result["sampling_peak_bytes"] == stats["sampling_peak"]
+  counted = result["arithmetic_bytes"]
+  assert counted["step"] == pytest.approx(2 * counted["state"] + counted["gradients"]
+                                          + counted["saved_inputs"]
+                                          + counted["block_backward"] + counted["lm_head"])
+  assert result["fits"]["H100 80GB"] and result["mesh"] == {"data": 2, "fsdp": 1, "tensor": 2}
 
 
 def test_memory_benchmark_under_lora_holds_adapter_optimiser_state_only():
@@ -202,3 +212,32 @@ def test_memory_benchmark_under_lora_holds_adapter_optimiser_state_only():
   counts = nbytes(full.opt_state) - 8 * base  # the scalars (step counts, learning rate)
   assert nbytes(full) == 12 * base + counts + 4
   assert nbytes(adapted) == 4 * base + 12 * extra + counts + 4
+
+
+def test_memory_arithmetic_by_hand():
+  """``bench.memory.arithmetic`` of the POPO smoke preset on one device, every term by hand.
+
+  Embedded model: D 128, F 384, L 4, H 4, K 2, W 32, V 1088 (tied). Parameters per layer:
+  128 * 32 * (2 * 4 + 2 * 2) = 49,152 (q, k, v, o) + 64 (q/k norms) + 3 * 128 * 384 = 147,456
+  (SwiGLU) + 256 (two norms) = 196,928; x 4 = 787,712, + 1088 * 128 = 139,264 embedding + 128
+  final norm = 927,104. Batch: 2 prompts x 2 = 4 rows, P + T = 24 + 8 = 32, 2 minibatches of 2.
+  """
+  from configs import popo  # pylint: disable=g-import-not-at-top
+  from grpo_jax.bench import memory  # pylint: disable=g-import-not-at-top
+  got = memory.arithmetic(popo.get_config("smoke"), devices=1)
+  params = 927_104
+  assert got["state"] == params * 4 + params * 8  # float32 weights + two AdamW moments
+  assert got["gradients"] == params * 4
+  assert got["saved_inputs"] == 4 * 2 * 32 * 128 * 4  # L x U x S x D x float32 = 131,072
+  # q, k, v, o widths (2H + 2K) W = 384 and 3F = 1,152, with cotangents: 2 x 2 x 32 x 1,536 x 4
+  # = 786,432; the xla kernel at 32 keys (auto below 1,024) adds [2, 4, 32, 32] scores and
+  # probabilities in float32: 2 x 2 x 4 x 32 x 32 x 4 = 65,536.
+  assert got["block_backward"] == 786_432 + 65_536
+  assert got["lm_head"] == 2 * 1024 * 1088 * 4
+  assert got["kv_cache"] == 2 * 4 * 4 * 32 * 2 * 32 * 4  # k and v, L, N, S, K, W, float32
+  assert got["sampler_logits"] == 4 * 1088 * 4
+  assert got["step"] == (2 * got["state"] + got["gradients"] + got["saved_inputs"]
+                         + got["block_backward"] + got["lm_head"])
+  blocked = popo.get_config("smoke")
+  blocked.model.attention = "blocked"
+  assert memory.arithmetic(blocked, devices=1)["block_backward"] == 786_432

@@ -53,9 +53,16 @@ from grpo_jax.bench import flops as flops_lib
 from grpo_jax.models import ModelConfig, Qwen3
 from grpo_jax.types import Rollout
 
-_LENGTHS = flags.DEFINE_list("lengths", ["64", "128", "256", "512"], "completion lengths T")
-_ROWS = flags.DEFINE_list("rows", ["64", "128", "256"], "rows N = prompts x group size")
-_LENGTH_ROWS = flags.DEFINE_integer("length_sweep_rows", 128, "rows of the length sweep")
+_LENGTHS = flags.DEFINE_list("lengths", ["512", "1024", "2048", "4096"],
+                             "completion lengths T")
+_ROWS = flags.DEFINE_list("rows", [], "rows N = prompts x group size (empty: no rows sweep)")
+_LENGTH_ROWS = flags.DEFINE_integer("length_sweep_rows", 16, "rows of the length sweep")
+_ATTENTION = flags.DEFINE_list("attention", ["xla", "blocked"],
+                               "attention kernels to measure (model.attention)")
+_BLOCK = flags.DEFINE_integer("attention_block", 256, "queries / keys per block of blocked")
+_RUN_LIMIT = flags.DEFINE_float(
+    "run_limit_gib", 16.0, "a point whose compiled step or sampler plans more than this many "
+    "GiB is compiled (its memory reported) but not run (times NaN)")
 _ROWS_LENGTH = flags.DEFINE_integer("rows_sweep_length", 64, "T of the rows sweep")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "P")
 _GROUP = flags.DEFINE_integer("group_size", 8, "G (rows must be multiples of it)")
@@ -68,7 +75,8 @@ _FFN = flags.DEFINE_integer("intermediate", 768, "SwiGLU width")
 _LAYERS = flags.DEFINE_integer("layers", 4, "layers")
 
 MIB = 2 ** 20
-QUANTITIES = (("gen_s", "generation s"), ("train_s", "train step s"),
+QUANTITIES = (("gen_s", "generation s"), ("gen_ms_per_token", "generation ms / token"),
+              ("train_s", "train step s"),
               ("sampler_bytes", "sampler peak bytes"), ("step_bytes", "step peak bytes"),
               ("step_gflop", "step model GFLOP"))
 
@@ -92,7 +100,8 @@ def _median_seconds(call, repeats: int) -> float:
 
 
 def measure(graphdef, params, rows: int, prompt_len: int, completion_len: int,
-            group_size: int, kl_coef: float, repeats: int) -> dict:
+            group_size: int, kl_coef: float, repeats: int, run_limit_bytes: float = np.inf
+            ) -> dict:
   """Times and compiled memory of the sampler and the train step at one shape.
 
   Args:
@@ -103,9 +112,12 @@ def measure(graphdef, params, rows: int, prompt_len: int, completion_len: int,
     group_size: G.
     kl_coef: the step's KL coefficient.
     repeats: timed calls of each executable.
+    run_limit_bytes: an executable planning more is compiled but not run; without a
+      generated batch the step is compiled on random tokens, and its times are NaN.
 
   Returns:
-    {"rows", "T", "gen_s", "train_s", "sampler_bytes", "step_bytes", "step_gflop"}.
+    {"attention", "rows", "T", "gen_s", "gen_ms_per_token", "train_s", "sampler_bytes",
+     "step_bytes", "step_gflop"}.
   """
   n, p, t, g = rows, prompt_len, completion_len, group_size
   config = nnx.merge(graphdef, params).config
@@ -122,8 +134,18 @@ def measure(graphdef, params, rows: int, prompt_len: int, completion_len: int,
     outs.append(sampler(params, ids_NxP, mask_NxP, jax.random.key(i)))
     return outs[-1]
 
-  gen_s = _median_seconds(generate, repeats)
-  out = outs[-1]
+  if peak_bytes(sampler) <= run_limit_bytes:
+    gen_s = _median_seconds(generate, repeats)
+    out = outs[-1]
+  else:
+    gen_s = float("nan")
+    # Not run: every completion a full T random tokens (as EOS is disabled), log mu = 0.
+    shapes = jax.eval_shape(sample, params, ids_NxP, mask_NxP, jax.random.key(0))
+    out = jax.tree.map(lambda a: jnp.ones(a.shape, a.dtype) if a.dtype == bool
+                       else jnp.zeros(a.shape, a.dtype), shapes)
+    out = out.replace(completion_ids=jnp.asarray(rng.randint(1, config.vocab_size, (n, t)),
+                                                 jnp.int32),
+                      truncated=jnp.ones((n,), bool))
   scores_N = jnp.asarray(rng.randint(0, 2, n), jnp.float32)
   rollout = Rollout(prompt_ids=ids_NxP, prompt_mask=mask_NxP,
                     completion_ids=out.completion_ids, completion_mask=out.completion_mask,
@@ -143,38 +165,80 @@ def measure(graphdef, params, rows: int, prompt_len: int, completion_len: int,
                                                       rollout, params, jax.random.key(i))
     return metrics
 
-  train_s = _median_seconds(train, repeats)
+  train_s = (_median_seconds(train, repeats) if peak_bytes(step) <= run_limit_bytes
+             else float("nan"))
   gflop = sum(flops_lib.step_phases(config, n, p, t, kl=kl_coef > 0, prox_pass=False,
                                     prompt_group=g).values())
-  return {"rows": n, "T": t, "gen_s": gen_s, "train_s": train_s,
+  return {"attention": config.attention, "rows": n, "T": t, "gen_s": gen_s,
+          "gen_ms_per_token": 1e3 * gen_s / t, "train_s": train_s,
           "sampler_bytes": peak_bytes(sampler), "step_bytes": peak_bytes(step),
           "step_gflop": gflop / 1e9}
 
 
 def fits(points: list[dict], x_name: str) -> dict:
-  """``flops.fit_growth`` of every quantity of ``points`` against ``points[i][x_name]``."""
+  """``flops.fit_growth`` of every quantity of ``points`` against ``points[i][x_name]``
+  (a quantity with a NaN point, one that was not run, has no fit)."""
   xs = [pt[x_name] for pt in points]
-  return {q: flops_lib.fit_growth(xs, [pt[q] for pt in points]) for q, _ in QUANTITIES}
+  return {q: flops_lib.fit_growth(xs, [pt[q] for pt in points]) for q, _ in QUANTITIES
+          if np.all(np.isfinite([pt[q] for pt in points]))}
 
 
-def markdown(points: list[dict], sweeps: dict, header: str) -> str:
-  """The table of docs/results/growth.md: one row per point, then one per (sweep, quantity) fit."""
+def targets(points: list[dict]) -> list[tuple[str, float, float, bool]]:
+  """The long-completion targets of one kernel's length sweep: (what, value, bound, met).
+
+  * step peak memory linear in T: the log-log exponent from T = 1024 to the longest, <= 1.15;
+  * step time within 1.3x of its model-FLOP growth: (time ratio) / (GFLOP ratio) between the
+    shortest and the longest T that ran, <= 1.3 (model FLOPs count the full score matrix,
+    ``flops``; ``blocked`` skips the blocks above the diagonal, about half of them);
+  * generation time per token at the longest T <= 1.5x that at the shortest.
+  """
+  pts = sorted(points, key=lambda pt: pt["T"])
+  out = []
+  long = [pt for pt in pts if pt["T"] >= 1024]
+  if len(long) >= 2:
+    e = flops_lib.fit_growth([pt["T"] for pt in long], [pt["step_bytes"] for pt in long])
+    out.append((f"step peak memory exponent, T {long[0]['T']}-{long[-1]['T']}", e["exponent"],
+                1.15, e["exponent"] <= 1.15))
+  ran = [pt for pt in pts if np.isfinite(pt["train_s"])]
+  if len(ran) >= 2:
+    a, b = ran[0], ran[-1]
+    r = (b["train_s"] / a["train_s"]) / (b["step_gflop"] / a["step_gflop"])
+    out.append((f"step time growth / model-FLOP growth, T {a['T']}-{b['T']}", r, 1.3, r <= 1.3))
+  ran = [pt for pt in pts if np.isfinite(pt["gen_s"])]
+  if len(ran) >= 2:
+    a, b = ran[0], ran[-1]
+    r = b["gen_ms_per_token"] / a["gen_ms_per_token"]
+    out.append((f"generation time per token, T {b['T']} / T {a['T']}", r, 1.5, r <= 1.5))
+  return out
+
+
+def markdown(points: list[dict], sweeps: dict, header: str, goals: dict) -> str:
+  """The table of docs/results/growth.md: one row per point, one per (sweep, quantity) fit, then
+  the targets of each kernel."""
+  f3 = lambda v: "not run" if not np.isfinite(v) else f"{v:.3f}"
   lines = [header, "",
-           "| rows | T | gen s | train step s | step GFLOP | sampler peak MiB | step peak MiB |",
-           "|---|---|---|---|---|---|---|"]
-  for pt in sorted(points, key=lambda pt: (pt["rows"], pt["T"])):
-    lines.append(f"| {pt['rows']} | {pt['T']} | {pt['gen_s']:.3f} | {pt['train_s']:.3f} | "
+           "| attention | rows | T | gen s | gen ms / token | train step s | step GFLOP "
+           "| sampler peak MiB | step peak MiB |", "|---|---|---|---|---|---|---|---|---|"]
+  for pt in sorted(points, key=lambda pt: (pt["attention"], pt["rows"], pt["T"])):
+    lines.append(f"| {pt['attention']} | {pt['rows']} | {pt['T']} | {f3(pt['gen_s'])} | "
+                 f"{f3(pt['gen_ms_per_token'])} | {f3(pt['train_s'])} | "
                  f"{pt['step_gflop']:.4g} | {pt['sampler_bytes'] / MIB:.1f} | "
                  f"{pt['step_bytes'] / MIB:.1f} |")
   lines += ["", "| sweep | quantity | log-log exponent | linear b | quadratic c "
             "| x² share at max | growth |", "|---|---|---|---|---|---|---|"]
   for sweep, (x_name, by_quantity) in sweeps.items():
     for q, label in QUANTITIES:
+      if q not in by_quantity:
+        continue
       f = by_quantity[q]
       quad = "–" if f["quadratic"] is None else f"{f['quadratic'][2]:.3g}"
       share = "–" if f["quadratic_share"] is None else f"{100 * f['quadratic_share']:.0f}%"
       lines.append(f"| {sweep} ({x_name}) | {label} | {f['exponent']:.2f} | "
                    f"{f['linear'][1]:.3g} | {quad} | {share} | {f['growth']} |")
+  lines += ["", "| attention | target | value | bound | met |", "|---|---|---|---|---|"]
+  for impl, rows in goals.items():
+    for what, value, bound, met in rows:
+      lines.append(f"| {impl} | {what} | {value:.2f} | {bound} | {'yes' if met else 'no'} |")
   return "\n".join(lines) + "\n"
 
 
@@ -184,32 +248,36 @@ def main(argv):
   cfg = ModelConfig(vocab_size=_VOCAB.value, hidden_size=_WIDTH.value,
                     intermediate_size=_FFN.value, num_layers=_LAYERS.value, num_heads=4,
                     num_kv_heads=2, head_dim=64, tie_word_embeddings=True)
-  graphdef, params = nnx.split(Qwen3(cfg, rngs=nnx.Rngs(0)))
+  params = nnx.split(Qwen3(cfg, rngs=nnx.Rngs(0)))[1]
   p, g, steps, kl = _PROMPT_LEN.value, _GROUP.value, _STEPS.value, _KL.value
   lengths = [int(x) for x in _LENGTHS.value]
   rows = [int(x) for x in _ROWS.value]
   shapes = ([(_LENGTH_ROWS.value, t) for t in lengths]
             + [(n, _ROWS_LENGTH.value) for n in rows])
-  done = {}
-  for n, t in shapes:
-    if (n, t) in done:
-      continue
-    t0 = time.perf_counter()
-    done[(n, t)] = measure(graphdef, params, n, p, t, g, kl, steps)
-    pt = done[(n, t)]
-    print(f"rows {n} T {t}: gen {pt['gen_s']:.3f}s train {pt['train_s']:.3f}s sampler "
-          f"{pt['sampler_bytes'] / MIB:.1f} MiB step {pt['step_bytes'] / MIB:.1f} MiB "
-          f"({time.perf_counter() - t0:.0f}s with compiling)", flush=True)
-  sweeps = {
-      f"length, {_LENGTH_ROWS.value} rows": (
-          "T", fits([done[(_LENGTH_ROWS.value, t)] for t in lengths], "T")),
-      f"rows, T={_ROWS_LENGTH.value}": (
-          "rows", fits([done[(n, _ROWS_LENGTH.value)] for n in rows], "rows")),
-  }
+  done, sweeps, goals = {}, {}, {}
+  for impl in _ATTENTION.value:
+    graphdef = nnx.graphdef(Qwen3(cfg.replace(attention=impl, attention_block=_BLOCK.value),
+                                  rngs=nnx.Rngs(0)))
+    for n, t in shapes:
+      if (impl, n, t) in done:
+        continue
+      t0 = time.perf_counter()
+      pt = done[(impl, n, t)] = measure(graphdef, params, n, p, t, g, kl, steps,
+                                        _RUN_LIMIT.value * 2 ** 30)
+      print(f"{impl} rows {n} T {t}: gen {pt['gen_s']:.3f}s train {pt['train_s']:.3f}s "
+            f"sampler {pt['sampler_bytes'] / MIB:.1f} MiB step {pt['step_bytes'] / MIB:.1f} MiB "
+            f"({time.perf_counter() - t0:.0f}s with compiling)", flush=True)
+    length_points = [done[(impl, _LENGTH_ROWS.value, t)] for t in lengths]
+    sweeps[f"{impl}: length, {_LENGTH_ROWS.value} rows"] = ("T", fits(length_points, "T"))
+    if rows:
+      sweeps[f"{impl}: rows, T={_ROWS_LENGTH.value}"] = (
+          "rows", fits([done[(impl, n, _ROWS_LENGTH.value)] for n in rows], "rows"))
+    goals[impl] = targets(length_points)
   header = (f"Cost growth, Qwen3 V{cfg.vocab_size} D{cfg.hidden_size} F{cfg.intermediate_size} "
             f"L{cfg.num_layers} ({cfg.num_params / 1e6:.2f}M params), {cfg.dtype}, backend "
-            f"{jax.default_backend()}: P = {p}, G = {g}, KL {kl}, median of {steps} calls.")
-  table = markdown(list(done.values()), sweeps, header)
+            f"{jax.default_backend()}: P = {p}, G = {g}, KL {kl}, median of {steps} calls, "
+            f"blocked attention in blocks of {_BLOCK.value}.")
+  table = markdown(list(done.values()), sweeps, header, goals)
   print(table, flush=True)
   if _OUT.value:
     with open(_OUT.value, "w") as f:
@@ -219,7 +287,10 @@ def main(argv):
                     "backend": jax.default_backend(), "prompt_len": p, "group_size": g,
                     "kl_coef": kl, "steps": steps, "points": list(done.values()),
                     "fits": {name: {"x": x_name, **by_q}
-                             for name, (x_name, by_q) in sweeps.items()}}))
+                             for name, (x_name, by_q) in sweeps.items()},
+                    "targets": {impl: [dict(what=w, value=v, bound=b, met=m)
+                                       for w, v, b, m in rows]
+                                for impl, rows in goals.items()}}))
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ import time  # noqa: E402  (after XLA_FLAGS)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from absl import app, flags  # noqa: E402
 from flax import nnx  # noqa: E402
@@ -78,6 +79,7 @@ from grpo_jax import console  # noqa: E402
 from grpo_jax import configuration, losses, optim, replay as replay_lib  # noqa: E402
 from grpo_jax import sampler as sampler_lib, sharding, step as step_lib  # noqa: E402
 from grpo_jax.models import FAMILIES, ModelConfig, Qwen3, lora  # noqa: E402
+from grpo_jax.models import attention as attention_lib  # noqa: E402
 from grpo_jax.types import Rollout  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -94,6 +96,9 @@ _CHUNK = flags.DEFINE_integer("chunk", 1024, "logprob_chunk of the 'after' confi
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                            "parameter and compute dtype")
 _KL = flags.DEFINE_float("kl_coef", 0.0, "KL coefficient (> 0 adds the reference pass)")
+_JSON = flags.DEFINE_bool("json", False, "--config mode: end with one JSON line (per-device "
+                          "step_peak_bytes, sampler_peak_bytes, sampling_peak_bytes, the "
+                          "arithmetic breakdown, what fits)")
 
 GIB = 2 ** 30
 
@@ -181,9 +186,11 @@ def architecture_of(config) -> ModelConfig:
   from grpo_jax.models import architectures, hf  # pylint: disable=g-import-not-at-top
   m = config.model
   if m.arch:
-    return architectures.architecture(m.arch, param_dtype=m.param_dtype, dtype=m.dtype)
-  return hf.config_from_hf(hf.read_hf_config(m.path), param_dtype=m.param_dtype,
-                           dtype=m.dtype)
+    cfg = architectures.architecture(m.arch, param_dtype=m.param_dtype, dtype=m.dtype)
+  else:
+    cfg = hf.config_from_hf(hf.read_hf_config(m.path), param_dtype=m.param_dtype,
+                            dtype=m.dtype)
+  return cfg.replace(attention=m.attention, attention_block=m.attention_block)
 
 
 def _with_shardings(tree, shardings):
@@ -270,6 +277,61 @@ def config_memory(config) -> dict:
   return out
 
 
+def arithmetic(config, devices: int) -> dict:
+  """Per-device bytes by counting, to check the compiled figures against (docs/scaling.md).
+
+  Parameters and optimiser state split over every device (FSDP), rows over every device. Terms:
+  ``state`` (parameters in their storage dtype; trained ones with two float32 AdamW moments),
+  ``gradients`` (float32, trained parameters), ``guard_copy`` (the updated state the NaN guard
+  keeps beside the old one), ``saved_inputs`` (layer remat: each block's input [U, P + T, D] of
+  one minibatch of U rows, compute dtype), ``block_backward`` (one block recomputed: q, k, v, o
+  and the three SwiGLU intermediates with their cotangents; attention scores only for the
+  ``xla`` kernel, [U, H, query_block or P + T, P + T] float32, none for the others), ``lm_head``
+  (two [chunk, V] float32 blocks), ``kv_cache`` (the sampler's [N, P + T] keys and values of
+  every layer, compute dtype) and ``sampler_logits`` (the [N, V] float32 logits of a decode
+  step). ``step`` and ``sampling`` are their sums as each executable holds them.
+  """
+  cfg = architecture_of(config)
+  r, m = config.rollout, config.model
+  n, s = r.batch_prompts * r.group_size, r.prompt_len + r.completion_len
+  u = max(1, n // config.rl.num_minibatches) / devices
+  n_dev = n / devices
+  by = lambda dtype: jnp.dtype(dtype).itemsize
+  c_b = by(cfg.dtype)
+  adapters = lora.from_config(m)
+  if adapters:
+    trained = sum(dim for dim in _lora_sizes(config))
+    stored = cfg.num_params * c_b + trained * 4
+  else:
+    trained = cfg.num_params
+    stored = cfg.num_params * by(cfg.param_dtype)
+  state = (stored + trained * 8) / devices
+  gradients = trained * 4 / devices
+  d, f, h, k, w, layers = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
+                           cfg.num_kv_heads, cfg.head_dim, cfg.num_layers)
+  saved = layers * u * s * d * c_b
+  block = 2 * u * s * ((2 * h + 2 * k) * w + 3 * f) * c_b
+  if attention_lib.resolve(m.attention, s) == "xla":
+    block += 2 * u * h * (m.query_block or s) * s * 4
+  chunk = config.rl.logprob_chunk or u * r.completion_len
+  lm_head = 2 * chunk * cfg.vocab_size * 4
+  kv = 2 * layers * n_dev * s * k * w * c_b
+  logits = n_dev * cfg.vocab_size * 4
+  terms = dict(state=state, gradients=gradients, guard_copy=state, saved_inputs=saved,
+               block_backward=block, lm_head=lm_head, kv_cache=kv, sampler_logits=logits)
+  terms["step"] = state * 2 + gradients + saved + block + lm_head
+  terms["sampling"] = state + kv + logits
+  return terms
+
+
+def _lora_sizes(config):
+  """Parameter counts of every adapter the config attaches (abstract model, nothing built)."""
+  mesh = sharding.make_mesh(sharding.MeshConfig(data=1, fsdp=1, tensor=1))
+  _, params, _, _ = abstract_state(config, mesh)
+  return [int(np.prod(x.shape)) for path, x in nnx.to_flat_state(params)
+          if any("lora" in str(part) for part in path)]
+
+
 def config_main(config):
   try:
     configuration.validate(config, weights=False)
@@ -290,6 +352,8 @@ def config_main(config):
     out = config_memory(config)
   except (configuration.ConfigError, sharding.MeshError) as e:
     sys.exit(f"grpo_jax.bench.memory: {e}")
+  devices = int(np.prod(list(out["mesh"].values())))
+  counted = arithmetic(config, devices)
   print(f"mesh {out['mesh']}, {out['params'] / 1e9:.2f}B parameters; GiB per device:")
   cols = ("argument", "output", "alias", "temp", "total")
   print("| executable | " + " | ".join(cols) + " | compile s |")
@@ -304,8 +368,25 @@ def config_main(config):
         "and output)")
   print("fits: " + ", ".join(f"{chip} {'yes' if peak / GIB <= gib else 'no'}"
                              for chip, gib in CHIPS.items()))
+  print("by arithmetic (GiB per device): " + ", ".join(
+      f"{k} {v / GIB:.2f}" for k, v in counted.items()))
   print("bytes: " + json.dumps({k: out[k] for k in ("step", "sampler", "sampling_peak")}),
         flush=True)
+  if _JSON.value:
+    print(json.dumps({
+        "model": config.model.arch or config.model.path, "lora_rank": config.model.lora.rank,
+        "attention": config.model.attention, "rows": r.batch_prompts * r.group_size,
+        "prompt_len": r.prompt_len, "completion_len": r.completion_len,
+        "minibatches": config.rl.num_minibatches, "mesh": out["mesh"],
+        "backend": jax.default_backend(), "params": out["params"],
+        "step_peak_bytes": out["step"]["total"],
+        "sampler_peak_bytes": out["sampler"]["total"],
+        "sampling_peak_bytes": out["sampling_peak"],
+        "step": out["step"], "sampler": out["sampler"], "arithmetic_bytes": counted,
+        "fits": {chip: max(out["step"]["total"], out["sampling_peak"]) / GIB <= gib
+                 for chip, gib in CHIPS.items()},
+        "fits_by_arithmetic": {chip: max(counted["step"], counted["sampling"]) / GIB <= gib
+                               for chip, gib in CHIPS.items()}}), flush=True)
 
 
 if __name__ == "__main__":

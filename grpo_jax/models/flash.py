@@ -221,11 +221,19 @@ def cached_flash_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, inde
     keys = jax.lax.dynamic_slice_in_dim(key_mask_NxS, k0, block_k, axis=1)
     visible = ((k0 + jnp.arange(block_k))[None, :] <= qpos[:, None])[None] & keys[:, None, :]
     visible = visible[:, None, None]  # [N, 1, 1, X, block_k]
-    sc = jnp.where(visible, jnp.einsum("nxkqw,nkws->nkqxs", q, kj), _NEG)
+    if x == 1:  # decoding: broadcast multiplies and reductions (``attention.decode_attention``)
+      sc = jnp.sum(jnp.moveaxis(q, 1, -1)[..., None] * kj[:, :, None, :, None, :], axis=3)
+    else:
+      sc = jnp.einsum("nxkqw,nkws->nkqxs", q, kj)
+    sc = jnp.where(visible, sc, _NEG)
     m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
     p = jnp.where(visible, jnp.exp(sc - m_new[..., None]), 0.0)
     corr = jnp.exp(m - m_new)
-    pv = jnp.einsum("nkqxs,nksw->nkqxw", p.astype(vj.dtype).astype(f32), vj.astype(f32))
+    p = p.astype(vj.dtype).astype(f32)
+    if x == 1:
+      pv = jnp.sum(p[..., None] * vj.astype(f32)[:, :, None, None], axis=4)
+    else:
+      pv = jnp.einsum("nkqxs,nksw->nkqxw", p, vj.astype(f32))
     return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
 
   init = (jnp.full((n, kh, qh, x), _NEG, f32), jnp.zeros((n, kh, qh, x), f32),
