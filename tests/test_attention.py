@@ -165,6 +165,23 @@ def test_grouped_attention_equals_xla(impl, monkeypatch):
     np.testing.assert_allclose(a, b, atol=GRAD, rtol=0)
 
 
+def test_cudnn_call_on_the_reference_kernel_equals_blocked():
+  """Everything of ``cudnn_attention`` but cuDNN: left padding rolled to cuDNN's right padding
+  and back, per-row lengths, grouped heads, run on ``jax.nn.dot_product_attention``'s xla
+  implementation (float32 here)."""
+  q, k, v, key_mask, key = _inputs(x=S)
+  got = fused_attention.cudnn_attention(q, k, v, key_mask, implementation="xla")
+  want = flash.flash_attention(q, k, v, key_mask, 0)
+  seen = attn.causal_mask(key_mask, S).any(-1)
+  assert _max_err(got, want, seen) <= FWD
+  cot = jax.random.normal(key, q.shape) * seen[:, :, None, None, None]
+  grads = [jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * cot), argnums=(0, 1, 2))(q, k, v)
+           for f in (lambda *a: fused_attention.cudnn_attention(*a, key_mask, "xla"),
+                     lambda *a: flash.flash_attention(*a, key_mask, 0))]
+  for a, b in zip(*grads):
+    np.testing.assert_allclose(a, b, atol=GRAD, rtol=0)
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN needs a GPU")
 def test_cudnn_equals_blocked_on_gpu():
   q, k, v, key_mask, _ = _inputs(x=S)

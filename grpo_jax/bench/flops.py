@@ -8,11 +8,13 @@ Conventions, the same in every function here:
   log-softmax, sampling) and the embedding lookup (a gather). XLA's own count
   (``cost_analysis()``) adds those, a few percent at the shapes of this project
   (tests/test_bench_flops.py compares the two).
-* Attention is counted as the hardware executes it here, not as the causal minimum: the model
-  computes the full masked [queries, keys] score matrix (``attention.attention``), so a
+* Attention is counted as the dense kernel (``model.attention=xla``) executes it, not as the
+  causal minimum: the full masked [queries, keys] score matrix (``attention.attention``), so a
   teacher-forced pass over S = P + T tokens costs S * S score entries per head, not
   S * (S + 1) / 2; a cached pass attends every query to all the cache's slots, written or not
-  (the sampler's cache has P + T slots from the start).
+  (the sampler's cache has P + T slots from the start). The ``blocked`` kernel skips the key
+  blocks above the diagonal and decodes over the filled prefix only, about half of that: its
+  model FLOPs here are the dense count (the same work a reader compares kernels on).
 * A backward pass costs twice its forward pass (the gradient with respect to the inputs and
   with respect to the weights of every matmul), so a differentiated pass is 3x a forward.
   Recomputation under ``remat="layer"`` is not counted: these are model FLOPs, the work the

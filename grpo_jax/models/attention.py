@@ -13,8 +13,7 @@ name       kernel
            blocks). Exact reference; memory quadratic in length in the backward pass.
 ``blocked`` ``flash.flash_attention``: keys and queries in blocks with an online softmax and a
            custom VJP; no [X, S] array in either pass, causal block skipping; the sampler reads
-           only the filled cache blocks (prefill: ``flash.cached_flash_attention``; decode:
-           ``prefix_decode_attention``). Plain JAX, any
+           only the filled cache blocks (``flash.cached_flash_attention``). Plain JAX, any
            backend; the reference the accelerator kernels are tested against.
 ``cudnn``  cuDNN flash attention (``fused_attention.cudnn_attention``; GPU, bf16/fp16).
 ``splash`` Pallas TPU splash attention (``fused_attention.splash_attention``; TPU).
@@ -109,9 +108,6 @@ def cache_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, index,
   """
   x, s = q_NxXxKxQxW.shape[1], key_mask_NxS.shape[1]
   if resolve(impl, s) != "xla":
-    if x == 1:
-      return prefix_decode_attention(q_NxXxKxQxW[:, 0], k_NxKxWxS, v_NxKxSxW, key_mask_NxS,
-                                     index, block)
     return flash.cached_flash_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, index,
                                         block_k=block)
   mask_NxXxS = causal_mask(key_mask_NxS, x, index)
@@ -295,40 +291,6 @@ def cached_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, mask_NxXxS):
   probs = jax.nn.softmax(scores, axis=-1).astype(v_NxKxSxW.dtype).astype(jnp.float32)
   out = jnp.einsum("nkqxs,nksw->nxkqw", probs, v_NxKxSxW.astype(jnp.float32))
   return out.astype(v_NxKxSxW.dtype)
-
-
-MAX_DECODE_PREFIXES = 16
-
-
-def prefix_decode_attention(q_NxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, index,
-                            block: int = 256):
-  """``decode_attention`` of the token at slot ``index`` over only the cache's filled prefix.
-
-  The S slots are cut into up to ``MAX_DECODE_PREFIXES`` prefixes of whole ``block``s; a
-  ``lax.switch`` on ``index`` runs the dense kernel over the shortest prefix that holds slot
-  ``index`` (static shapes in every branch, only the taken one runs). A decode step at slot s
-  then reads about s + S / 16 slots instead of S: over a generation of T tokens after P, about
-  (P + T / 2 + S / 16) / S of the dense kernel's attention reads, at its per-slot speed (an
-  online softmax over blocks in a loop, ``flash.cached_flash_attention``, was 2x slower per slot
-  on XLA:CPU, docs/performance.md).
-
-  Returns:
-    [N, 1, K, Q, W] in the values' dtype.
-  """
-  s = key_mask_NxS.shape[1]
-  count = max(1, min(MAX_DECODE_PREFIXES, -(-s // block)))
-  step = -(-s // count)
-  sizes = sorted({min(s, (i + 1) * step) for i in range(count)})
-  mask_NxS = causal_mask(key_mask_NxS, 1, index)[:, 0]
-
-  def over(size):
-    return lambda: decode_attention(q_NxKxQxW, k_NxKxWxS[..., :size], v_NxKxSxW[:, :, :size],
-                                    mask_NxS[:, :size])
-
-  if len(sizes) == 1:
-    return over(s)()
-  which = jnp.searchsorted(jnp.asarray(sizes), index + 1)  # first prefix holding slot index
-  return jax.lax.switch(jnp.minimum(which, len(sizes) - 1), [over(size) for size in sizes])
 
 
 def decode_attention(q_NxKxQxW, k_NxKxWxS, v_NxKxSxW, mask_NxS):

@@ -39,8 +39,13 @@ def _roll_rows(a_NxS, shift_N):
   return jnp.take_along_axis(a_NxS, idx.reshape(idx.shape + (1,) * (a_NxS.ndim - 2)), axis=1)
 
 
-def cudnn_attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS):
-  """Square causal attention on cuDNN. Returns [N, S, K, Q, W] in the values' dtype."""
+def cudnn_attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS,
+                    implementation: str = "cudnn"):
+  """Square causal attention on cuDNN. Returns [N, S, K, Q, W] in the values' dtype.
+
+  ``implementation="xla"`` runs the same call (rolls, lengths) on JAX's reference kernel: the
+  CPU test of everything here but cuDNN itself.
+  """
   n, s, kh, qh, w = q_NxSxKxQxW.shape
   key_mask_NxS = key_mask_NxS.astype(bool)
   lengths_N = jnp.sum(key_mask_NxS, axis=1, dtype=jnp.int32)
@@ -49,7 +54,7 @@ def cudnn_attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS):
   out = jax.nn.dot_product_attention(
       left(q_NxSxKxQxW.reshape(n, s, kh * qh, w)), left(k_NxSxKxW), left(v_NxSxKxW),
       is_causal=True, query_seq_lengths=lengths_N, key_value_seq_lengths=lengths_N,
-      implementation="cudnn")
+      implementation=implementation)
   return _roll_rows(out, pad_N).reshape(n, s, kh, qh, w)
 
 
