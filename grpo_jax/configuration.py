@@ -250,14 +250,24 @@ def check_mesh(config, mesh) -> None:
 
 
 def _attention(m):
-  """model.attention names a kernel this process's backend has; the block is positive."""
+  """model.attention names a kernel; the block is positive (the backend: ``check_backend``)."""
   names = attention.IMPLEMENTATIONS
   _check(m.attention in names, "model.attention", f"{m.attention!r}; known: {', '.join(names)}")
-  needs = attention.BACKEND.get(m.attention)
-  _check(needs is None or jax.default_backend() == needs, "model.attention",
-         f"{m.attention!r} needs a {needs.upper() if needs else ''} backend, this process has "
-         f"{jax.default_backend()!r}: use auto or blocked")
   _check(m.attention_block >= 1, "model.attention_block", f"{m.attention_block} must be >= 1")
+
+
+def check_backend(config) -> None:
+  """model.attention's kernel exists on this process's backend (cudnn: a GPU, splash: a TPU).
+
+  Separate from ``validate``, which must not start JAX's backend (a multi-host run calls
+  ``jax.distributed.initialize`` after validating): the loop calls this once the devices are
+  up.
+  """
+  name = config.model.attention
+  needs = attention.BACKEND.get(name)
+  _check(needs is None or jax.default_backend() == needs, "model.attention",
+         f"{name!r} needs a {(needs or '').upper()} backend, this process has "
+         f"{jax.default_backend()!r}: use auto or blocked")
 
 
 def _lora(m) -> None:

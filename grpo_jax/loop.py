@@ -225,6 +225,7 @@ def load_model(config, tokenizer, mesh) -> tuple[nnx.GraphDef, Any]:
   tokenizer; with ``model.lora.rank`` > 0 the base is stored in the compute dtype (it is never
   updated, so it needs no float32 master copy) and carries fresh adapters (``lora.attach``,
   drawn from ``keys.lora_init`` of the seed)."""
+  configuration.check_backend(config)
   adapters = lora.from_config(config.model)
   param_dtype = config.model.dtype if adapters else config.model.param_dtype
   model = from_pretrained(config.model.path, param_dtype=param_dtype,

@@ -111,25 +111,28 @@ def _cache(k, v, key_mask, size):
           jnp.pad(key_mask, ((0, 0), (0, size - key_mask.shape[1]))))
 
 
-@pytest.mark.parametrize("index,x", [(0, 13), (10, 1), (20, 1), (5, 4), (15, 1)])
-def test_cache_kernel_equals_dense_and_reads_only_filled_blocks(index, x):
+@pytest.mark.parametrize("index,x,block", [(0, 13, 8), (10, 1, 8), (20, 1, 8), (5, 4, 8),
+                                           (15, 1, 8), (20, 1, 7), (38, 2, 7), (39, 1, 40)])
+def test_cache_kernel_equals_dense_and_reads_only_filled_blocks(index, x, block):
   q, k, v, key_mask, _ = _inputs()
   q = q[:, :x]
   k_c, v_c, mask_c = _cache(k, v, key_mask, 40)
   dense = attn.cache_attention(q, k_c, v_c, mask_c, index, "xla")
-  # Blocks of 8 slots: the queries' last slot index + x - 1 lies in block (index + x - 1) // 8;
-  # every block after it is NaN. A kernel that read one of them would return NaN (0 * NaN in the
-  # product with the values), as the dense kernel does.
-  nan_from = -(-(index + x) // 8) * 8
+  # Blocks of ``block`` slots: the queries' last slot index + x - 1 lies in block
+  # (index + x - 1) // block; every block after it is NaN. A kernel that read one of them would
+  # return NaN (0 * NaN in the product with the values), as the dense kernel does. Blocks of 7
+  # do not divide the 40 slots: the last one is read from slot 33 with 33..34 masked.
+  nan_from = min(40, -(-(index + x) // block) * block)
   poison = lambda a, axis: jnp.where(
       jnp.expand_dims(jnp.arange(40) >= nan_from, [d for d in range(4) if d != axis]), np.nan, a)
   k_nan, v_nan = poison(k_c, 3), poison(v_c, 2)
   got = jax.jit(lambda q, i: attn.cache_attention(q, k_nan, v_nan, mask_c, i, "blocked",
-                                                   block=8))(q, index)
+                                                   block=block))(q, index)
   seen = attn.causal_mask(mask_c, x, index).any(-1)
   assert np.all(np.isfinite(got))
   assert _max_err(got, dense, seen) <= FWD
-  assert not np.all(np.isfinite(attn.cache_attention(q, k_nan, v_nan, mask_c, index, "xla")))
+  if nan_from < 40:
+    assert not np.all(np.isfinite(attn.cache_attention(q, k_nan, v_nan, mask_c, index, "xla")))
 
 
 def _grouped_inputs():
@@ -259,7 +262,7 @@ def test_auto_picks_blocked_from_the_threshold_on_cpu():
 
 def _config(**model):
   from configs import popo  # pylint: disable=g-import-not-at-top
-  c = popo.get_config()
+  c = popo.get_config("smoke")
   c.model.update(model)
   return c
 
@@ -274,5 +277,19 @@ def test_bad_attention_config_is_one_line(field, value, says):
   if jax.default_backend() in ("gpu", "tpu") and value in ("cudnn", "splash"):
     pytest.skip("allowed on this backend")
   with pytest.raises(errors.ConfigError) as e:
-    configuration.validate(_config(**{field: value}))
+    config = _config(**{field: value})
+    configuration.validate(config)
+    configuration.check_backend(config)  # the loop's check once the devices are up
   assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_run_with_blocked_attention_trains(tmp_path):
+  """The whole loop under ``model.attention=blocked`` with a block that divides nothing (3):
+  loading, sampling, the POPO step, evaluation and a checkpoint."""
+  from grpo_jax import metrics, train  # pylint: disable=g-import-not-at-top
+  c = _config(attention="blocked", attention_block=3)
+  c.total_steps, c.eval.every, c.checkpoint.every = 2, 2, 2
+  c.eval.greedy = False
+  train.train_and_evaluate(c, os.fspath(tmp_path))
+  steps = [r for r in metrics.read_metrics(os.fspath(tmp_path)) if "loss" in r]
+  assert [r["step"] for r in steps] == [1, 2] and all(np.isfinite(r["loss"]) for r in steps)

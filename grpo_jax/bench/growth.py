@@ -1,15 +1,16 @@
-"""How the GRPO step's cost grows with completion length and with rows.
+"""How the GRPO step's cost grows with completion length, per attention kernel (and rows).
 
-    python -m grpo_jax.bench.growth --out=growth.md
+    python -m grpo_jax.bench.growth --out=growth.md      # ~18 min on this project's 2 cores
 
 On the reference model (throughput's ``--init_random`` Qwen3: V 512, D 256, F 768, 4 layers, 4
 query heads, 2 key/value heads, head dim 64, tied embeddings; random weights, built in memory),
 float32, prompts of P = 32 tokens, G = 8 rollouts per prompt, EOS disabled (every completion
-has exactly T tokens), two sweeps: T in ``--lengths`` (64, 128, 256, 512) at
-``--length_sweep_rows`` (128) rows, and rows in ``--rows`` (64, 128, 256) at
-``--rows_sweep_length`` (T = 64); a point in both sweeps is measured once. At each point:
+has exactly T tokens): for each kernel of ``--attention`` (``model.attention``: xla, blocked),
+T in ``--lengths`` (512, 1024, 2048, 4096) at ``--length_sweep_rows`` (16) rows, and optionally
+rows in ``--rows`` at ``--rows_sweep_length``. At each point:
 
-* generation time: the median of ``--steps`` calls of the jitted sampler (``sampler.sample``);
+* generation time: the median of ``--steps`` calls of the jitted sampler (``sampler.sample``),
+  and per generated token;
 * train-step time: the median of ``--steps`` calls of the real ``step.make_train_step`` (GRPO,
   KL 0.04: one no-grad reference pass, then one forward + backward and an AdamW update), on the
   last generated rollouts with random 0/1 rewards;
@@ -17,21 +18,18 @@ has exactly T tokens), two sweeps: T in ``--lengths`` (64, 128, 256, 512) at
   bytes of ``jitted.lower(...).compile().memory_analysis()``. That is XLA's static buffer
   assignment: the most bytes the compiled program's buffers take at once, as planned at compile
   time (arguments, outputs, and the scratch space of its temporaries; outputs that reuse a
-  donated argument's buffer counted once), not a measured resident size;
+  donated argument's buffer counted once), not a measured resident size. An executable that
+  plans more than ``--run_limit_gib`` is compiled but not run (its times NaN): the dense kernel
+  plans 58.6 GiB at T = 4096 on 16 rows;
 * model GFLOP of the step (``flops.step_phases``: generation + reference pass + forward +
-  backward).
-
-The largest point is the heaviest: at 128 rows and T = 512 the train step's planned peak is
-~14.5 GiB (float32 attention scores and probabilities [128, 4, 544, 544] of every layer kept
-for the backward pass), so the sweep needs a machine with that much free memory. The default
-sweep is estimated at 10-15 minutes on this project's 2 cores (not run yet; extrapolated from
-the reference throughput point, 128 rows at T = 64: ~3 s of generation and ~9 s of train step
-on a loaded machine).
+  backward; attention counted dense).
 
 Both executables are compiled before timing (the compile is not timed), so every timed call
 runs compiled code. Then, per sweep and quantity, ``flops.fit_growth``: the exponent of a
 log-log least-squares fit, linear and quadratic fits, and the verdict (its docstring states
-the rule). Prints a markdown table (written to ``--out`` too) and one JSON line.
+the rule); and per kernel the long-completion ``targets``. Prints a markdown table (written to
+``--out`` too) and one JSON line. Flags are defined only when this runs as a program
+(``define_flags``).
 """
 
 from __future__ import annotations
@@ -53,26 +51,34 @@ from grpo_jax.bench import flops as flops_lib
 from grpo_jax.models import ModelConfig, Qwen3
 from grpo_jax.types import Rollout
 
-_LENGTHS = flags.DEFINE_list("lengths", ["512", "1024", "2048", "4096"],
-                             "completion lengths T")
-_ROWS = flags.DEFINE_list("rows", [], "rows N = prompts x group size (empty: no rows sweep)")
-_LENGTH_ROWS = flags.DEFINE_integer("length_sweep_rows", 16, "rows of the length sweep")
-_ATTENTION = flags.DEFINE_list("attention", ["xla", "blocked"],
-                               "attention kernels to measure (model.attention)")
-_BLOCK = flags.DEFINE_integer("attention_block", 256, "queries / keys per block of blocked")
-_RUN_LIMIT = flags.DEFINE_float(
-    "run_limit_gib", 16.0, "a point whose compiled step or sampler plans more than this many "
-    "GiB is compiled (its memory reported) but not run (times NaN)")
-_ROWS_LENGTH = flags.DEFINE_integer("rows_sweep_length", 64, "T of the rows sweep")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "P")
-_GROUP = flags.DEFINE_integer("group_size", 8, "G (rows must be multiples of it)")
-_STEPS = flags.DEFINE_integer("steps", 3, "timed calls per point (after compiling)")
-_KL = flags.DEFINE_float("kl_coef", 0.04, "KL coefficient of the train step")
-_OUT = flags.DEFINE_string("out", "", "also write the markdown here")
-_VOCAB = flags.DEFINE_integer("vocab", 512, "vocabulary size")
-_WIDTH = flags.DEFINE_integer("width", 256, "hidden size")
-_FFN = flags.DEFINE_integer("intermediate", 768, "SwiGLU width")
-_LAYERS = flags.DEFINE_integer("layers", 4, "layers")
+
+def define_flags():
+  """The command line's flags, defined when this runs as a program, not when it is imported
+  (tests import ``measure`` and ``targets`` beside other benchmarks whose flags share names)."""
+  # pylint: disable=global-statement
+  global _LENGTHS, _ROWS, _LENGTH_ROWS, _ATTENTION, _BLOCK, _RUN_LIMIT, _ROWS_LENGTH
+  global _PROMPT_LEN, _GROUP, _STEPS, _KL, _OUT, _VOCAB, _WIDTH, _FFN, _LAYERS
+  _LENGTHS = flags.DEFINE_list("lengths", ["512", "1024", "2048", "4096"],
+                               "completion lengths T")
+  _ROWS = flags.DEFINE_list("rows", [], "rows N = prompts x group size (empty: no rows sweep)")
+  _LENGTH_ROWS = flags.DEFINE_integer("length_sweep_rows", 16, "rows of the length sweep")
+  _ATTENTION = flags.DEFINE_list("attention", ["xla", "blocked"],
+                                 "attention kernels to measure (model.attention)")
+  _BLOCK = flags.DEFINE_integer("attention_block", 256, "queries / keys per block of blocked")
+  _RUN_LIMIT = flags.DEFINE_float(
+      "run_limit_gib", 16.0, "a point whose compiled step or sampler plans more than this many "
+      "GiB is compiled (its memory reported) but not run (times NaN)")
+  _ROWS_LENGTH = flags.DEFINE_integer("rows_sweep_length", 64, "T of the rows sweep")
+  _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "P")
+  _GROUP = flags.DEFINE_integer("group_size", 8, "G (rows must be multiples of it)")
+  _STEPS = flags.DEFINE_integer("steps", 2, "timed calls per point (after compiling)")
+  _KL = flags.DEFINE_float("kl_coef", 0.04, "KL coefficient of the train step")
+  _OUT = flags.DEFINE_string("out", "", "also write the markdown here")
+  _VOCAB = flags.DEFINE_integer("vocab", 512, "vocabulary size")
+  _WIDTH = flags.DEFINE_integer("width", 256, "hidden size")
+  _FFN = flags.DEFINE_integer("intermediate", 768, "SwiGLU width")
+  _LAYERS = flags.DEFINE_integer("layers", 4, "layers")
+
 
 MIB = 2 ** 20
 QUANTITIES = (("gen_s", "generation s"), ("gen_ms_per_token", "generation ms / token"),
@@ -294,4 +300,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -213,18 +213,22 @@ def cached_flash_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, inde
   n, x, kh, qh, w = q_NxXxKxQxW.shape
   size = k_NxKxWxS.shape[-1]
   block_k = max(1, min(block_k, size))
-  if size % block_k:  # a block that does not divide the cache: use the largest one that does
-    block_k = max(b for b in range(1, block_k + 1) if size % b == 0)
   q = q_NxXxKxQxW.astype(f32) * (w ** -0.5)
   qpos = index + jnp.arange(x)
 
   def key_block(j, carry):
     m, l, acc = carry
-    k0 = j * block_k
+    # Block j covers slots j * block_k ..; the last one, where block_k does not divide the
+    # cache, is read from size - block_k on with the slots before j * block_k (already seen)
+    # masked out.
+    start = j * block_k
+    k0 = jnp.minimum(start, size - block_k)
     kj = jax.lax.dynamic_slice_in_dim(k_NxKxWxS, k0, block_k, axis=3).astype(f32)
     vj = jax.lax.dynamic_slice_in_dim(v_NxKxSxW, k0, block_k, axis=2)
     keys = jax.lax.dynamic_slice_in_dim(key_mask_NxS, k0, block_k, axis=1)
-    visible = ((k0 + jnp.arange(block_k))[None, :] <= qpos[:, None])[None] & keys[:, None, :]
+    slots = k0 + jnp.arange(block_k)
+    keys = keys & (slots >= start)[None, :]
+    visible = (slots[None, :] <= qpos[:, None])[None] & keys[:, None, :]
     visible = visible[:, None, None]  # [N, 1, 1, X, block_k]
     if x == 1:  # decoding: broadcast multiplies and reductions (``attention.decode_attention``)
       sc = jnp.sum(jnp.moveaxis(q, 1, -1)[..., None] * kj[:, :, None, :, None, :], axis=3)
@@ -243,7 +247,7 @@ def cached_flash_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, inde
 
   init = (jnp.full((n, kh, qh, x), _NEG, f32), jnp.zeros((n, kh, qh, x), f32),
           jnp.zeros((n, kh, qh, x, w), f32))
-  filled = jnp.clip((index + x + block_k - 1) // block_k, 1, size // block_k)
+  filled = jnp.clip((index + x + block_k - 1) // block_k, 1, -(-size // block_k))
   _, l, acc = jax.lax.fori_loop(0, filled, key_block, init)
   out = acc / jnp.where(l > 0, l, 1.0)[..., None]
   return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(v_NxKxSxW.dtype)
