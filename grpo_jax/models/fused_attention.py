@@ -14,6 +14,11 @@ Neither can run on a CPU: their parity with ``blocked`` is checked by
 * ``splash``: the Pallas TPU splash kernel (as tunix uses it), a causal mask, left padding as
   segment ids (pad tokens segment 0, real tokens 1: a real query never sees a pad key), keys
   and values repeated to all H heads, S padded to a multiple of 128.
+
+Not yet done (no device has run these): under a mesh the splash call is not wrapped in
+``shard_map``, so XLA cannot split the Pallas kernel over the batch and gathers its inputs
+(correct, but one device's worth of rows at a time is what a TPU pod run would need; tunix
+wraps it); JAX's cuDNN call carries its own batch/head partitioning rules.
 """
 
 from __future__ import annotations
