@@ -54,8 +54,8 @@ def test_flash_equals_dense_forward_and_gradients(block_q, block_k):
   assert _max_err(blocked(q, k, v), dense(q, k, v), seen) <= FWD
   cot = jax.random.normal(key, (N, X, KH, QH, W)) * seen[:, :, None, None, None]
   loss = lambda f: lambda *a: jnp.sum(f(*a) * cot)
-  got = jax.grad(loss(blocked), argnums=(0, 1, 2))(q, k, v)
-  want = jax.grad(loss(dense), argnums=(0, 1, 2))(q, k, v)
+  got = jax.jit(jax.grad(loss(blocked), argnums=(0, 1, 2)))(q, k, v)
+  want = jax.jit(jax.grad(loss(dense), argnums=(0, 1, 2)))(q, k, v)
   for g, w_ in zip(got, want):
     np.testing.assert_allclose(g, w_, atol=GRAD, rtol=0)
 
@@ -155,15 +155,15 @@ def test_grouped_attention_equals_xla(impl, monkeypatch):
                         functools.partial(fused_attention.splash_attention, interpret=True))
   arrays, prompt_mask, g, key = _grouped_inputs()
   run = lambda impl: lambda *a: attn.grouped_attention(*a, prompt_mask, g, 0, impl, 4)
-  want, got = run("xla")(*arrays), run(impl)(*arrays)
+  want, got = jax.jit(run("xla"))(*arrays), jax.jit(run(impl))(*arrays)
   seen_p = attn.causal_mask(prompt_mask, prompt_mask.shape[1]).any(-1)
   assert _max_err(got[0], want[0], seen_p) <= FWD
   assert _max_err(got[1], want[1], jnp.ones(got[1].shape[:2], bool)) <= FWD
   cots = [jax.random.normal(kk, o.shape) for kk, o in zip(jax.random.split(key), want)]
   cots[0] = cots[0] * seen_p[:, :, None, None, None]
   loss = lambda f: lambda *a: sum(jnp.sum(o * c) for o, c in zip(f(*a), cots))
-  grads_want = jax.grad(loss(run("xla")), argnums=tuple(range(6)))(*arrays)
-  grads_got = jax.grad(loss(run(impl)), argnums=tuple(range(6)))(*arrays)
+  grads_want = jax.jit(jax.grad(loss(run("xla")), argnums=tuple(range(6))))(*arrays)
+  grads_got = jax.jit(jax.grad(loss(run(impl)), argnums=tuple(range(6))))(*arrays)
   for a, b in zip(grads_got, grads_want):
     np.testing.assert_allclose(a, b, atol=GRAD, rtol=0)
 
@@ -230,7 +230,7 @@ def test_model_logprobs_and_gradients_blocked_equal_xla(models, batch, group, re
           prompt_group=group)
       return jnp.sum(logp) + 0.1 * jnp.sum(ent), logp
 
-    (_, logp), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    (_, logp), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
     return logp, grads
 
   logp_x, grads_x = loss_and_grad(models["xla"])

@@ -23,8 +23,6 @@ wraps it); JAX's cuDNN call carries its own batch/head partitioning rules.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
@@ -63,8 +61,9 @@ def cudnn_attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS,
   return _roll_rows(out, pad_N).reshape(n, s, kh, qh, w)
 
 
-@functools.lru_cache(maxsize=None)
 def _splash_kernel(num_heads: int, length: int, interpret: bool):
+  """The splash kernel for H heads of ``length`` (built per trace: the kernel object holds
+  arrays, and one cached across traces would leak a trace's values into the next)."""
   from jax.experimental.pallas.ops.tpu.splash_attention import (  # pylint: disable=g-import-not-at-top
       splash_attention_kernel as kernel, splash_attention_mask as mask_lib)
   mask = mask_lib.MultiHeadMask([mask_lib.CausalMask((length, length))] * num_heads)
