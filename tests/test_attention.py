@@ -23,6 +23,7 @@ from grpo_jax import sampler as sampler_lib
 from grpo_jax.logprobs import completion_logprobs_and_entropy
 from grpo_jax.models import attention as attn
 from grpo_jax.models import flash, from_pretrained, fused_attention
+from tests import jaxpr_shapes
 
 FWD, GRAD = 1e-5, 1e-4
 N, X, S, KH, QH, W = 3, 13, 21, 2, 2, 8
@@ -71,36 +72,16 @@ def test_fully_masked_queries_give_zero_and_no_gradient():
   assert np.all(np.isfinite(dq))
 
 
-def _shapes(closed_jaxpr):
-  """Every array shape in a jaxpr, its sub-jaxprs (loops, custom VJPs) included."""
-  found = []
-
-  def walk(jaxpr):
-    for eqn in jaxpr.eqns:
-      for var in list(eqn.invars) + list(eqn.outvars):
-        if hasattr(var, "aval") and hasattr(var.aval, "shape"):
-          found.append(tuple(var.aval.shape))
-      for param in eqn.params.values():
-        for sub in param if isinstance(param, (list, tuple)) else [param]:
-          if isinstance(sub, jax.extend.core.ClosedJaxpr):
-            walk(sub.jaxpr)
-          elif isinstance(sub, jax.extend.core.Jaxpr):
-            walk(sub)
-
-  walk(closed_jaxpr.jaxpr)
-  return found
-
-
 def test_no_length_by_length_array_in_forward_or_backward():
   length, block = 96, 16  # a distinctive size: no other axis is 96
   q, k, v, key_mask, _ = _inputs(x=length, s=length)
   grad = jax.grad(lambda q, k, v: jnp.sum(flash.flash_attention(
       q, k, v, key_mask, 0, block_q=block, block_k=block)), argnums=(0, 1, 2))
-  shapes = _shapes(jax.make_jaxpr(grad)(q, k, v))
+  shapes = jaxpr_shapes.shapes(jax.make_jaxpr(grad)(q, k, v))
   assert shapes and not [s for s in shapes if s.count(length) >= 2]
   # The guard works: the dense kernel's gradient has [N, K, Q, 96, 96] scores.
   dense = jax.grad(lambda q: jnp.sum(attn.attention(q, k, v, attn.causal_mask(key_mask, length))))
-  assert [s for s in _shapes(jax.make_jaxpr(dense)(q)) if s.count(length) >= 2]
+  assert [s for s in jaxpr_shapes.shapes(jax.make_jaxpr(dense)(q)) if s.count(length) >= 2]
 
 
 def _cache(k, v, key_mask, size):

@@ -9,6 +9,7 @@ from flax import nnx
 from grpo_jax import assets
 from grpo_jax.logprobs import completion_logprobs_and_entropy
 from grpo_jax.models import from_pretrained
+from tests import jaxpr_shapes
 
 N, P, T = 4, 6, 8
 CHUNKS = (1, 2, 5, 8, 31)  # 5 and 31 do not divide N * T = 32 (padding path)
@@ -112,27 +113,10 @@ def _get(tree, path):
   return leaves[path]
 
 
-def _shapes(jaxpr) -> set:
-  """Shapes of every equation's outputs, recursively through scan/remat/pjit bodies."""
-  shapes = set()
-
-  def walk(j):
-    for eqn in j.eqns:
-      shapes.update(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
-      for param in eqn.params.values():
-        for sub in param if isinstance(param, (list, tuple)) else (param,):
-          if isinstance(sub, jax.extend.core.ClosedJaxpr):
-            walk(sub.jaxpr)
-          elif isinstance(sub, jax.extend.core.Jaxpr):
-            walk(sub)
-
-  walk(jaxpr.jaxpr)
-  return shapes
-
-
 def _vocab_shapes(setup, fn) -> set:
   v = setup["v"]
-  return {s for s in _shapes(jax.make_jaxpr(fn)(setup["params"])) if s and s[-1] == v}
+  found = jaxpr_shapes.shapes(jax.make_jaxpr(fn)(setup["params"]))
+  return {s for s in found if s and s[-1] == v}
 
 
 @pytest.mark.parametrize("what", ("forward", "grad"))
