@@ -32,13 +32,19 @@ def group_metrics(success_NxK: np.ndarray, lengths_NxK: np.ndarray | None = None
     lengths_NxK: optional completion lengths in tokens.
 
   Returns:
-    dict with mean_at_k, pass_at_k, all_correct_fraction, all_wrong_fraction,
-    constant_fraction (their sum) and, when lengths are given, mean_length.
+    dict with mean_at_k and its standard error mean_at_k_se, pass_at_k,
+    all_correct_fraction, all_wrong_fraction, constant_fraction (their sum) and, when lengths
+    are given, mean_length. The standard error takes the prompt as the unit: a prompt's k
+    samples are correlated (they share its difficulty), so it is the sample standard deviation
+    of the per-prompt success rates over sqrt(n) (a cluster standard error), which covers the
+    draw of both the prompts and their samples; NaN for one prompt.
   """
   success = np.asarray(success_NxK, bool)
   per_prompt = success.mean(axis=1)
+  n = per_prompt.shape[0]
   out = {
       "mean_at_k": float(per_prompt.mean()),
+      "mean_at_k_se": float(per_prompt.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan"),
       "pass_at_k": float(success.any(axis=1).mean()),
       "all_correct_fraction": float(success.all(axis=1).mean()),
       "all_wrong_fraction": float((~success).all(axis=1).mean()),
@@ -46,6 +52,28 @@ def group_metrics(success_NxK: np.ndarray, lengths_NxK: np.ndarray | None = None
   out["constant_fraction"] = out["all_correct_fraction"] + out["all_wrong_fraction"]
   if lengths_NxK is not None:
     out["mean_length"] = float(np.mean(lengths_NxK))
+  return out
+
+
+def pool(per_set: dict[str, dict], sizes: dict[str, int]) -> dict:
+  """The metrics of several held-out sets as one set of all their prompts.
+
+  Every metric is a mean over prompts, so the pooled value is the sets' values weighted by
+  their sizes; a standard error (a key ending in ``_se``) pools as the square root of the
+  weighted sum of squares (the sets are independent: the variance of sum_s w_s m_s is
+  sum_s w_s^2 se_s^2).
+
+  Args:
+    per_set: {set name: {metric: value}}, the same metrics for every set.
+    sizes: {set name: its number of prompts}.
+  """
+  total = sum(sizes.values())
+  out = {}
+  for key in next(iter(per_set.values())):
+    if key.endswith("_se"):
+      out[key] = math.sqrt(sum((sizes[n] / total * per_set[n][key]) ** 2 for n in per_set))
+    else:
+      out[key] = sum(per_set[n][key] * sizes[n] for n in per_set) / total
   return out
 
 

@@ -431,16 +431,16 @@ def _evaluate(run: Run) -> dict:
           run.graphdef, run.state.params, run.tokenizer, run.task, problems, k=k,
           temperature=temperature, **kw)
       out = evaluate(e.k, e.temperature)
-      result = {f"mean_at_{e.k}": out["mean_at_k"], f"pass_at_{e.k}": out["pass_at_k"],
-                "mean_length": out["mean_length"], "constant_fraction": out["constant_fraction"]}
+      result = {f"mean_at_{e.k}": out["mean_at_k"], f"mean_at_{e.k}_se": out["mean_at_k_se"],
+                f"pass_at_{e.k}": out["pass_at_k"], "mean_length": out["mean_length"],
+                "constant_fraction": out["constant_fraction"],
+                "truncated_fraction": out["truncated_fraction"]}
       if e.greedy:
         result["greedy_accuracy"] = evaluate(1, 0.0)["mean_at_k"]
       per_set[name], sizes[name] = result, len(problems)
   if list(per_set) == [""]:
     return {f"eval/{key}": v for key, v in per_set[""].items()}
-  total = sum(sizes.values())
-  pooled = {f"eval/{key}": sum(per_set[n][key] * sizes[n] for n in per_set) / total
-            for key in next(iter(per_set.values()))}
+  pooled = {f"eval/{key}": v for key, v in evaluate_lib.pool(per_set, sizes).items()}
   return {**pooled, **{f"eval/{n}/{key}": v for n, res in per_set.items()
                        for key, v in res.items()}}
 

@@ -79,7 +79,7 @@ def run_summary(workdir: str, k: int = 8) -> dict:
     for key in ("ineffective_fraction", "learning_rate") + REPLAY_STATS:
       # Statistics of the replayed rows (their age, drift, weights) exist only in steps that
       # replayed something: averaged over those, not diluted by warm-up or empty-buffer steps.
-      when = _PER_REPLAYED.get(key)
+      when = PER_REPLAYED.get(key)
       vals = [r[key] for r in steps if key in r and (when is None or r.get(when, 0) > 0)]
       if vals:
         out[f"mean_{key}"] = float(np.mean(vals))
@@ -92,7 +92,7 @@ REPLAY_STATS = ("replay_slots_filled", "replay_slots_unfilled", "replay_rows", "
                 "replay_is_capped_frac", "replay_priority_entropy", "headroom_accept_rate",
                 "headroom_admitted", "headroom_candidate_drift", "loss_rows")
 # Statistics averaged only over the steps where the named count is > 0.
-_PER_REPLAYED = {**dict.fromkeys(("replay_age_mean", "replay_age_max", "replay_drift",
+PER_REPLAYED = {**dict.fromkeys(("replay_age_mean", "replay_age_max", "replay_drift",
                                   "replay_is_weight_mean", "replay_is_capped_frac"),
                                  "replay_rows"),
                  "headroom_accept_rate": "headroom_candidates",
@@ -101,7 +101,7 @@ _PER_REPLAYED = {**dict.fromkeys(("replay_age_mean", "replay_age_max", "replay_d
 
 def replay_table(workdirs: Sequence[str], labels: Sequence[str] | None = None) -> str | None:
   """Markdown: the mean over the steps of every replay statistic a run logged (those of the
-  replayed rows over the steps that replayed; ``_PER_REPLAYED``); None when no run replays."""
+  replayed rows over the steps that replayed; ``PER_REPLAYED``); None when no run replays."""
   labels = labels or [os.path.basename(os.path.normpath(w)) for w in workdirs]
   summaries = [run_summary(w) for w in workdirs]
   keys = [key for key in REPLAY_STATS if any(f"mean_{key}" in s for s in summaries)]
@@ -202,6 +202,61 @@ def plot_training(groups: dict[str, list[str]], path: str) -> bool:
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=7)
   fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
+
+
+def plot_grid(points: Sequence[dict], path: str, ys: Sequence[str], xlabel: str = "",
+              xlog: bool = False, title: str = "") -> bool:
+  """A sweep's summary as small multiples: one row of panels per metric in ``ys``, one column
+  per distinct ``point["panel"]``, one line per ``point["series"]`` (a method) through its
+  points ordered by ``point["x"]``, with error bars ``point[f"{y} std"]`` where given.
+
+  Args:
+    points: one dict per (panel, series, x): "x", "series", "panel" and the metrics.
+    path: the PNG to write.
+    ys: the metrics to draw, a row each; a metric no point has (all NaN) is left empty.
+    xlabel, xlog, title: the x axis's label and scale, the figure's title.
+
+  Returns:
+    False when matplotlib is not installed (nothing written), else True.
+  """
+  plt = _pyplot()
+  if plt is None:
+    return False
+  panels = list(dict.fromkeys(p["panel"] for p in points))
+  series = list(dict.fromkeys(p["series"] for p in points))
+  fig, axes = plt.subplots(len(ys), len(panels), figsize=(3.6 * len(panels) + 1.5,
+                                                          2.6 * len(ys)),
+                           squeeze=False, sharex=True, sharey="row")
+  for row, y in enumerate(ys):
+    for col, panel in enumerate(panels):
+      ax = axes[row][col]
+      for i, name in enumerate(series):
+        mine = sorted((p for p in points if p["panel"] == panel and p["series"] == name),
+                      key=lambda p: p["x"])
+        xs = [p["x"] for p in mine]
+        vals = [p.get(y, float("nan")) for p in mine]
+        if not mine or all(np.isnan(vals)):
+          continue
+        err = [p.get(f"{y} std", 0.0) for p in mine]
+        ax.errorbar(xs, vals, yerr=np.nan_to_num(err), color=f"C{i % 10}", marker="o", ms=3,
+                    lw=1.5, capsize=2, label=name)
+      if xlog:
+        ax.set_xscale("log")
+      ax.grid(alpha=0.3)
+      if row == 0 and panel:
+        ax.set_title(panel, fontsize=9)
+      if col == 0:
+        ax.set_ylabel(y, fontsize=8)
+      if row == len(ys) - 1:
+        ax.set_xlabel(xlabel, fontsize=8)
+  handles, labels = axes[0][0].get_legend_handles_labels()
+  if handles:
+    fig.legend(handles, labels, loc="center right", fontsize=7)
+  fig.suptitle(title)
+  fig.tight_layout(rect=(0, 0, 0.86, 1))
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return True

@@ -19,6 +19,29 @@ def test_group_metrics_by_hand():
   assert m["constant_fraction"] == pytest.approx(2 / 3)
   # lengths: (2+4+6+8+10+12) / 6 = 42 / 6 = 7
   assert m["mean_length"] == pytest.approx(7.0)
+  # standard error over prompts: per-prompt rates 1, 0, 0.5 around 0.5; sample variance
+  # (0.25 + 0.25 + 0) / 2 = 0.25, std 0.5; over sqrt(3): 0.5 / 1.7320508 = 0.2886751
+  assert m["mean_at_k_se"] == pytest.approx(0.2886751, abs=1e-7)
+
+
+def test_the_standard_error_is_over_prompts_not_samples():
+  """Two prompts, one always right, one always wrong (8 samples each): a per-sample binomial
+  error would be sqrt(0.5 * 0.5 / 16) = 0.125; over prompts, the rates 1 and 0 have sample
+  std sqrt(0.5) = 0.7071068, over sqrt(2): 0.5. One prompt: no estimate (NaN)."""
+  m = group_metrics(np.array([[1] * 8, [0] * 8], bool))
+  assert m["mean_at_k_se"] == pytest.approx(0.5)
+  assert np.isnan(group_metrics(np.array([[1, 0]], bool))["mean_at_k_se"])
+
+
+def test_pooled_sets_weight_means_by_size_and_add_variances():
+  """Sets a (100 prompts, mean 0.2, se 0.03) and b (300, 0.6, 0.02): mean (100 * 0.2 + 300 *
+  0.6) / 400 = 200 / 400 = 0.5; se sqrt((0.25 * 0.03)^2 + (0.75 * 0.02)^2) =
+  sqrt(5.625e-5 + 2.25e-4) = sqrt(2.8125e-4) = 0.0167705."""
+  pooled = evaluate_lib.pool({"a": {"mean_at_8": 0.2, "mean_at_8_se": 0.03},
+                              "b": {"mean_at_8": 0.6, "mean_at_8_se": 0.02}},
+                             {"a": 100, "b": 300})
+  assert pooled["mean_at_8"] == pytest.approx(0.5)
+  assert pooled["mean_at_8_se"] == pytest.approx(0.0167705, abs=1e-7)
 
 
 # evaluate() with the embedded model: batch sizing, and that the size does not change results.

@@ -1,0 +1,206 @@
+"""A sweep cell's record from its run's metrics, and the sweep's tidy table and summary.
+
+The record (``<out>/cells/<cell id>.json``) is what a sweep keeps of a run: every held-out
+evaluation (step, rollouts and completion tokens generated, mean@k with its standard error over
+prompts, pass@k, greedy accuracy, length, constant and truncated fractions), the mechanism
+metrics of its training steps, and its cost (wall and CPU seconds, the median step time).
+Summaries compare the methods of one setting at equal generated rollouts (the budget's end)
+and at equal generated completion tokens (the most every run of the setting reached), paired
+by seed against the baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from grpo_jax import metrics as metrics_lib
+from grpo_jax import report
+from grpo_jax.bench import curves
+
+# Per-step metrics averaged over a run (those of replayed rows over the steps that replayed,
+# report.PER_REPLAYED): what says how far off-policy a method trained and what it did to the
+# policy (clipping, length, truncation: runaway length is the symptom of uncorrected stale data).
+MECHANISM = ("ineffective_fraction", "effective_fraction", "completion_length_mean",
+             "truncated_fraction", "clip_frac_low", "clip_frac_high", "drift", "is_weight_mean",
+             "is_capped_frac", "approx_kl_behaviour", "grad_norm", "loss_rows",
+             "alloc/effective_per_1k_rollouts") + report.REPLAY_STATS
+# Also averaged over the last tenth of the steps: where a run ends up, not where it went.
+AT_END = ("completion_length_mean", "truncated_fraction", "clip_frac_low", "clip_frac_high")
+
+
+def record(workdir: str, k: int) -> dict[str, Any]:
+  """The evaluations, mechanism means and step times of a finished run's ``metrics.jsonl``.
+
+  Returns:
+    {"evals": [{step, rollouts, completion_tokens, mean_at_k, mean_at_k_se, pass_at_k,
+    greedy_accuracy, mean_length, constant_fraction, truncated_fraction}, ...],
+    "train": {key: mean, "end_<key>": mean over the last tenth}, "steps": n,
+    "loop_wall_s", "step_s_median", "generation_s_median", "update_s_median"}.
+  """
+  rows = metrics_lib.read_metrics(workdir)
+  steps = [r for r in rows if "loss" in r]
+  tokens, evals = {0: 0}, []
+  for r in rows:
+    if f"eval/mean_at_{k}" in r:
+      e = {"step": r["step"], "rollouts": r["rollouts"],
+           "completion_tokens": tokens.get(r["step"], float("nan")),
+           "mean_at_k": r[f"eval/mean_at_{k}"],
+           "mean_at_k_se": r.get(f"eval/mean_at_{k}_se", float("nan"))}
+      for key, name in (("pass_at_k", f"pass_at_{k}"), ("greedy_accuracy",) * 2,
+                        ("mean_length",) * 2, ("constant_fraction",) * 2,
+                        ("truncated_fraction",) * 2):
+        e[key] = r.get(f"eval/{name}", float("nan"))
+      evals.append(e)
+    elif "completion_tokens" in r:
+      tokens[r["step"]] = r["completion_tokens"]
+  train = {}
+  for key in MECHANISM:
+    when = report.PER_REPLAYED.get(key)
+    vals = [r[key] for r in steps if key in r and (when is None or r.get(when, 0) > 0)]
+    if vals:
+      train[key] = float(np.mean(vals))
+  tail = steps[-max(1, len(steps) // 10):]
+  for key in AT_END:
+    vals = [r[key] for r in tail if key in r]
+    if vals:
+      train[f"end_{key}"] = float(np.mean(vals))
+
+  def median(key):  # the first step compiles: left out
+    vals = [r[key] for r in steps[1:] if key in r]
+    return float(np.median(vals)) if vals else float("nan")
+
+  return {"evals": evals, "train": train, "steps": len(steps),
+          "loop_wall_s": float(steps[-1]["wall_s"]) if steps else float("nan"),
+          "step_s_median": median("time/step_s"),
+          "generation_s_median": median("time/generation_s"),
+          "update_s_median": median("time/update_s")}
+
+
+def tidy_rows(records: Sequence[dict], axes: Sequence[str]) -> list[dict]:
+  """One row per (cell, evaluation): the cell's grid values, the evaluation, and the cell's
+  cost and mechanism means (repeated on each of its rows, as a tidy table does)."""
+  out = []
+  for rec in records:
+    cell = {"grid": rec["grid"], "cell": rec["id"], "method": rec["method"],
+            "spec": rec["spec"], **{a: rec["setting"].get(a) for a in axes},
+            "seed": rec["seed"], "config_hash": rec["config_hash"]}
+    cost = {key: rec.get(key) for key in ("wall_s", "cpu_s", "other_cpu_s", "contended",
+                                          "loop_wall_s", "step_s_median")}
+    train = {f"train/{key}": v for key, v in rec["train"].items()}
+    for i, e in enumerate(rec["evals"]):
+      out.append({**cell, "evaluation": i, **e, "final": i == len(rec["evals"]) - 1, **cost,
+                  **train})
+  return out
+
+
+def interpolate(curve: Sequence[tuple[float, float]], x: float) -> float:
+  """The curve's y at x, linear between the evaluations around it ((x, y) pairs, x rising);
+  NaN outside the curve."""
+  xs = [p[0] for p in curve]
+  if not curve or x < xs[0] or x > xs[-1]:
+    return float("nan")
+  return float(np.interp(x, xs, [p[1] for p in curve]))
+
+
+def summarise(records: Sequence[dict], baseline: str) -> list[dict]:
+  """One summary per (setting, method): the seeds' final mean@k, the gain over ``baseline`` at
+  equal rollouts and at equal tokens (paired by seed), rollouts to the baseline's final
+  accuracy, mechanism and cost means.
+
+  Gains: each seed's difference to the baseline's run of the same setting and seed.
+  ``gain_se`` is the standard error of the mean gain: the paired seeds' sample std over
+  sqrt(n) with two or more seeds; with one seed the two evaluations' standard errors combined,
+  sqrt(se_a^2 + se_b^2) (evaluation noise only). ``resolved`` is |gain| > 2 gain_se.
+  At equal tokens every run of the setting is read at the most completion tokens all of them
+  reached (``tokens_common``), interpolated between its evaluations.
+  """
+  by_setting: dict[str, dict[str, dict[int, dict]]] = {}
+  for rec in records:
+    by_setting.setdefault(rec["setting_key"], {}).setdefault(rec["method"], {})[rec["seed"]] = rec
+  out = []
+  for setting, methods in by_setting.items():
+    runs = [r for seeds in methods.values() for r in seeds.values()]
+    common = min(r["evals"][-1]["completion_tokens"] for r in runs)
+    at_tokens = lambda r: interpolate(
+        [(e["completion_tokens"], e["mean_at_k"]) for e in r["evals"]], common)
+    base = methods.get(baseline, {})
+    target = (float(np.mean([r["evals"][-1]["mean_at_k"] for r in base.values()]))
+              if base else float("nan"))
+    for method, seeds in methods.items():
+      final = {s: r["evals"][-1]["mean_at_k"] for s, r in seeds.items()}
+      se = {s: r["evals"][-1]["mean_at_k_se"] for s, r in seeds.items()}
+      paired = [s for s in seeds if s in base]
+      gains = [final[s] - base[s]["evals"][-1]["mean_at_k"] for s in paired]
+      gains_tok = [at_tokens(seeds[s]) - at_tokens(base[s]) for s in paired]
+      if len(paired) > 1:
+        gain_se = float(np.std(gains, ddof=1) / math.sqrt(len(paired)))
+      elif paired:
+        s = paired[0]
+        gain_se = math.sqrt(se[s] ** 2 + base[s]["evals"][-1]["mean_at_k_se"] ** 2)
+      else:
+        gain_se = float("nan")
+      reached = [curves.to_target([(e["step"], e["rollouts"], e["mean_at_k"])
+                                   for e in r["evals"]], target) for r in seeds.values()]
+      reached = [x for x in reached if x is not None]
+      first = next(iter(seeds.values()))
+      summary = {
+          "setting": setting, "setting_values": first["setting"], "method": method,
+          "seeds": sorted(seeds), "final": [final[s] for s in sorted(seeds)],
+          "mean": float(np.mean(list(final.values()))),
+          "std": float(np.std(list(final.values()))),  # population std, as the other tables
+          "eval_se": float(np.mean(list(se.values()))),
+          "rollouts": float(np.mean([r["evals"][-1]["rollouts"] for r in seeds.values()])),
+          "gain": float(np.mean(gains)) if gains else float("nan"), "gain_se": gain_se,
+          "gain_tokens": float(np.mean(gains_tok)) if gains_tok else float("nan"),
+          "tokens_common": common,
+          "rollouts_to_baseline": float(np.mean(reached)) if reached else float("nan"),
+          "reached": f"{len(reached)}/{len(seeds)}",
+          "wall_s": float(np.mean([r["wall_s"] for r in seeds.values()])),
+          "contended": any(r.get("contended", False) for r in seeds.values()),
+          "step_s_median": float(np.mean([r["step_s_median"] for r in seeds.values()])),
+      }
+      summary["resolved"] = bool(gains) and abs(summary["gain"]) > 2 * gain_se
+      keys = {key for r in seeds.values() for key in r["train"]}
+      for key in sorted(keys):
+        vals = [r["train"][key] for r in seeds.values() if key in r["train"]]
+        summary[f"train/{key}"] = float(np.mean(vals))
+      out.append(summary)
+  return out
+
+
+# The summary table's mechanism columns: (summary key, header, format).
+_COLUMNS = (("train/replay_drift", "drift", ".4f"), ("train/replay_is_weight_mean", "weight",
+                                                      ".3f"),
+            ("train/replay_rows", "replayed rows", ".0f"),
+            ("train/clip_frac_high", "clipped hi", ".4f"),
+            ("train/end_completion_length_mean", "length (end)", ".2f"),
+            ("train/end_truncated_fraction", "truncated (end)", ".3f"),
+            ("train/ineffective_fraction", "ineffective", ".3f"))
+
+
+def summary_markdown(summaries: Sequence[dict], baseline: str, k: int) -> str:
+  """Markdown: one row per (setting, method), settings in grid order, the baseline first."""
+  head = (f"| setting | method | mean@{k}: seeds / mean ± std | eval SE | gain vs {baseline} "
+          "(± SE) | gain at equal tokens | rollouts to its final | "
+          + " | ".join(h for _, h, _ in _COLUMNS) + " | wall s |")
+  lines = [head, "|" + "---|" * (head.count("|") - 1)]
+  fmt = lambda v, f: "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, f)
+  for s in summaries:
+    gain = ("" if s["method"] == baseline or math.isnan(s["gain"]) else
+            f"{s['gain']:+.3f} ± {s['gain_se']:.3f}" + (" **resolved**" if s["resolved"] else ""))
+    gain_tok = "" if s["method"] == baseline else fmt(s["gain_tokens"], "+.3f")
+    to_base = (f"{s['rollouts_to_baseline']:,.0f} ({s['reached']})"
+               if not math.isnan(s["rollouts_to_baseline"]) else f"never ({s['reached']})")
+    cells = [s["setting"], s["method"],
+             " ".join(f"{v:.3f}" for v in s["final"]) + f" / **{s['mean']:.3f}** ± {s['std']:.3f}",
+             fmt(s["eval_se"], ".4f"), gain, gain_tok, to_base]
+    cells += [fmt(s.get(key), f) for key, _, f in _COLUMNS]
+    cells.append(fmt(s["wall_s"], ".0f") + (" †" if s["contended"] else ""))
+    lines.append("| " + " | ".join(cells) + " |")
+  if any(s["contended"] for s in summaries):
+    lines.append("\n† other processes used more than 10% of a seed's wall time in CPU: its "
+                 "time does not compare with the others'.")
+  return "\n".join(lines)

@@ -1,0 +1,217 @@
+"""A sweep's grid: methods x settings x seeds, read from a Python file, and each cell's config.
+
+A grid file is like a config file: ``get_grid(arg) -> dict`` (``arg`` the text after ':' in
+``--grid=configs/sweeps/movement.py:smoke``), with the keys
+
+    name          the grid's name (default: the file's stem)
+    methods       {label: "config[:presets]"}: configs/<config>.py with its presets, e.g.
+                  {"grpo": "grpo", "popo-pi_old": "popo:pi_old", "replay": "rollout_replay:paper"}
+    seeds         [0, 1, 2]
+    budget        one of {"steps": S}, {"rollouts": R} (stop once R rollouts were *generated*),
+                  {"tokens": N} (once N completion tokens were generated)
+    evaluations   held-out evaluations over the budget besides the one at the start (default 4)
+    presets       presets added to every method's, e.g. "countdown_hard,pool=1024" (default "")
+    overrides     {"config.path": value} set in every cell, e.g. {"eval.num_prompts": 1024}
+    axes          {"config.path": [values]}: every method runs at every combination
+    method_axes   {label: {"config.path": [values]}}: a method's own axes (e.g. Headroom-Drift's
+                  tau), crossed with ``axes`` for that method only
+    baseline      the label gains are measured against (default "grpo", or the first method)
+    plot          {"x": axis path, "panels": axis path or None, "x_measured": a summary column
+                  of the baseline to put on the x axis instead of the axis value (e.g.
+                  "ineffective_fraction" for a difficulty axis)}; default: the first two axes
+
+Cells are ordered seed-major (every setting and method at the first seed, then the next), so a
+sweep stopped half way has the whole map at fewer seeds rather than part of it at all of them.
+A config path that does not exist, or a value the validator refuses, fails here in one line,
+before any cell runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import itertools
+import json
+import os
+from typing import Any
+
+import ml_collections
+
+from grpo_jax import configuration
+
+BUDGETS = ("steps", "rollouts", "tokens")
+_KEYS = {"name", "methods", "seeds", "budget", "evaluations", "presets", "overrides", "axes",
+         "method_axes", "baseline", "plot"}
+
+
+class GridError(ValueError):
+  """A grid file that cannot be run, with the reason in one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One run of a sweep: a method at one setting of the axes and one seed."""
+  method: str
+  setting: tuple[tuple[str, Any], ...]  # (config path, value) of every axis, in grid order
+  seed: int
+
+  @property
+  def id(self) -> str:
+    """A file-name-safe id, e.g. ``popo-pi_old__opt.learning_rate=0.0001__seed1``."""
+    parts = [self.method] + [f"{path}={_text(v)}" for path, v in self.setting]
+    return "__".join(parts + [f"seed{self.seed}"]).replace("/", "_").replace(" ", "")
+
+  @property
+  def setting_key(self) -> str:
+    """The setting alone (no method, no seed): the cells compared with each other."""
+    return ",".join(f"{path}={_text(v)}" for path, v in self.setting) or "(defaults)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+  """A parsed grid file (see the module docstring for the fields)."""
+  name: str
+  methods: dict[str, str]
+  seeds: tuple[int, ...]
+  budget: tuple[str, int]
+  evaluations: int
+  presets: str
+  overrides: dict[str, Any]
+  axes: dict[str, tuple]
+  method_axes: dict[str, dict[str, tuple]]
+  baseline: str
+  plot: dict[str, Any]
+
+  def cells(self) -> list[Cell]:
+    """Every cell, seed-major, then setting, then method (the order they run in)."""
+    out = []
+    for seed in self.seeds:
+      for values in _product(self.axes):
+        for method in self.methods:
+          for own in _product(self.method_axes.get(method, {})):
+            out.append(Cell(method, tuple(values) + tuple(own), seed))
+    return out
+
+  def config(self, cell: Cell) -> ml_collections.ConfigDict:
+    """The cell's full config: the method's file and presets, the budget, the overrides, the
+    setting, the seed."""
+    name, _, presets = self.methods[cell.method].partition(":")
+    module = importlib.import_module(f"configs.{name}")
+    arg = ",".join(filter(None, [presets.replace("+", ","), self.presets]))
+    c = module.get_config(arg or None)
+    per_step = c.rollout.batch_prompts * c.rollout.group_size
+    kind, amount = self.budget
+    every = max(1, amount // self.evaluations)
+    c.log_every = 1  # each evaluation's token count is read from the step record before it
+    if kind == "steps":
+      c.total_steps, c.eval.every = amount, every
+    else:
+      # Every step generates at least B x G rollouts (and a token per rollout): the budget,
+      # not total_steps, ends the run.
+      c.total_steps = -(-amount // per_step)
+      c.eval.every = c.total_steps
+      if kind == "rollouts":
+        c.total_rollouts, c.eval.every_rollouts = amount, every
+      else:
+        c.total_tokens, c.eval.every_tokens = amount, every
+    # A checkpoint at about every evaluation: an interrupted cell resumes from the last one.
+    c.checkpoint.every = max(1, c.total_steps // self.evaluations)
+    for path, value in list(self.overrides.items()) + list(cell.setting):
+      _set(c, path, value, f"{cell.method} ({self.methods[cell.method]})")
+    c.seed = cell.seed
+    return c
+
+  def config_hash(self, cell: Cell) -> str:
+    """12 hex digits of the cell's resolved config: a finished cell whose config has since
+    changed (the grid, the config files or their defaults) is run again."""
+    text = self.config(cell).to_json(sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def load(spec: str) -> Grid:
+  """Reads ``path/to/grid.py[:arg]`` and checks every cell's config.
+
+  Raises:
+    GridError: no such file, no ``get_grid``, an unknown or missing key, a bad budget, an
+      unknown config file, preset or config path, or a cell config the validator refuses.
+  """
+  path, _, arg = spec.partition(":")
+  if not os.path.isfile(path):
+    raise GridError(f"no such grid file: {path}")
+  module_spec = importlib.util.spec_from_file_location("_grpo_jax_grid", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  if not hasattr(module, "get_grid"):
+    raise GridError(f"{path}: a grid file defines get_grid(arg) -> dict")
+  raw = module.get_grid(arg or None)
+  unknown = set(raw) - _KEYS
+  if unknown:
+    raise GridError(f"{path}: unknown grid key(s) {sorted(unknown)}; known: {sorted(_KEYS)}")
+  for key in ("methods", "seeds", "budget"):
+    if not raw.get(key):
+      raise GridError(f"{path}: the grid needs {key!r}")
+  budget = dict(raw["budget"])
+  if len(budget) != 1 or next(iter(budget)) not in BUDGETS:
+    raise GridError(f"{path}: budget is one of {{'steps': S}}, {{'rollouts': R}}, "
+                    f"{{'tokens': N}}, got {raw['budget']!r}")
+  kind, amount = next(iter(budget.items()))
+  evaluations = int(raw.get("evaluations", 4))
+  if not isinstance(amount, int) or amount < 1 or evaluations < 1:
+    raise GridError(f"{path}: the budget and the evaluations must be positive integers")
+  methods = dict(raw["methods"])
+  method_axes = {m: {p: tuple(v) for p, v in axes.items()}
+                 for m, axes in dict(raw.get("method_axes", {})).items()}
+  for m in method_axes:
+    if m not in methods:
+      raise GridError(f"{path}: method_axes names {m!r}, not one of the methods {list(methods)}")
+  axes = {p: tuple(v) for p, v in dict(raw.get("axes", {})).items()}
+  for p, values in list(axes.items()) + [x for a in method_axes.values() for x in a.items()]:
+    if not values:
+      raise GridError(f"{path}: axis {p!r} has no values")
+  baseline = raw.get("baseline", "grpo" if "grpo" in methods else next(iter(methods)))
+  if baseline not in methods:
+    raise GridError(f"{path}: the baseline {baseline!r} is not one of the methods")
+  names = list(axes)
+  plot = {"x": names[0] if names else None, "panels": names[1] if len(names) > 1 else None,
+          "x_measured": None, **dict(raw.get("plot", {}))}
+  grid = Grid(name=raw.get("name", os.path.splitext(os.path.basename(path))[0]),
+              methods=methods, seeds=tuple(int(s) for s in raw["seeds"]),
+              budget=(kind, amount), evaluations=evaluations,
+              presets=raw.get("presets", ""), overrides=dict(raw.get("overrides", {})),
+              axes=axes, method_axes=method_axes, baseline=baseline, plot=plot)
+  for cell in grid.cells():
+    try:
+      configuration.validate(grid.config(cell))
+    except (configuration.ConfigError, ValueError, ModuleNotFoundError) as e:
+      if isinstance(e, GridError):
+        raise
+      raise GridError(f"{path}: cell {cell.id}: {e}") from None
+  return grid
+
+
+def _set(c: ml_collections.ConfigDict, path: str, value: Any, where: str) -> None:
+  """c.<path> = value for an existing field; an unknown path is a GridError."""
+  *parents, leaf = path.split(".")
+  node = c
+  for part in parents:
+    if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
+      raise GridError(f"{where}: no config group {path.rsplit('.', 1)[0]!r} (in {path!r})")
+    node = node[part]
+  if leaf not in node:
+    raise GridError(f"{where}: no config field {path!r}; the fields are in configs/common.py")
+  try:
+    node[leaf] = value
+  except TypeError as e:  # ml_collections refuses a value of another type than the field's
+    raise GridError(f"{where}: {path}={value!r}: {e}") from None
+
+
+def _product(axes: dict[str, tuple]) -> list[list[tuple[str, Any]]]:
+  """Every combination of the axes' values, as [(path, value), ...] lists, in axis order."""
+  return [list(zip(axes, values)) for values in itertools.product(*axes.values())]
+
+
+def _text(value: Any) -> str:
+  """A value as it appears in cell ids and tables (floats in their shortest form)."""
+  return repr(value) if isinstance(value, float) else json.dumps(value).strip('"')

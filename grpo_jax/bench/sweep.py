@@ -1,0 +1,353 @@
+"""Sweeps: every cell of a grid (method x setting x seed), one at a time, resumable, into one
+tidy table, a summary and figures.
+
+    python -m grpo_jax.bench.sweep --grid=configs/sweeps/movement.py --out=runs/sweep/movement
+    python -m grpo_jax.bench.sweep --grid=... --out=... --detach        # in the background
+    python -m grpo_jax.bench.sweep --grid=... --out=... --max_cells=10  # at most 10 cells now
+    python -m grpo_jax.bench.sweep --grid=... --out=... --report        # tables and figures only
+
+The grid file (``grpo_jax/bench/grid.py`` says what it holds; examples in configs/sweeps/)
+names the methods, seeds, budget, axes and overrides; every cell's config is checked before
+the first one runs. Cells run one at a time (so their timing columns compare), each as
+``grpo_jax.train`` in its own process (a cell that fails is recorded with its last line and
+the sweep goes on; memory goes back between cells) in ``<workdirs>/<cell id>`` (default
+``<out>/runs``), with JAX's compilation cache in ``<workdirs>/jax_cache`` unless
+``JAX_COMPILATION_CACHE_DIR`` is set. When a cell ends its record is written to
+``<out>/cells/<cell id>.json`` and its checkpoints are removed (``--keep_checkpoints`` keeps
+them; the metrics stay).
+
+Resuming: the same command again runs only what is missing. A cell with a record of the same
+config hash is done; one whose config has changed since (the grid, a config file, a default)
+runs again; one interrupted mid-run resumes from its last checkpoint (one per evaluation),
+bit for bit as ``grpo_jax.train`` resumes. A second sweep on the same ``--out`` is refused
+while the first is alive. SIGTERM or Ctrl-C stops the running cell at its next step (it
+checkpoints) and then the sweep.
+
+Written after every cell, from every record under ``<out>/cells`` of this grid:
+
+* ``sweep.csv`` and ``sweep.parquet``: the tidy table, one row per (cell, evaluation) with the
+  grid values, the evaluation (mean@k and its standard error over prompts, rollouts and tokens
+  generated, ...), the cell's cost and the means of its training metrics (``train/...``);
+* ``summary.md`` and ``summary.json``: per setting and method, the seeds' final mean@k, the
+  evaluation's standard error, the gain over the baseline at equal rollouts and at equal
+  tokens (paired by seed, with its standard error), rollouts to the baseline's final accuracy,
+  the off-policy and length metrics, wall time;
+* ``accuracy.png`` and ``mechanism.png`` (``grpo_jax.report.plot_grid``; with matplotlib).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+from grpo_jax import console
+from grpo_jax import report
+from grpo_jax.bench import cells as cells_lib
+from grpo_jax.bench import grid as grid_lib
+
+
+def define_flags():
+  """The CLI flags; defined only when run as a program, so tests can import this module."""
+  flags.DEFINE_string("grid", None, "grid file, e.g. configs/sweeps/movement.py[:arg]")
+  flags.DEFINE_string("out", None, "output folder: cells/, the tables, the figures "
+                      "(default runs/sweep/<grid name>)")
+  flags.DEFINE_string("workdirs", "", "folder of the cells' run folders (default <out>/runs)")
+  flags.DEFINE_integer("max_cells", 0, "run at most this many cells now (0 = all)")
+  flags.DEFINE_bool("report", False, "only write the tables and figures of the finished cells")
+  flags.DEFINE_bool("detach", False, "run in the background, output in <out>/sweep.log")
+  flags.DEFINE_bool("keep_checkpoints", False, "keep each finished cell's checkpoints")
+  flags.DEFINE_string("cell", "", "internal: run this one cell (by id) in this process")
+
+
+def cell_path(out: str, cell: grid_lib.Cell) -> str:
+  return os.path.join(out, "cells", f"{cell.id}.json")
+
+
+def finished(out: str, grid: grid_lib.Grid, cell: grid_lib.Cell) -> bool:
+  """Whether the cell has a record of a successful run of its current config."""
+  try:
+    with open(cell_path(out, cell)) as f:
+      rec = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return rec.get("status") == "done" and rec.get("config_hash") == grid.config_hash(cell)
+
+
+def records(out: str, grid: grid_lib.Grid) -> list[dict]:
+  """The done records of this grid's current cells, in grid order."""
+  out_records = []
+  for cell in grid.cells():
+    if finished(out, grid, cell):
+      with open(cell_path(out, cell)) as f:
+        out_records.append(json.load(f))
+  return out_records
+
+
+def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int = 0,
+        keep_checkpoints: bool = False) -> int:
+  """Runs the cells of ``grid`` that are not done, one at a time; returns how many failed."""
+  todo = [c for c in grid.cells() if not finished(out, grid, c)]
+  total = len(grid.cells())
+  console.say(f"sweep {grid.name}: {total} cells, {total - len(todo)} done, {len(todo)} to run"
+              + (f" (at most {max_cells} now)" if max_cells and max_cells < len(todo) else ""))
+  if max_cells:
+    todo = todo[:max_cells]
+  env = dict(os.environ)
+  env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(workdirs, "jax_cache"))
+  failed, walls = 0, []
+  for i, cell in enumerate(todo):
+    workdir = os.path.join(workdirs, cell.id)
+    os.makedirs(workdir, exist_ok=True)
+    rec = {"grid": grid.name, "id": cell.id, "method": cell.method,
+           "spec": grid.methods[cell.method], "setting": dict(cell.setting),
+           "setting_key": cell.setting_key, "seed": cell.seed,
+           "config_hash": grid.config_hash(cell), "workdir": workdir}
+    start, cpu0, busy0 = time.monotonic(), _children_cpu(), _machine_busy_s()
+    code, last = _run_child(spec, cell, workdir, env)
+    rec.update(wall_s=time.monotonic() - start, cpu_s=_children_cpu() - cpu0,
+               finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    # CPU time the rest of the machine used meanwhile: > 10% of the wall time means the
+    # cell's timing columns do not compare with a quiet cell's.
+    rec["other_cpu_s"] = max(0.0, _machine_busy_s() - busy0 - rec["cpu_s"])
+    rec["contended"] = rec["other_cpu_s"] > 0.1 * rec["wall_s"]
+    walls.append(rec["wall_s"])
+    left = len(todo) - i - 1
+    eta = f"; {left} left, about {_duration(sum(walls) / len(walls) * left)}" if left else ""
+    if code == 0:
+      k = grid.config(cell).eval.k
+      rec.update(status="done", k=k, **cells_lib.record(workdir, k))
+      end = rec["evals"][-1]
+      console.say(f"[{i + 1}/{len(todo)}] {cell.id}: mean@{k} {end['mean_at_k']:.3f} (se "
+                  f"{end['mean_at_k_se']:.3f}) at {end['rollouts']:,} rollouts, "
+                  f"{rec['wall_s']:.0f} s{eta}")
+      if not keep_checkpoints:
+        shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
+    else:
+      failed += 1
+      rec.update(status="failed", returncode=code, error=last)
+      console.say(f"[{i + 1}/{len(todo)}] {cell.id}: FAILED ({last}); log: "
+                  f"{os.path.join(workdir, 'cell.log')}{eta}")
+    _write_json(cell_path(out, cell), rec)
+    write_outputs(grid, out, figures=False)
+    if code < 0 or code in (128 + signal.SIGTERM, 128 + signal.SIGINT) or _STOP["asked"]:
+      console.say(f"sweep {grid.name}: stopped; the same command resumes it")
+      break
+  write_outputs(grid, out, figures=True)
+  return failed
+
+
+def write_outputs(grid: grid_lib.Grid, out: str, figures: bool = True) -> list[str]:
+  """The tidy table, the summary and (with ``figures``) the plots of the finished cells."""
+  recs = records(out, grid)
+  if not recs:
+    return []
+  axes = list(dict.fromkeys(list(grid.axes) + [p for a in grid.method_axes.values() for p in a]))
+  rows = cells_lib.tidy_rows(recs, axes)
+  written = [os.path.join(out, "sweep.csv"), os.path.join(out, "sweep.parquet"),
+             os.path.join(out, "summary.md"), os.path.join(out, "summary.json")]
+  _write_csv(written[0], rows)
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  pq.write_table(pa.Table.from_pylist(rows), written[1])
+  summaries = cells_lib.summarise(recs, grid.baseline)
+  k = recs[0]["k"]
+  kind, amount = grid.budget
+  md = (f"# Sweep {grid.name}\n\n{len(recs)} of {len(grid.cells())} cells done; budget "
+        f"{amount:,} {kind}; baseline {grid.baseline}; mean@{k} on the held-out set at the "
+        "budget's end; gains paired by seed.\n\n"
+        + cells_lib.summary_markdown(summaries, grid.baseline, k) + "\n")
+  with open(written[2], "w") as f:
+    f.write(md)
+  _write_json(written[3], summaries)
+  if figures:
+    written += _figures(grid, summaries, out, k)
+  return written
+
+
+def _figures(grid, summaries, out, k) -> list[str]:
+  """accuracy.png (final mean@k and gain over the baseline) and mechanism.png (drift, weight,
+  clipping, length, truncation) against the grid's x axis, one panel per panel-axis value."""
+  x, panels, measured = grid.plot["x"], grid.plot["panels"], grid.plot["x_measured"]
+  base = {s["setting"]: s for s in summaries if s["method"] == grid.baseline}
+  points = []
+  for s in summaries:
+    values = s["setting_values"]
+    if measured:
+      xv = base.get(s["setting"], {}).get(f"train/{measured}", float("nan"))
+    else:
+      xv = values.get(x, 0.0) if x else 0.0
+    points.append({"x": xv, "series": s["method"],
+                   "panel": f"{panels}={values.get(panels)}" if panels else "",
+                   f"mean@{k}": s["mean"], f"mean@{k} std": s["std"],
+                   f"gain over {grid.baseline}": s["gain"],
+                   f"gain over {grid.baseline} std": s["gain_se"],
+                   **{key: s.get(f"train/{key}", float("nan"))
+                      for key in ("replay_drift", "replay_is_weight_mean", "clip_frac_high",
+                                  "end_completion_length_mean", "end_truncated_fraction")}})
+  xlabel = measured or x or ""
+  xlog = bool(x and not measured and all(isinstance(v, float) for v in grid.axes.get(x, ())))
+  paths = []
+  for name, ys in (("accuracy.png", [f"mean@{k}", f"gain over {grid.baseline}"]),
+                   ("mechanism.png", ["replay_drift", "replay_is_weight_mean", "clip_frac_high",
+                                      "end_completion_length_mean",
+                                      "end_truncated_fraction"])):
+    path = os.path.join(out, name)
+    if report.plot_grid(points, path, ys=ys, xlabel=xlabel, xlog=xlog,
+                        title=f"sweep {grid.name}"):
+      paths.append(path)
+  return paths
+
+
+def _run_child(spec, cell, workdir, env) -> tuple[int, str]:
+  """Runs one cell as ``python -m grpo_jax.bench.sweep --cell=ID``; (exit code, last line)."""
+  log = os.path.join(workdir, "cell.log")
+  with open(log, "a") as f:
+    child = subprocess.Popen([sys.executable, "-m", "grpo_jax.bench.sweep", f"--grid={spec}",
+                              f"--cell={cell.id}", f"--workdirs={os.path.dirname(workdir)}"],
+                             stdout=f, stderr=subprocess.STDOUT, env=env)
+    _STOP["child"] = child
+    code = child.wait()
+    _STOP["child"] = None
+  with open(log) as f:
+    lines = [line.strip() for line in f if line.strip()]
+  return code, lines[-1] if lines else f"exit code {code}"
+
+
+_STOP = {"asked": False, "child": None}
+
+
+def _stop(signum, frame):
+  """SIGTERM / SIGINT: pass it to the running cell (it checkpoints and exits), then stop."""
+  del frame
+  _STOP["asked"] = True
+  if _STOP["child"] is not None and _STOP["child"].poll() is None:
+    _STOP["child"].send_signal(signum)
+
+
+def _machine_busy_s() -> float:
+  """Seconds of CPU the whole machine has spent busy since boot (/proc/stat; NaN elsewhere)."""
+  try:
+    with open("/proc/stat") as f:
+      fields = [int(v) for v in f.readline().split()[1:]]
+  except (OSError, ValueError):
+    return float("nan")
+  idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+  return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
+
+
+def _duration(seconds: float) -> str:
+  return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def _write_json(path: str, obj) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=1)
+  os.replace(tmp, path)  # a record is whole or absent, never half written
+
+
+def _write_csv(path: str, rows: list[dict]) -> None:
+  import csv  # pylint: disable=g-import-not-at-top
+  columns = list(dict.fromkeys(key for row in rows for key in row))
+  with open(path, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def _lock(out: str) -> None:
+  """Takes ``<out>/sweep.lock`` (this process's pid) or exits if a live sweep holds it."""
+  path = os.path.join(out, "sweep.lock")
+  try:
+    with open(path) as f:
+      pid = int(f.read().strip() or 0)
+  except (OSError, ValueError):
+    pid = 0
+  if pid and pid != os.getpid():
+    try:
+      os.kill(pid, 0)
+      sys.exit(f"grpo_jax.bench.sweep: another sweep (pid {pid}) is writing {out}; wait for it "
+               f"or stop it (kill {pid})")
+    except ProcessLookupError:
+      pass  # a sweep that died: its lock is stale
+    except PermissionError:
+      sys.exit(f"grpo_jax.bench.sweep: {path} is held by pid {pid}")
+  with open(path, "w") as f:
+    f.write(str(os.getpid()))
+  atexit.register(lambda: os.path.exists(path) and os.remove(path))
+
+
+def _run_one(spec: str, cell_id: str, workdirs: str) -> None:
+  """The child: trains one cell in this process."""
+  from grpo_jax import train  # pylint: disable=g-import-not-at-top
+  grid = grid_lib.load(spec)
+  cell = next((c for c in grid.cells() if c.id == cell_id), None)
+  if cell is None:
+    sys.exit(f"grpo_jax.bench.sweep: no cell {cell_id!r} in {spec}")
+  console.quiet_unless_verbose()
+  train.train_and_evaluate(grid.config(cell), os.path.join(workdirs, cell_id))
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  if not f.grid:
+    raise app.UsageError("--grid is required, e.g. --grid=configs/sweeps/movement.py")
+  try:
+    grid = grid_lib.load(f.grid)
+  except grid_lib.GridError as e:
+    sys.exit(f"grpo_jax.bench.sweep: {e}")
+  if f.cell:
+    try:
+      _run_one(f.grid, f.cell, f.workdirs)
+    except Exception as e:  # pylint: disable=broad-except
+      # The loop's own errors are one line already; anything else is named, not traced here
+      # (the parent records the last line; the traceback is in the cell's log above it).
+      import traceback  # pylint: disable=g-import-not-at-top
+      traceback.print_exc()
+      sys.exit(f"grpo_jax.bench.sweep: cell {f.cell}: {type(e).__name__}: {e}")
+    return
+  out = f.out or os.path.join("runs", "sweep", grid.name)
+  workdirs = f.workdirs or os.path.join(out, "runs")
+  os.makedirs(out, exist_ok=True)
+  if f.report:
+    for path in write_outputs(grid, out):
+      print(f"wrote {path}")
+    return
+  if f.detach:
+    log = os.path.join(out, "sweep.log")
+    argv = [a for a in sys.argv[1:] if a not in ("--detach", "--detach=true")]
+    with open(log, "a") as handle:
+      child = subprocess.Popen([sys.executable, "-m", "grpo_jax.bench.sweep", *argv],
+                               stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    print(f"sweep {grid.name} running in the background (pid {child.pid}); progress: tail -f "
+          f"{log}; the same command without --detach resumes it if it stops")
+    return
+  _lock(out)
+  signal.signal(signal.SIGTERM, _stop)
+  signal.signal(signal.SIGINT, _stop)
+  failed = run(grid, f.grid, out, workdirs, f.max_cells, f.keep_checkpoints)
+  print(f"wrote {out}/summary.md, sweep.csv, sweep.parquet")
+  if failed:
+    sys.exit(f"grpo_jax.bench.sweep: {failed} cell(s) failed; their logs are named above; the "
+             "same command runs them again")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

@@ -1,0 +1,270 @@
+"""The sweep runner: grids read and checked, cell records and summaries by hand, and the command
+line on the two-cell smoke grid, resumed."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grpo_jax.bench import cells as cells_lib
+from grpo_jax.bench import grid as grid_lib
+from grpo_jax.bench import sweep
+
+SMOKE = "configs/sweeps/smoke.py"
+
+
+def _grid_file(tmp_path, body: str) -> str:
+  path = tmp_path / "grid.py"
+  path.write_text(f"def get_grid(arg=None):\n  return {body}\n")
+  return os.fspath(path)
+
+
+def test_cells_are_seed_major_and_a_methods_own_axes_cross_only_its_cells(tmp_path):
+  g = grid_lib.load(_grid_file(tmp_path, """dict(
+      methods={"grpo": "grpo", "hd": "headroom"}, seeds=[0, 1], presets="smoke",
+      budget={"steps": 2}, axes={"opt.learning_rate": [3e-5, 1e-4]},
+      method_axes={"hd": {"replay.headroom.tau": [1e-3, 1e-2]}})"""))
+  ids = [c.id for c in g.cells()]
+  # per seed: 2 learning rates x (grpo + hd at 2 taus) = 2 x 3 = 6 cells; 12 for two seeds
+  assert len(ids) == 12 and len(set(ids)) == 12
+  assert ids[:3] == ["grpo__opt.learning_rate=3e-05__seed0",
+                     "hd__opt.learning_rate=3e-05__replay.headroom.tau=0.001__seed0",
+                     "hd__opt.learning_rate=3e-05__replay.headroom.tau=0.01__seed0"]
+  assert all(i.endswith("seed0") for i in ids[:6]) and all(i.endswith("seed1") for i in ids[6:])
+  cell = g.cells()[2]
+  c = g.config(cell)
+  assert (c.replay.headroom.tau, c.opt.learning_rate, c.seed) == (1e-2, 3e-5, 0)
+  assert cell.setting_key == "opt.learning_rate=3e-05,replay.headroom.tau=0.01"
+
+
+def test_a_rollout_budget_sets_the_stop_and_the_evaluations(tmp_path):
+  g = grid_lib.load(_grid_file(tmp_path, """dict(methods={"grpo": "grpo"}, seeds=[3],
+      budget={"rollouts": 1000}, evaluations=4, overrides={"eval.num_prompts": 64})"""))
+  c = g.config(g.cells()[0])
+  # B x G = 32 x 8 = 256 per step: ceil(1000 / 256) = 4 steps at most; the budget stops it;
+  # an evaluation every 1000 // 4 = 250 rollouts; a checkpoint every max(1, 4 // 4) = 1 step
+  assert (c.total_rollouts, c.eval.every_rollouts, c.total_steps) == (1000, 250, 4)
+  assert (c.checkpoint.every, c.eval.num_prompts, c.seed, c.log_every) == (1, 64, 3, 1)
+
+
+def test_the_config_hash_follows_the_resolved_config(tmp_path):
+  body = """dict(methods={"grpo": "grpo"}, seeds=[0], budget={"steps": 2},
+      overrides={"opt.learning_rate": %s})"""
+  (tmp_path / "a").mkdir()
+  (tmp_path / "b").mkdir()
+  a = grid_lib.load(_grid_file(tmp_path / "a", body % "3e-5"))
+  b = grid_lib.load(_grid_file(tmp_path / "b", body % "1e-4"))
+  ca, cb = a.cells()[0], b.cells()[0]
+  assert ca.id == cb.id  # the same cell of the grid...
+  assert a.config_hash(ca) != b.config_hash(cb)  # ...whose config changed: it runs again
+  assert a.config_hash(ca) == a.config_hash(ca)
+
+
+@pytest.mark.parametrize("body, message", [
+    ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'steps': 2}, colour='red')",
+     "unknown grid key(s) ['colour']"),
+    ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'epochs': 2})", "budget is one of"),
+    ("dict(methods={'grpo': 'grpo'}, seeds=[0])", "the grid needs 'budget'"),
+    ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'steps': 2}, baseline='popo')",
+     "the baseline 'popo' is not one of the methods"),
+    ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'steps': 2}, axes={'opt.lr': [1]})",
+     "grpo (grpo): no config field 'opt.lr'"),
+    ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'steps': 2},"
+     " overrides={'optim.learning_rate': 1e-4})", "no config group 'optim'"),
+    ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'steps': 2},"
+     " overrides={'rl.num_minibatches': 'four'})", "rl.num_minibatches='four'"),
+    ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'steps': 2},"
+     " axes={'rl.num_minibatches': [4, 0]})", "cell grpo__rl.num_minibatches=0__seed0"),
+    ("dict(methods={'x': 'nosuchconfig'}, seeds=[0], budget={'steps': 2})",
+     "cell x__seed0: No module named 'configs.nosuchconfig'"),
+    ("dict(methods={'grpo': 'grpo:nosuchpreset'}, seeds=[0], budget={'steps': 2})",
+     "unknown config preset 'nosuchpreset'"),
+])
+def test_a_grid_that_cannot_run_fails_in_one_line_before_any_cell(tmp_path, body, message):
+  with pytest.raises(grid_lib.GridError) as e:
+    grid_lib.load(_grid_file(tmp_path, body))
+  assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_no_such_grid_file():
+  with pytest.raises(grid_lib.GridError, match="no such grid file: /nonexistent.py"):
+    grid_lib.load("/nonexistent.py")
+
+
+def _metrics(tmp_path, name, rows):
+  d = tmp_path / name
+  d.mkdir()
+  (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return os.fspath(d)
+
+
+def _step(step, rollouts, tokens, **kw):
+  return {"step": step, "loss": 0.0, "rollouts": rollouts, "completion_tokens": tokens,
+          "wall_s": 10.0 * step, **kw}
+
+
+def _eval(step, rollouts, acc, se=0.01):
+  return {"step": step, "rollouts": rollouts, "eval/mean_at_8": acc, "eval/mean_at_8_se": se,
+          "eval/pass_at_8": 0.5, "eval/mean_length": 9.0, "eval/constant_fraction": 0.3,
+          "eval/truncated_fraction": 0.1}
+
+
+def test_a_record_reads_tokens_mechanism_means_and_step_times_by_hand(tmp_path):
+  w = _metrics(tmp_path, "run", [
+      _eval(0, 0, 0.25),
+      _step(1, 256, 2000, replay_rows=0.0, replay_drift=0.0, completion_length_mean=8.0,
+            **{"time/step_s": 9.0}),
+      _step(2, 512, 4100, replay_rows=64.0, replay_drift=0.02, completion_length_mean=10.0,
+            **{"time/step_s": 2.0}),
+      _eval(2, 512, 0.30),
+      _step(3, 768, 6000, replay_rows=64.0, replay_drift=0.04, completion_length_mean=12.0,
+            **{"time/step_s": 4.0}),
+      _eval(3, 768, 0.35)])
+  rec = cells_lib.record(w, 8)
+  # tokens of an evaluation: the step record just before it (0 at step 0)
+  assert [(e["step"], e["rollouts"], e["completion_tokens"], e["mean_at_k"])
+          for e in rec["evals"]] == [(0, 0, 0, 0.25), (2, 512, 4100, 0.30), (3, 768, 6000, 0.35)]
+  assert rec["evals"][1]["mean_at_k_se"] == 0.01 and rec["evals"][1]["truncated_fraction"] == 0.1
+  # replay drift over the steps that replayed only: (0.02 + 0.04) / 2 = 0.03, not 0.06 / 3
+  assert rec["train"]["replay_drift"] == pytest.approx(0.03)
+  # length over all steps (8 + 10 + 12) / 3 = 10; at the end: the last max(1, 3 // 10) = 1 step
+  assert rec["train"]["completion_length_mean"] == pytest.approx(10.0)
+  assert rec["train"]["end_completion_length_mean"] == pytest.approx(12.0)
+  # the median step time leaves out the first (compiling) step: median(2, 4) = 3
+  assert rec["step_s_median"] == pytest.approx(3.0) and rec["steps"] == 3
+  assert rec["loop_wall_s"] == pytest.approx(30.0)
+
+
+def test_interpolate_by_hand():
+  curve = [(0, 0.2), (100, 0.3), (300, 0.5)]
+  assert cells_lib.interpolate(curve, 200) == pytest.approx(0.4)  # 0.3 + 100 / 200 * 0.2
+  assert math.isnan(cells_lib.interpolate(curve, 301))
+
+
+def _rec(method, seed, curve, se=0.01, setting="(defaults)"):
+  """A done record whose evaluations are (rollouts, tokens, mean@8) points."""
+  return {"grid": "g", "id": f"{method}__seed{seed}", "method": method, "spec": method,
+          "setting": {}, "setting_key": setting, "seed": seed, "config_hash": "x",
+          "wall_s": 60.0, "cpu_s": 100.0, "loop_wall_s": 50.0, "step_s_median": 0.5,
+          "other_cpu_s": 1.0, "contended": False, "train": {"replay_drift": 0.01 * (seed + 1)},
+          "evals": [{"step": i, "rollouts": r, "completion_tokens": t, "mean_at_k": a,
+                     "mean_at_k_se": se} for i, (r, t, a) in enumerate(curve)]}
+
+
+def test_summaries_pair_seeds_and_compare_at_equal_tokens_by_hand():
+  recs = [_rec("grpo", 0, [(0, 0, 0.20), (100, 1000, 0.30)]),
+          _rec("grpo", 1, [(0, 0, 0.20), (100, 1000, 0.34)]),
+          _rec("popo", 0, [(0, 0, 0.20), (100, 2000, 0.36)]),
+          _rec("popo", 1, [(0, 0, 0.20), (100, 2000, 0.36)])]
+  s = {x["method"]: x for x in cells_lib.summarise(recs, "grpo")}
+  # grpo's final mean (0.30 + 0.34) / 2 = 0.32, population std 0.02
+  assert (s["grpo"]["mean"], s["grpo"]["std"]) == pytest.approx((0.32, 0.02))
+  # paired gains 0.36 - 0.30 = 0.06 and 0.36 - 0.34 = 0.02: mean 0.04; sample std
+  # sqrt(((0.02)^2 + (0.02)^2) / 1) = 0.0282843, over sqrt(2): SE 0.02; 0.04 > 2 x 0.02 fails
+  assert s["popo"]["gain"] == pytest.approx(0.04)
+  assert s["popo"]["gain_se"] == pytest.approx(0.02)
+  assert s["popo"]["resolved"] is False
+  # equal tokens: the most every run reached is 1,000; popo at 1,000 of its 0..2,000 segment:
+  # 0.20 + 0.5 x 0.16 = 0.28; gains 0.28 - 0.30 and 0.28 - 0.34: mean -0.04
+  assert s["popo"]["tokens_common"] == 1000
+  assert s["popo"]["gain_tokens"] == pytest.approx(-0.04)
+  # rollouts to grpo's final 0.32: popo crosses it on 0 -> 100 at 0.12 / 0.16 x 100 = 75;
+  # grpo's seed 0 never does (0.30), seed 1 at 0.12 / 0.14 x 100 = 85.7
+  assert s["popo"]["rollouts_to_baseline"] == pytest.approx(75.0)
+  assert s["grpo"]["reached"] == "1/2"
+  assert s["grpo"]["rollouts_to_baseline"] == pytest.approx(100 * 0.12 / 0.14)
+  assert s["popo"]["train/replay_drift"] == pytest.approx(0.015)  # (0.01 + 0.02) / 2
+
+
+def test_one_seed_takes_the_evaluations_standard_errors():
+  recs = [_rec("grpo", 0, [(0, 0, 0.2), (10, 10, 0.30)], se=0.03),
+          _rec("popo", 0, [(0, 0, 0.2), (10, 10, 0.42)], se=0.04)]
+  s = {x["method"]: x for x in cells_lib.summarise(recs, "grpo")}
+  # sqrt(0.03^2 + 0.04^2) = 0.05; gain 0.12 > 2 x 0.05: resolved
+  assert s["popo"]["gain_se"] == pytest.approx(0.05)
+  assert s["popo"]["resolved"] is True
+  md = cells_lib.summary_markdown(list(s.values()), "grpo", 8)
+  assert "+0.120 ± 0.050 **resolved**" in md and "†" not in md
+  recs[1]["contended"] = True  # a cell timed while other processes took the CPU is marked
+  md = cells_lib.summary_markdown(cells_lib.summarise(recs, "grpo"), "grpo", 8)
+  assert "| 60 † |" in md and "† other processes used more than 10%" in md
+
+
+def test_a_record_of_another_config_is_not_done(tmp_path):
+  g = grid_lib.load(SMOKE)
+  cell = g.cells()[0]
+  sweep._write_json(sweep.cell_path(os.fspath(tmp_path), cell),  # pylint: disable=protected-access
+                    {"status": "done", "config_hash": "000000000000"})
+  assert not sweep.finished(os.fspath(tmp_path), g, cell)
+  sweep._write_json(sweep.cell_path(os.fspath(tmp_path), cell),  # pylint: disable=protected-access
+                    {"status": "done", "config_hash": g.config_hash(cell)})
+  assert sweep.finished(os.fspath(tmp_path), g, cell)
+  sweep._write_json(sweep.cell_path(os.fspath(tmp_path), cell),  # pylint: disable=protected-access
+                    {"status": "failed", "config_hash": g.config_hash(cell)})
+  assert not sweep.finished(os.fspath(tmp_path), g, cell)
+
+
+def _cli(*args):
+  return subprocess.run([sys.executable, "-m", "grpo_jax.bench.sweep", *args],
+                        capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_cli_runs_the_smoke_grid_in_two_invocations_and_reruns_nothing(tmp_path):
+  out = os.fspath(tmp_path / "out")
+  first = _cli(f"--grid={SMOKE}", f"--out={out}", "--max_cells=1")
+  assert first.returncode == 0, first.stdout + first.stderr
+  assert "sweep smoke: 2 cells, 0 done, 2 to run (at most 1 now)" in first.stdout
+  assert "[1/1] grpo__seed0: mean@2" in first.stdout
+  assert sorted(os.listdir(os.path.join(out, "cells"))) == ["grpo__seed0.json"]
+  done = os.path.join(out, "cells", "grpo__seed0.json")
+  stamp = os.stat(done).st_mtime_ns
+  # checkpoints of a finished cell are removed; its metrics stay
+  assert not os.path.exists(os.path.join(out, "runs", "grpo__seed0", "checkpoints"))
+  second = _cli(f"--grid={SMOKE}", f"--out={out}")
+  assert second.returncode == 0, second.stdout + second.stderr
+  assert "sweep smoke: 2 cells, 1 done, 1 to run" in second.stdout
+  assert "[1/1] popo__seed0: mean@2" in second.stdout and "grpo__seed0:" not in second.stdout
+  assert os.stat(done).st_mtime_ns == stamp  # the finished cell was not run again
+  rec = json.load(open(done))
+  assert rec["status"] == "done" and rec["steps"] == 2 and rec["wall_s"] > 0
+  assert [e["step"] for e in rec["evals"]] == [0, 2]
+  import csv  # pylint: disable=g-import-not-at-top
+  rows = list(csv.DictReader(open(os.path.join(out, "sweep.csv"))))
+  # two cells x two evaluations (steps 0 and 2)
+  assert [(r["method"], r["step"], r["final"]) for r in rows] == [
+      ("grpo", "0", "False"), ("grpo", "2", "True"), ("popo", "0", "False"), ("popo", "2", "True")]
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  assert pq.read_table(os.path.join(out, "sweep.parquet")).num_rows == 4
+  summary = open(os.path.join(out, "summary.md")).read()
+  assert "2 of 2 cells done" in summary and "| (defaults) | popo |" in summary
+  for png in ("accuracy.png", "mechanism.png"):
+    assert os.path.getsize(os.path.join(out, png)) > 0
+  third = _cli(f"--grid={SMOKE}", f"--out={out}")
+  assert "2 cells, 2 done, 0 to run" in third.stdout and os.stat(done).st_mtime_ns == stamp
+
+
+@pytest.mark.slow
+def test_cli_records_a_failed_cell_and_refuses_a_second_sweep(tmp_path):
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text("not json\n")
+  grid = _grid_file(tmp_path, f"""dict(methods={{"grpo": "grpo"}}, seeds=[0], presets="smoke",
+      budget={{"steps": 2}}, overrides={{"task.data_path": {os.fspath(bad)!r}}})""")
+  out = os.fspath(tmp_path / "out")
+  got = _cli(f"--grid={grid}", f"--out={out}")
+  assert got.returncode == 1
+  assert "[1/1] grpo__seed0: FAILED (" in got.stdout and "bad.jsonl" in got.stdout
+  assert "1 cell(s) failed" in got.stderr and "Traceback" not in got.stdout + got.stderr
+  rec = json.load(open(os.path.join(out, "cells", "grpo__seed0.json")))
+  assert rec["status"] == "failed" and "bad.jsonl" in rec["error"]
+  # a live process holding the lock (this test's) refuses a second sweep on the same folder
+  with open(os.path.join(out, "sweep.lock"), "w") as f:
+    f.write(str(os.getpid()))
+  held = _cli(f"--grid={grid}", f"--out={out}")
+  assert held.returncode == 1
+  assert held.stderr.strip().splitlines()[-1] == (
+      f"grpo_jax.bench.sweep: another sweep (pid {os.getpid()}) is writing {out}; wait for it "
+      f"or stop it (kill {os.getpid()})")
