@@ -149,7 +149,7 @@ def test_remat_and_blocked_attention_shrink_compiled_memory():
   """Gradient of the log-probs of 8 rows x 256 tokens through the embedded model (4 layers,
   4 heads), compiled with XLA:CPU's memory-minimising scheduler (bench/memory.py)."""
   from grpo_jax.bench.memory import CPU_MEMORY_SCHEDULER  # pylint: disable=g-import-not-at-top
-  env = {**os.environ, "XLA_FLAGS": CPU_MEMORY_SCHEDULER,
+  env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {CPU_MEMORY_SCHEDULER}",
          "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
   proc = subprocess.run([sys.executable, "-c", _MEMORY_PROBE], capture_output=True, text=True,
                         timeout=600, env=env, cwd=ROOT)

@@ -29,7 +29,8 @@ SMOKE = ["--config=configs/popo.py:smoke", "--config.rollout.batch_prompts=4",
 
 
 def _env(devices: int) -> dict:
-  return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+  flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+  return {**os.environ, "XLA_FLAGS": flags.strip(),
           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
