@@ -50,7 +50,9 @@ import time
 from absl import app, flags
 
 from grpo_jax import console
+from grpo_jax import metrics as metrics_lib
 from grpo_jax import report
+from grpo_jax import workdir as workdir_lib
 from grpo_jax.bench import cells as cells_lib
 from grpo_jax.bench import grid as grid_lib
 
@@ -101,6 +103,7 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
               + (f" (at most {max_cells} now)" if max_cells and max_cells < len(todo) else ""))
   if max_cells:
     todo = todo[:max_cells]
+  code_version = _code_version()
   env = dict(os.environ)
   env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(workdirs, "jax_cache"))
   failed, walls = 0, []
@@ -110,7 +113,7 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
     rec = {"grid": grid.name, "id": cell.id, "method": cell.method,
            "spec": grid.methods[cell.method], "setting": dict(cell.setting),
            "setting_key": cell.setting_key, "seed": cell.seed,
-           "config_hash": grid.config_hash(cell), "workdir": workdir}
+           "config_hash": grid.config_hash(cell), "workdir": workdir, "code": code_version}
     start, cpu0, busy0 = time.monotonic(), _children_cpu(), _machine_busy_s()
     code, last = _run_child(spec, cell, workdir, env)
     rec.update(wall_s=time.monotonic() - start, cpu_s=_children_cpu() - cpu0,
@@ -131,6 +134,9 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
                   f"{rec['wall_s']:.0f} s{eta}")
       if not keep_checkpoints:
         shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
+    elif code == _STOPPED:
+      rec.update(status="stopped", error=last)
+      console.say(f"[{i + 1}/{len(todo)}] {cell.id}: stopped before its budget")
     else:
       failed += 1
       rec.update(status="failed", returncode=code, error=last)
@@ -138,7 +144,8 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
                   f"{os.path.join(workdir, 'cell.log')}{eta}")
     _write_json(cell_path(out, cell), rec)
     write_outputs(grid, out, figures=False)
-    if code < 0 or code in (128 + signal.SIGTERM, 128 + signal.SIGINT) or _STOP["asked"]:
+    signalled = code < 0 or code in (_STOPPED, 128 + signal.SIGTERM, 128 + signal.SIGINT)
+    if signalled or _STOP["asked"]:
       console.say(f"sweep {grid.name}: stopped; the same command resumes it")
       break
   write_outputs(grid, out, figures=True)
@@ -223,6 +230,7 @@ def _run_child(spec, cell, workdir, env) -> tuple[int, str]:
 
 
 _STOP = {"asked": False, "child": None}
+_STOPPED = 3  # the child's exit code for a run stopped before its budget
 
 
 def _stop(signum, frame):
@@ -231,6 +239,19 @@ def _stop(signum, frame):
   _STOP["asked"] = True
   if _STOP["child"] is not None and _STOP["child"].poll() is None:
     _STOP["child"].send_signal(signum)
+
+
+def _code_version() -> str:
+  """The git commit of the code the cells run (``+dirty`` with uncommitted changes to it)."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  try:
+    head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "grpo_jax",
+                            "configs"], capture_output=True, text=True, check=True).stdout
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+  return head + ("+dirty" if dirty.strip() else "")
 
 
 def _machine_busy_s() -> float:
@@ -300,7 +321,16 @@ def _run_one(spec: str, cell_id: str, workdirs: str) -> None:
   if cell is None:
     sys.exit(f"grpo_jax.bench.sweep: no cell {cell_id!r} in {spec}")
   console.quiet_unless_verbose()
-  train.train_and_evaluate(grid.config(cell), os.path.join(workdirs, cell_id))
+  config, workdir = grid.config(cell), os.path.join(workdirs, cell_id)
+  train.train_and_evaluate(config, workdir)
+  # A run stopped by a signal saves and returns normally (the train loop's preemption rule):
+  # only a run that spent its budget is a finished cell.
+  steps = [r for r in metrics_lib.read_metrics(workdir) if "loss" in r]
+  last = steps[-1] if steps else {"step": 0}
+  if not (last["step"] >= config.total_steps or workdir_lib.budget_spent(config, last)):
+    print(f"grpo_jax.bench.sweep: cell {cell_id} stopped at step {last['step']} before its "
+          "budget; the same command resumes it from its checkpoint")
+    sys.exit(_STOPPED)
 
 
 def main(argv):
