@@ -374,6 +374,12 @@ def _fetch(run: Run, record: records.StepRecord) -> None:
       record.timing, record.cumulative = _close_window(run), dict(run.timers)
     _log_step(run, record)
     _save(run, record.step)
+    if record.values.get("prompts_repeat", 1.0) < 1.0:
+      raise TrainingStopped(
+          f"{run.skips} consecutive steps skipped: a minibatch's groups do not each repeat one "
+          f"prompt (last: step {record.step}), which the shared-prompt gradient needs "
+          "(rl.shared_prompts=false runs every row on its own); nothing was trained on them, "
+          f"and the last good step is saved in {run.ckpt.directory}.")
     raise TrainingStopped(
         f"{run.skips} consecutive steps skipped for a non-finite loss or gradient (last: step "
         f"{record.step}); parameters, optimiser state and buffer are those of the last good "

@@ -64,7 +64,11 @@ class StepConfig:
       minibatches) or "rows" (every row on its own).
     shared_prompts: every log-prob pass runs each prompt once for its G group-major rows when
       they repeat one prompt (``logprobs.completion_logprobs_and_entropy``'s
-      ``prompt_group``); False always runs [prompt; completion] per row.
+      ``prompt_group``); False always runs [prompt; completion] per row. The no-grad passes
+      check the prompts on the device; the gradient takes the shared pass when its
+      minibatches are whole groups by construction (``update.minibatches_are_groups``), and a
+      batch whose groups then do not repeat their prompt is skipped (NaN loss, metric
+      ``prompts_repeat`` < 1), never trained on with the wrong prompts.
   """
 
   group_size: int

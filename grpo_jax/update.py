@@ -58,6 +58,18 @@ def update_scan(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config
   return (lora.join(trainable, frozen), opt_state), per_update
 
 
+def minibatches_are_groups(rows: int, config: StepConfig) -> bool:
+  """Whether every minibatch of a batch of ``rows`` rows is whole groups of G rows of one prompt
+  each (static), so that its gradient runs the shared-prompt pass: shared prompts on, the
+  "groups" shuffle dealing whole groups (``epoch_order``), and a replay method whose rows come
+  in whole groups (``whole_groups``: POPO's refills and Headroom-Drift's extra groups do,
+  rollout-level replay's single rollouts do not). The loop's fresh batches are group-major:
+  the sampler draws G completions of each prompt."""
+  g, m = config.group_size, config.num_minibatches
+  return (policy.grouped_pass_possible(rows // m, config) and config.shuffle == "groups"
+          and rows % (g * m) == 0 and getattr(config.replay, "whole_groups", False))
+
+
 def epoch_order(key: jax.Array, rows: int, config: StepConfig) -> jax.Array:
   """A permutation of the batch's rows for one epoch (``StepConfig.shuffle``): [rows] int32."""
   g, m = config.group_size, config.num_minibatches
@@ -142,12 +154,16 @@ def _minibatch_update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
       graphdef, config, replaying, lora.join(trained, frozen), mb, fraction, grouped)
   grad_fn = lambda grouped: functools.partial(
       jax.value_and_grad(loss_fn, has_aux=True), grouped=grouped)
-  if policy.grouped_pass_possible(mb.num_rows, config):
-    # The check around the whole gradient, so that each branch is a plain forward+backward.
+  grouped = minibatches_are_groups(mb.num_rows * config.num_minibatches, config)
+  (loss, aux), grads = grad_fn(grouped)(params, mb)
+  if grouped:
+    # One gradient, compiled once: the shared-prompt pass is chosen statically (a lax.cond over
+    # a per-row fallback compiled the forward and backward twice). Rows that break the
+    # group-major layout it relies on make the loss NaN, so the step's finite guard leaves the
+    # state as it was, and the loop names the cause.
     repeat = prompts_repeat(mb.tokens.prompt_ids, mb.tokens.prompt_mask, config.group_size)
-    (loss, aux), grads = jax.lax.cond(repeat, grad_fn(True), grad_fn(False), params, mb)
-  else:
-    (loss, aux), grads = grad_fn(False)(params, mb)
+    loss = jnp.where(repeat, loss, jnp.nan)
+    aux["prompts_repeat"] = repeat.astype(jnp.float32)
   updates, opt_state = tx.update(grads, opt_state, params)
   params = optax.apply_updates(params, updates)
   out = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}

@@ -2,8 +2,12 @@
 
 The sampler's prefill (``SamplingConfig.prompt_group``), the teacher-forced log-prob pass
 (``Qwen3.grouped_hidden_states`` via ``prompt_group``) and the train step (``shared_prompts``)
-must give what the per-row passes give, and fall back to them when the rows do not repeat.
+must give what the per-row passes give; the no-grad passes fall back to them when the rows
+do not repeat, and the train step, whose gradient takes the grouped pass statically, skips
+such a batch.
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +19,7 @@ from flax import nnx
 from grpo_jax import losses
 from grpo_jax import sampler as sampler_lib
 from grpo_jax import step as step_lib
+from grpo_jax import update as update_lib
 from grpo_jax.logprobs import completion_logprobs_and_entropy
 from grpo_jax.models.causal_lm import prompts_repeat
 from grpo_jax.replay import init_replay
@@ -166,6 +171,53 @@ def test_train_step_with_shared_prompts_equals_per_row(split, batch):
   assert _max_rel(update(shared), update(plain)) < 1e-4
   for k in ("loss", "kl_ref", "grad_norm"):
     assert float(m_shared[k]) == pytest.approx(float(m_plain[k]), rel=1e-4, abs=1e-6), k
+
+
+def _step_rollout(ids, mask, completion):
+  rng = np.random.RandomState(1)
+  success = np.tile([True, False, True, True], B)  # every group mixed
+  return Rollout(prompt_ids=ids, prompt_mask=mask, completion_ids=completion,
+                 completion_mask=jnp.asarray(rng.rand(N, T) < 0.8),
+                 behaviour_logp=jnp.asarray(-rng.rand(N, T) * 4, jnp.float32),
+                 truncated=jnp.zeros((N,), bool), scores=jnp.asarray(success, jnp.float32),
+                 success=jnp.asarray(success),
+                 prompt_id=jnp.repeat(jnp.arange(B), G), version=jnp.zeros(N, jnp.int32))
+
+
+def test_a_batch_whose_groups_do_not_repeat_is_skipped_not_trained(split, batch):
+  """The gradient takes the shared-prompt pass statically (minibatches of whole groups): a
+  batch with one row's prompt changed would be trained with its group's first prompt, so
+  the step leaves the state as it was and says why (prompts_repeat 2/3: one of the three
+  one-group minibatches broken). Mutation (no guard): the parameters move."""
+  graphdef, params = split
+  ids, mask, completion, _ = _broken(batch)
+  tx = optax.sgd(0.5)
+  config = step_lib.StepConfig(group_size=G, num_minibatches=B)
+  assert update_lib.minibatches_are_groups(N, config)
+  fn = step_lib.make_train_step(graphdef, tx, config)
+  state = step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx)
+  new, _, m = fn(state, init_replay(0, G, P, T), _step_rollout(ids, mask, completion), None,
+                 jax.random.key(0))
+  assert float(m["skipped"]) == 1.0
+  assert float(m["prompts_repeat"]) == pytest.approx(2 / 3)
+  for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_which_updates_take_the_shared_prompt_gradient():
+  """Statically: whole groups per minibatch (the "groups" shuffle, N a multiple of G x M) and
+  a method whose rows are whole groups; rollout-level replay's single rows take the per-row
+  pass, as do row shuffles and batches that do not divide into groups."""
+  from grpo_jax.replay import prioritized, popo  # pylint: disable=g-import-not-at-top
+  base = step_lib.StepConfig(group_size=G, num_minibatches=B)
+  with_ = lambda **kw: dataclasses.replace(base, **kw)
+  assert update_lib.minibatches_are_groups(N, base)
+  assert update_lib.minibatches_are_groups(N, with_(replay=popo.PopoConfig()))
+  assert not update_lib.minibatches_are_groups(
+      N, with_(replay=prioritized.PrioritizedReplayConfig()))
+  assert not update_lib.minibatches_are_groups(N, with_(shuffle="rows"))
+  assert not update_lib.minibatches_are_groups(N, with_(shared_prompts=False))
+  assert not update_lib.minibatches_are_groups(N + G, base)  # 4 groups in 3 minibatches
 
 
 def test_bfloat16_sampler_and_grouped_pass_run_and_track_float32(data_dir, batch):

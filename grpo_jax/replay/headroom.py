@@ -35,6 +35,7 @@ start-of-step policy for fresh rows).
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -93,6 +94,9 @@ class HeadroomConfig(registry.Configurable):
       order, a chunk skipped once K_rep groups are admitted (1: one pass over all M).
     objective: how replayed rows enter the loss (method.OBJECTIVES); "align_mu" as the paper.
   """
+  # update.minibatches_are_groups: rows in whole groups of one prompt
+  # (admitted groups are appended whole).
+  whole_groups: ClassVar[bool] = True
 
   slots: int = 8
   candidates: int = 16

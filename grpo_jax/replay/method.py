@@ -27,7 +27,7 @@ Every count (replayed, admitted, evicted) is a mask inside a fixed-size batch, n
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, ClassVar, Optional, Protocol
 
 import flax
 import jax
@@ -119,9 +119,16 @@ class Composition:
 
 
 class ReplayMethod(Protocol):
-  """The interface above, as a type (every method is a frozen dataclass implementing it)."""
+  """The interface above, as a type (every method is a frozen dataclass implementing it).
+
+  ``whole_groups`` (a class attribute): every row the method adds or replaces comes within a
+  whole group of G rows of one prompt, aligned to G in the batch, so the update may run the
+  shared-prompt pass unchecked (``update.minibatches_are_groups``). A method without it gets
+  the per-row pass.
+  """
 
   objective: str
+  whole_groups: ClassVar[bool]
 
   @classmethod
   def from_config(cls, config) -> "ReplayMethod": ...
@@ -206,6 +213,9 @@ def validate_objective(objective: str):
 @dataclasses.dataclass(frozen=True)
 class NoReplay(registry.Configurable):
   """Plain on-policy training: the batch is the fresh rollouts, the buffer is never touched."""
+  # update.minibatches_are_groups: rows in whole groups of one prompt
+  # (nothing is replayed: the batch is the fresh groups).
+  whole_groups: ClassVar[bool] = True
 
   objective: str = objective_field()
 

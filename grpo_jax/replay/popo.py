@@ -37,6 +37,7 @@ fixed-shape batch, never a shape.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +75,9 @@ class PopoConfig(registry.Configurable):
       denominators: the batch is effective + replayed groups) or "keep" (in the batch with
       advantage 0; the behaviour before 2026-12).
   """
+  # update.minibatches_are_groups: rows in whole groups of one prompt
+  # (refills replace whole groups in place).
+  whole_groups: ClassVar[bool] = True
 
   fill: str = "replay"
   insert: str = "effective"

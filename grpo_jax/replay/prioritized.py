@@ -39,6 +39,7 @@ token-mean, clip 0.2 / 0.28, dual clip 10.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -95,6 +96,9 @@ class PrioritizedReplayConfig(registry.Configurable):
       ``updates_per_step``), the unit of ``tau_max``.
     updates_per_step: optimiser updates per train step (minibatches x epochs).
   """
+  # update.minibatches_are_groups: rows in whole groups of one prompt
+  # (single rollouts are appended, not groups).
+  whole_groups: ClassVar[bool] = False
 
   tau_max: int = 10
   rho: float = 0.5
