@@ -243,7 +243,7 @@ def plot_grid(points: Sequence[dict], path: str, ys: Sequence[str], xlabel: str 
         err = [p.get(f"{y} std", 0.0) for p in mine]
         ax.errorbar(xs, vals, yerr=np.nan_to_num(err), color=f"C{i % 10}", marker="o", ms=3,
                     lw=1.5, capsize=2, label=name)
-      if xlog:
+      if xlog and len({p["x"] for p in points}) > 1:  # a log axis of one value has no width
         ax.set_xscale("log")
       ax.grid(alpha=0.3)
       if row == 0 and panel:

@@ -106,7 +106,9 @@ def rollouts(graphdef, params) -> list[Rollout]:
   for i, scores in enumerate(SCORES):
     ids = np.repeat(rng.randint(6, 1000, (B, P)), G, axis=0).astype(np.int32)
     mask = np.ones((N, P), bool)
-    mask[::3, :2] = False  # some left padding
+    # left padding on every other group; a group's rows share their prompt and its padding,
+    # as the sampler's groups do (the train step's shared-prompt gradient relies on it)
+    mask[np.repeat(np.arange(B) % 2 == 0, G), :2] = False
     c = jax.device_get(sample(params, ids, mask, jax.random.key(i)))
     s = np.asarray(scores, np.float32)
     out.append(Rollout(prompt_ids=ids, prompt_mask=mask, completion_ids=c.completion_ids,

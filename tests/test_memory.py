@@ -58,7 +58,9 @@ def _rollout(split, seed=0):
   rng = np.random.RandomState(seed)
   ids = np.repeat(rng.randint(6, 128, (B, P)), G, axis=0).astype(np.int32)
   mask = np.ones((B * G, P), bool)
-  mask[::3, :2] = False
+  # left padding on every other group; a group's rows share their prompt and its padding,
+  # as the sampler's groups do (the train step's shared-prompt gradient relies on it)
+  mask[np.repeat(np.arange(B) % 2 == 0, G), :2] = False
   cfg = sampler_lib.SamplingConfig(max_new_tokens=T, eos_ids=(5,), pad_id=0)
   out = sampler_lib.make_sampler(graphdef, cfg)(params, ids, mask, jax.random.key(seed))
   scores = jnp.asarray([1, 0, 0, 1, 0, 1, 0, 0], jnp.float32)
