@@ -4,23 +4,25 @@ rate x optimiser updates per batch) against what the off-policy corrections buy.
     python -m grpo_jax.bench.sweep --grid=configs/sweeps/movement.py \
         --out=docs/results/regime/movement --workdirs=runs/regime/movement --detach
 
-GRPO, POPO and its two ablations that the POPO paper reports collapsing (pi_old: replayed groups
+GRPO, POPO, GRPO-filter (ineffective groups dropped, nothing refilled: POPO's ablation) and
+the two ablations the POPO paper reports collapsing (pi_old: replayed groups
 treated as on-policy; stale(10): groups ~10 steps old), POPO with the coupled objective
 (align_mu), rollout-level replay as its paper's reference implementation runs it (``:paper``)
 and Headroom-Drift, at learning rates 3e-5 (the default), 1e-4 and 2e-4 and 1, 4 or 8 updates
 per batch (``rl.num_minibatches``). Equal budgets: 25,600 generated rollouts (100 steps of
 32 x 8), 4 evaluations on the same 1,024 held-out prompts, 3 seeds. The default Countdown task
-(numbers to 50; about a third of GRPO's groups ineffective). 189 cells, about an hour per 50
+(numbers to 50; about a third of GRPO's groups ineffective). 216 cells, about 100 s each
 on this project's 2-core CPU.
 
-``:quick`` is the axis's corners only (lr 3e-5 and 2e-4, 1 and 8 updates): 84 cells.
+``:quick`` is the axis's corners only (lr 3e-5 and 2e-4, 1 and 8 updates): 96 cells.
 """
 
 
 def get_grid(arg=None):
   quick = arg == "quick"
   return dict(
-      methods={"grpo": "grpo", "popo": "popo", "popo-pi_old": "popo:pi_old",
+      methods={"grpo": "grpo", "popo": "popo", "grpo-filter": "popo:filter",
+               "popo-pi_old": "popo:pi_old",
                "popo-stale10": "popo:stale=10", "popo-align_mu": "popo:align_mu",
                "rollout_replay": "rollout_replay:paper", "headroom": "headroom"},
       seeds=[0, 1, 2],
