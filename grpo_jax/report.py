@@ -76,13 +76,24 @@ def run_summary(workdir: str, k: int = 8) -> dict:
       wall = last["completion_tokens"] / last["tokens_per_s"]  # runs logged before wall_s
     out.update(rollouts=last.get("rollouts", 0), tokens=last.get("completion_tokens", 0),
                wall_s=float(wall if wall is not None else float("nan")))
-    for key in ("ineffective_fraction", "learning_rate") + REPLAY_STATS:
-      # Statistics of the replayed rows (their age, drift, weights) exist only in steps that
-      # replayed something: averaged over those, not diluted by warm-up or empty-buffer steps.
-      when = PER_REPLAYED.get(key)
-      vals = [r[key] for r in steps if key in r and (when is None or r.get(when, 0) > 0)]
-      if vals:
-        out[f"mean_{key}"] = float(np.mean(vals))
+    means = step_means(steps, ("ineffective_fraction", "learning_rate") + REPLAY_STATS)
+    out.update({f"mean_{key}": v for key, v in means.items()})
+  return out
+
+
+def step_means(steps: Sequence[dict], keys: Sequence[str]) -> dict:
+  """{key: mean over the step records that have it} for each of ``keys`` some step logged.
+
+  Statistics of the replayed rows (their age, drift, weights) exist only in steps that replayed
+  something (``PER_REPLAYED``): averaged over those, not diluted by warm-up or empty-buffer
+  steps.
+  """
+  out = {}
+  for key in keys:
+    when = PER_REPLAYED.get(key)
+    vals = [r[key] for r in steps if key in r and (when is None or r.get(when, 0) > 0)]
+    if vals:
+      out[key] = float(np.mean(vals))
   return out
 
 

@@ -42,26 +42,19 @@ def record(workdir: str, k: int) -> dict[str, Any]:
   """
   rows = metrics_lib.read_metrics(workdir)
   steps = [r for r in rows if "loss" in r]
-  tokens, evals = {0: 0}, []
-  for r in rows:
-    if f"eval/mean_at_{k}" in r:
-      e = {"step": r["step"], "rollouts": r["rollouts"],
-           "completion_tokens": tokens.get(r["step"], float("nan")),
-           "mean_at_k": r[f"eval/mean_at_{k}"],
-           "mean_at_k_se": r.get(f"eval/mean_at_{k}_se", float("nan"))}
-      for key, name in (("pass_at_k", f"pass_at_{k}"), ("greedy_accuracy",) * 2,
-                        ("mean_length",) * 2, ("constant_fraction",) * 2,
-                        ("truncated_fraction",) * 2):
-        e[key] = r.get(f"eval/{name}", float("nan"))
-      evals.append(e)
-    elif "completion_tokens" in r:
-      tokens[r["step"]] = r["completion_tokens"]
-  train = {}
-  for key in MECHANISM:
-    when = report.PER_REPLAYED.get(key)
-    vals = [r[key] for r in steps if key in r and (when is None or r.get(when, 0) > 0)]
-    if vals:
-      train[key] = float(np.mean(vals))
+  evals = []
+  # Each evaluation's tokens: the step record just before it (curves.token_curve).
+  for r, (_, tokens, _) in zip((r for r in rows if f"eval/mean_at_{k}" in r),
+                               curves.token_curve(workdir, k)):
+    e = {"step": r["step"], "rollouts": r["rollouts"], "completion_tokens": tokens,
+         "mean_at_k": r[f"eval/mean_at_{k}"],
+         "mean_at_k_se": r.get(f"eval/mean_at_{k}_se", float("nan"))}
+    for key, name in (("pass_at_k", f"pass_at_{k}"), ("greedy_accuracy",) * 2,
+                      ("mean_length",) * 2, ("constant_fraction",) * 2,
+                      ("truncated_fraction",) * 2):
+      e[key] = r.get(f"eval/{name}", float("nan"))
+    evals.append(e)
+  train = report.step_means(steps, MECHANISM)
   tail = steps[-max(1, len(steps) // 10):]
   for key in AT_END:
     vals = [r[key] for r in tail if key in r]

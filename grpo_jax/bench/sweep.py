@@ -38,6 +38,7 @@ Written after every cell, from every record under ``<out>/cells`` of this grid:
 from __future__ import annotations
 
 import atexit
+import csv
 import json
 import os
 import resource
@@ -283,7 +284,6 @@ def _write_json(path: str, obj) -> None:
 
 
 def _write_csv(path: str, rows: list[dict]) -> None:
-  import csv  # pylint: disable=g-import-not-at-top
   columns = list(dict.fromkeys(key for row in rows for key in row))
   with open(path, "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=columns)
