@@ -82,7 +82,12 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
     (new TrainState, new ReplayState, dict of float32 scalar metrics).
   """
   replaying = config.replay.replays(replay)  # static
-  start_logp = functools.partial(_start_logp, graphdef, state.params, config)
+  # The no-grad passes run the shared-prompt pass unchecked when every minibatch is checked to
+  # be whole groups of one prompt (the update skips the step otherwise); else they check on the
+  # device (a lax.cond compiling both passes).
+  rows = rollout.num_rows + config.replay.extra_rows(rollout.num_rows, config.group_size)
+  grouped = True if update.minibatches_are_groups(rows, config) else None
+  start_logp = functools.partial(_start_logp, graphdef, state.params, config, grouped=grouped)
   ctx = _context(config, rollout, state.step, rng)
   evicted, comp, evict_metrics = _compose(config, ctx, replay, start_logp, replaying)
   full_NxT = _proximal_pass(config, comp, start_logp, replaying)
@@ -90,7 +95,8 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   if lora.has_adapters(state.params):
     # The reference is the base model: the adapters switched off, no second copy of weights.
     ref_params = lora.without_adapters(state.params)
-  batch = _update_batch(graphdef, config, comp, full_NxT, ref_params, replaying, state.step)
+  batch = _update_batch(graphdef, config, comp, full_NxT, ref_params, replaying, state.step,
+                        grouped)
   (params, opt_state), per_update = update.update_scan(graphdef, tx, config, state, batch, rng,
                                                        replaying)
   # After selection and the update: nothing is replayed in the step that produced it.
@@ -102,7 +108,8 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   return new_state, replay_out, {**metrics, "skipped": skipped}
 
 
-def _start_logp(graphdef: nnx.GraphDef, params, config: StepConfig, rows: Rollout) -> jax.Array:
+def _start_logp(graphdef: nnx.GraphDef, params, config: StepConfig, rows: Rollout, *,
+                grouped: bool | None = None) -> jax.Array:
   """log pi_prox of ``rows``: the policy at the start of the step, no gradient.
 
   Args:
@@ -110,11 +117,13 @@ def _start_logp(graphdef: nnx.GraphDef, params, config: StepConfig, rows: Rollou
     params: the state's parameters (at the start of the step).
     config: StepConfig.
     rows: a Rollout of n rows ([n, P] prompts, [n, T] completions).
+    grouped: ``policy.logprobs``'s (True: the shared-prompt pass unchecked; None: checked).
 
   Returns:
     [n, T] float32 log-probs.
   """
-  logp, _ = policy.logprobs(graphdef, jax.lax.stop_gradient(params), Tokens.of(rows), config)
+  logp, _ = policy.logprobs(graphdef, jax.lax.stop_gradient(params), Tokens.of(rows), config,
+                            grouped=grouped)
   return jax.lax.stop_gradient(logp)
 
 
@@ -231,7 +240,7 @@ def _sampler_mismatch(config: StepConfig, rollout: Rollout, ctx: replay_method.S
 
 def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_method.Composition,
                   full_NxT: jax.Array | None, ref_params, replaying: bool,
-                  step: jax.Array) -> UpdateBatch:
+                  step: jax.Array, grouped: bool | None = None) -> UpdateBatch:
   """The UpdateBatch: the composed rows with the loss's denominators and reference log-probs.
 
   Fresh rows: mu is the sampler's log mu and pi_prox is mu (or the start-of-step pass with
@@ -250,6 +259,7 @@ def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_metho
     ref_params: the frozen reference's parameters (used when the KL coefficient is > 0).
     replaying: the method can replay (static).
     step: int32 the state's step (the rows' ages are counted from it).
+    grouped: the reference pass's ``policy.logprobs`` argument (see ``train_step``).
 
   Returns:
     UpdateBatch of N + R rows.
@@ -274,7 +284,8 @@ def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_metho
   tokens = Tokens.of(mixed)
   ref_NxT = None
   if config.loss.kl_coef > 0:
-    ref_NxT, _ = policy.logprobs(graphdef, jax.lax.stop_gradient(ref_params), tokens, config)
+    ref_NxT, _ = policy.logprobs(graphdef, jax.lax.stop_gradient(ref_params), tokens, config,
+                                 grouped=grouped)
     ref_NxT = jax.lax.stop_gradient(ref_NxT)
   return UpdateBatch(
       tokens=tokens, loss_mask=comp.loss_mask, advantages=comp.advantages,
