@@ -179,15 +179,17 @@ def test_summaries_pair_seeds_and_compare_at_equal_tokens_by_hand():
   assert s["popo"]["train/replay_drift"] == pytest.approx(0.015)  # (0.01 + 0.02) / 2
 
 
-def test_one_seed_takes_the_evaluations_standard_errors():
+def test_one_seed_takes_the_evaluations_standard_errors_and_resolves_nothing():
   recs = [_rec("grpo", 0, [(0, 0, 0.2), (10, 10, 0.30)], se=0.03),
           _rec("popo", 0, [(0, 0, 0.2), (10, 10, 0.42)], se=0.04)]
   s = {x["method"]: x for x in cells_lib.summarise(recs, "grpo")}
-  # sqrt(0.03^2 + 0.04^2) = 0.05; gain 0.12 > 2 x 0.05: resolved
+  # sqrt(0.03^2 + 0.04^2) = 0.05; gain 0.12 > 2 x 0.05, but one seed says nothing of how two
+  # runs differ: not resolved, and marked as one seed's
   assert s["popo"]["gain_se"] == pytest.approx(0.05)
-  assert s["popo"]["resolved"] is True
+  assert s["popo"]["resolved"] is False
   md = cells_lib.summary_markdown(list(s.values()), "grpo", 8)
-  assert "+0.120 ± 0.050 **resolved**" in md and "†" not in md
+  assert "+0.120 ± 0.050 ¹ |" in md and "**resolved**" not in md and "†" not in md
+  assert "¹ one seed: the SE is the two evaluations' alone" in md
   recs[1]["contended"] = True  # a cell timed while other processes took the CPU is marked
   md = cells_lib.summary_markdown(cells_lib.summarise(recs, "grpo"), "grpo", 8)
   assert "| 60 † |" in md and "† other processes used more than 10%" in md

@@ -106,7 +106,9 @@ def summarise(records: Sequence[dict], baseline: str) -> list[dict]:
   Gains: each seed's difference to the baseline's run of the same setting and seed.
   ``gain_se`` is the standard error of the mean gain: the paired seeds' sample std over
   sqrt(n) with two or more seeds; with one seed the two evaluations' standard errors combined,
-  sqrt(se_a^2 + se_b^2) (evaluation noise only). ``resolved`` is |gain| > 2 gain_se.
+  sqrt(se_a^2 + se_b^2) (evaluation noise only: it leaves out how much two runs of one method
+  differ, which at high learning rates is larger). ``resolved`` is |gain| > 2 gain_se with two
+  or more paired seeds; one seed never resolves a gain.
   At equal tokens every run of the setting is read at the most completion tokens all of them
   reached (``tokens_common``), interpolated between its evaluations.
   """
@@ -155,7 +157,7 @@ def summarise(records: Sequence[dict], baseline: str) -> list[dict]:
           "contended": any(r.get("contended", False) for r in seeds.values()),
           "step_s_median": float(np.mean([r["step_s_median"] for r in seeds.values()])),
       }
-      summary["resolved"] = bool(gains) and abs(summary["gain"]) > 2 * gain_se
+      summary["resolved"] = len(gains) > 1 and abs(summary["gain"]) > 2 * gain_se
       keys = {key for r in seeds.values() for key in r["train"]}
       for key in sorted(keys):
         vals = [r["train"][key] for r in seeds.values() if key in r["train"]]
@@ -183,7 +185,8 @@ def summary_markdown(summaries: Sequence[dict], baseline: str, k: int) -> str:
   fmt = lambda v, f: "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, f)
   for s in summaries:
     gain = ("" if s["method"] == baseline or math.isnan(s["gain"]) else
-            f"{s['gain']:+.3f} ± {s['gain_se']:.3f}" + (" **resolved**" if s["resolved"] else ""))
+            f"{s['gain']:+.3f} ± {s['gain_se']:.3f}" + (" **resolved**" if s["resolved"] else "")
+            + (" ¹" if len(s["seeds"]) == 1 else ""))
     gain_tok = "" if s["method"] == baseline else fmt(s["gain_tokens"], "+.3f")
     to_base = (f"{s['rollouts_to_baseline']:,.0f} ({s['reached']})"
                if not math.isnan(s["rollouts_to_baseline"]) else f"never ({s['reached']})")
@@ -193,6 +196,9 @@ def summary_markdown(summaries: Sequence[dict], baseline: str, k: int) -> str:
     cells += [fmt(s.get(key), f) for key, _, f in _COLUMNS]
     cells.append(fmt(s["wall_s"], ".0f") + (" †" if s["contended"] else ""))
     lines.append("| " + " | ".join(cells) + " |")
+  if any(len(s["seeds"]) == 1 and s["method"] != baseline for s in summaries):
+    lines.append("\n¹ one seed: the SE is the two evaluations' alone (the run-to-run spread is "
+                 "not in it), so the gain is not marked resolved.")
   if any(s["contended"] for s in summaries):
     lines.append("\n† other processes used more than 10% of a seed's wall time in CPU: its "
                  "time does not compare with the others'.")
