@@ -40,6 +40,28 @@ def test_cells_are_seed_major_and_a_methods_own_axes_cross_only_its_cells(tmp_pa
   assert cell.setting_key == "opt.learning_rate=3e-05,replay.headroom.tau=0.01"
 
 
+def test_only_selects_cells_by_seed_method_and_axis_value(tmp_path):
+  g = grid_lib.load(_grid_file(tmp_path, """dict(
+      methods={"grpo": "grpo", "hd": "headroom"}, seeds=[0, 1], presets="smoke",
+      budget={"steps": 2}, axes={"opt.learning_rate": [3e-5, 1e-4]},
+      method_axes={"hd": {"replay.headroom.tau": [1e-3, 1e-2]}})"""))
+  ids = lambda only: [c.id for c in grid_lib.select(g, only)]
+  # seed 1 at lr 1e-4 (written 0.0001 here): grpo + hd at its 2 taus = 3 cells, in run order
+  assert ids(["seed=1", "opt.learning_rate=0.0001"]) == [
+      "grpo__opt.learning_rate=0.0001__seed1",
+      "hd__opt.learning_rate=0.0001__replay.headroom.tau=0.001__seed1",
+      "hd__opt.learning_rate=0.0001__replay.headroom.tau=0.01__seed1"]
+  # a method's own axis selects only that method's cells: 2 lrs x 2 seeds at tau 1e-2
+  assert len(ids(["replay.headroom.tau=1e-2"])) == 4
+  assert ids(["method=grpo", "seed=0,1", "opt.learning_rate=3e-5"]) == [
+      "grpo__opt.learning_rate=3e-05__seed0", "grpo__opt.learning_rate=3e-05__seed1"]
+  assert ids(["opt.learning_rate=2e-4"]) == []
+  with pytest.raises(grid_lib.GridError, match="not seed, method or an axis"):
+    grid_lib.select(g, ["opt.b1=0.9"])
+  with pytest.raises(grid_lib.GridError, match="KEY=V1,V2"):
+    grid_lib.select(g, ["seed"])
+
+
 def test_a_rollout_budget_sets_the_stop_and_the_evaluations(tmp_path):
   g = grid_lib.load(_grid_file(tmp_path, """dict(methods={"grpo": "grpo"}, seeds=[3],
       budget={"rollouts": 1000}, evaluations=4, overrides={"eval.num_prompts": 64})"""))
@@ -245,8 +267,9 @@ def test_cli_runs_the_smoke_grid_in_two_invocations_and_reruns_nothing(tmp_path)
   assert "2 of 2 cells done" in summary and "| (defaults) | popo |" in summary
   for png in ("accuracy.png", "mechanism.png"):
     assert os.path.getsize(os.path.join(out, png)) > 0
-  third = _cli(f"--grid={SMOKE}", f"--out={out}")
-  assert "2 cells, 2 done, 0 to run" in third.stdout and os.stat(done).st_mtime_ns == stamp
+  third = _cli(f"--grid={SMOKE}", f"--out={out}", "--only=method=popo")
+  assert "2 cells, 2 done, 0 to run of the 1 chosen by --only" in third.stdout, third.stdout
+  assert os.stat(done).st_mtime_ns == stamp
 
 
 @pytest.mark.slow

@@ -130,6 +130,49 @@ class Grid:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def select(grid: Grid, only: list[str]) -> list[Cell]:
+  """The grid's cells (in run order) that match every ``KEY=V1,V2`` in ``only``.
+
+  ``KEY`` is ``seed``, ``method`` or an axis path; a cell matches when its value is one of
+  the listed ones (numbers compare as numbers: ``2e-4`` matches ``0.0002``). E.g.
+  ``["seed=1", "opt.learning_rate=1e-4,2e-4"]``: seed 1 at the two larger learning rates.
+
+  Raises:
+    GridError: a term without ``=``, or a key that is not seed, method or an axis.
+  """
+  paths = set(grid.axes) | {p for axes in grid.method_axes.values() for p in axes}
+  terms = []
+  for term in only:
+    key, sep, values = term.partition("=")
+    key = key.strip()
+    if not sep or not values.strip():
+      raise GridError(f"--only {term!r}: write KEY=V1,V2 (KEY: seed, method or an axis)")
+    if key not in paths | {"seed", "method"}:
+      raise GridError(f"--only {term!r}: {key!r} is not seed, method or an axis of the grid "
+                      f"({', '.join(sorted(paths)) or 'none'})")
+    terms.append((key, [v.strip() for v in values.split(",")]))
+
+  def same(value: Any, text: str) -> bool:
+    if _text(value) == text or str(value) == text:
+      return True
+    try:
+      return isinstance(value, (int, float)) and float(text) == float(value)
+    except ValueError:
+      return False
+
+  def matches(cell: Cell) -> bool:
+    setting = dict(cell.setting)
+    for key, texts in terms:
+      value = {"seed": cell.seed, "method": cell.method}.get(key, setting.get(key))
+      if key not in ("seed", "method") and key not in setting:
+        return False  # an axis of another method's cells
+      if not any(same(value, t) for t in texts):
+        return False
+    return True
+
+  return [c for c in grid.cells() if matches(c)]
+
+
 def load(spec: str) -> Grid:
   """Reads ``path/to/grid.py[:arg]`` and checks every cell's config.
 

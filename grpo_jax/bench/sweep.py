@@ -4,6 +4,8 @@ tidy table, a summary and figures.
     python -m grpo_jax.bench.sweep --grid=configs/sweeps/movement.py --out=runs/sweep/movement
     python -m grpo_jax.bench.sweep --grid=... --out=... --detach        # in the background
     python -m grpo_jax.bench.sweep --grid=... --out=... --max_cells=10  # at most 10 cells now
+    python -m grpo_jax.bench.sweep --grid=... --out=... --only=seed=1 \
+        --only=opt.learning_rate=1e-4,2e-4                              # only these cells now
     python -m grpo_jax.bench.sweep --grid=... --out=... --report        # tables and figures only
 
 The grid file (``grpo_jax/bench/grid.py`` says what it holds; examples in configs/sweeps/)
@@ -65,6 +67,9 @@ def define_flags():
                       "(default runs/sweep/<grid name>)")
   flags.DEFINE_string("workdirs", "", "folder of the cells' run folders (default <out>/runs)")
   flags.DEFINE_integer("max_cells", 0, "run at most this many cells now (0 = all)")
+  flags.DEFINE_multi_string("only", [], "run only the cells matching KEY=V1,V2 (KEY: seed, "
+                            "method or an axis path; repeat to match all); the tables and "
+                            "figures still cover every finished cell of the grid")
   flags.DEFINE_bool("report", False, "only write the tables and figures of the finished cells")
   flags.DEFINE_bool("detach", False, "run in the background, output in <out>/sweep.log")
   flags.DEFINE_bool("keep_checkpoints", False, "keep each finished cell's checkpoints")
@@ -96,11 +101,15 @@ def records(out: str, grid: grid_lib.Grid) -> list[dict]:
 
 
 def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int = 0,
-        keep_checkpoints: bool = False) -> int:
-  """Runs the cells of ``grid`` that are not done, one at a time; returns how many failed."""
-  todo = [c for c in grid.cells() if not finished(out, grid, c)]
+        keep_checkpoints: bool = False, only: tuple[str, ...] = ()) -> int:
+  """Runs the cells of ``grid`` (those matching ``only``, see ``grid.select``) that are not
+  done, one at a time; returns how many failed."""
+  chosen = grid_lib.select(grid, list(only)) if only else grid.cells()
+  todo = [c for c in chosen if not finished(out, grid, c)]
   total = len(grid.cells())
-  console.say(f"sweep {grid.name}: {total} cells, {total - len(todo)} done, {len(todo)} to run"
+  done = sum(finished(out, grid, c) for c in grid.cells())
+  console.say(f"sweep {grid.name}: {total} cells, {done} done, {len(todo)} to run"
+              + (f" of the {len(chosen)} chosen by --only" if only else "")
               + (f" (at most {max_cells} now)" if max_cells and max_cells < len(todo) else ""))
   if max_cells:
     todo = todo[:max_cells]
@@ -340,6 +349,8 @@ def main(argv):
     raise app.UsageError("--grid is required, e.g. --grid=configs/sweeps/movement.py")
   try:
     grid = grid_lib.load(f.grid)
+    if f.only:
+      grid_lib.select(grid, f.only)  # a bad --only fails here, in one line
   except grid_lib.GridError as e:
     sys.exit(f"grpo_jax.bench.sweep: {e}")
   if f.cell:
@@ -371,7 +382,7 @@ def main(argv):
   _lock(out)
   signal.signal(signal.SIGTERM, _stop)
   signal.signal(signal.SIGINT, _stop)
-  failed = run(grid, f.grid, out, workdirs, f.max_cells, f.keep_checkpoints)
+  failed = run(grid, f.grid, out, workdirs, f.max_cells, f.keep_checkpoints, tuple(f.only))
   print(f"wrote {out}/summary.md, sweep.csv, sweep.parquet")
   if failed:
     sys.exit(f"grpo_jax.bench.sweep: {failed} cell(s) failed; their logs are named above; the "
