@@ -185,9 +185,11 @@ def test_summaries_pair_seeds_and_compare_at_equal_tokens_by_hand():
   # grpo's final mean (0.30 + 0.34) / 2 = 0.32, population std 0.02
   assert (s["grpo"]["mean"], s["grpo"]["std"]) == pytest.approx((0.32, 0.02))
   # paired gains 0.36 - 0.30 = 0.06 and 0.36 - 0.34 = 0.02: mean 0.04; sample std
-  # sqrt(((0.02)^2 + (0.02)^2) / 1) = 0.0282843, over sqrt(2): SE 0.02; 0.04 > 2 x 0.02 fails
+  # sqrt(((0.02)^2 + (0.02)^2) / 1) = 0.0282843, over sqrt(2): SE 0.02; t = 2 on 1 degree of
+  # freedom: p = 1 - (2/pi) atan(2) = 1 - 0.70483 = 0.29517, not resolved
   assert s["popo"]["gain"] == pytest.approx(0.04)
   assert s["popo"]["gain_se"] == pytest.approx(0.02)
+  assert s["popo"]["gain_p"] == pytest.approx(0.29517, abs=1e-5)
   assert s["popo"]["resolved"] is False
   # equal tokens: the most every run reached is 1,000; popo at 1,000 of its 0..2,000 segment:
   # 0.20 + 0.5 x 0.16 = 0.28; gains 0.28 - 0.30 and 0.28 - 0.34: mean -0.04
@@ -199,6 +201,25 @@ def test_summaries_pair_seeds_and_compare_at_equal_tokens_by_hand():
   assert s["grpo"]["reached"] == "1/2"
   assert s["grpo"]["rollouts_to_baseline"] == pytest.approx(100 * 0.12 / 0.14)
   assert s["popo"]["train/replay_drift"] == pytest.approx(0.015)  # (0.01 + 0.02) / 2
+
+
+def test_resolved_is_a_paired_t_test_not_two_standard_errors():
+  def gains(*finals):  # grpo at 0.30 on seeds 0..2, the other method at finals
+    recs = [_rec("grpo", i, [(0, 0, 0.2), (10, 10, 0.30)]) for i in range(3)]
+    recs += [_rec("m", i, [(0, 0, 0.2), (10, 10, f)]) for i, f in enumerate(finals)]
+    return {x["method"]: x for x in cells_lib.summarise(recs, "grpo")}["m"]
+  # gains 0.02, 0.05, 0.08: mean 0.05, sample std 0.03, SE 0.03 / sqrt(3) = 0.017321, t = 2.887:
+  # above 2 SE but below t(0.975, 2) = 4.303. With 2 degrees of freedom the t tail has a closed
+  # form, p = 1 - t / sqrt(2 + t^2) = 1 - 2.88675 / 3.21455 = 0.10197: not resolved
+  wide = gains(0.32, 0.35, 0.38)
+  assert wide["gain_se"] == pytest.approx(0.017321, abs=1e-6)
+  assert wide["gain_p"] == pytest.approx(0.10197, abs=1e-5) and wide["resolved"] is False
+  # gains 0.04, 0.05, 0.06: SE 0.01 / sqrt(3) = 0.0057735, t = 8.660, p = 1 - 8.660 /
+  # sqrt(77) = 0.01307: resolved
+  tight = gains(0.34, 0.35, 0.36)
+  assert tight["gain_p"] == pytest.approx(0.01307, abs=1e-4) and tight["resolved"] is True
+  md = cells_lib.summary_markdown([tight], "grpo", 8)
+  assert "+0.050 ± 0.006 (p 0.013) **resolved**" in md
 
 
 def test_one_seed_takes_the_evaluations_standard_errors_and_resolves_nothing():

@@ -107,8 +107,11 @@ def summarise(records: Sequence[dict], baseline: str) -> list[dict]:
   ``gain_se`` is the standard error of the mean gain: the paired seeds' sample std over
   sqrt(n) with two or more seeds; with one seed the two evaluations' standard errors combined,
   sqrt(se_a^2 + se_b^2) (evaluation noise only: it leaves out how much two runs of one method
-  differ, which at high learning rates is larger). ``resolved`` is |gain| > 2 gain_se with two
-  or more paired seeds; one seed never resolves a gain.
+  differ, which at high learning rates is larger). ``gain_p`` is the two-sided paired t-test's
+  p-value over the seeds (n - 1 degrees of freedom; NaN with one seed) and ``resolved`` is
+  ``gain_p < 0.05``: |gain| above t(0.975, n - 1) gain_se, i.e. 12.7, 4.30, 3.18 and 2.78 SEs
+  with 2, 3, 4 and 5 seeds, not a flat 2 (which with 3 seeds is a 19% false-alarm rate). One
+  seed never resolves a gain.
   At equal tokens every run of the setting is read at the most completion tokens all of them
   reached (``tokens_common``), interpolated between its evaluations.
   """
@@ -157,13 +160,25 @@ def summarise(records: Sequence[dict], baseline: str) -> list[dict]:
           "contended": any(r.get("contended", False) for r in seeds.values()),
           "step_s_median": float(np.mean([r["step_s_median"] for r in seeds.values()])),
       }
-      summary["resolved"] = len(gains) > 1 and abs(summary["gain"]) > 2 * gain_se
+      summary["gain_p"] = _paired_p(summary["gain"], gain_se, len(gains))
+      summary["resolved"] = bool(summary["gain_p"] < 0.05)
       keys = {key for r in seeds.values() for key in r["train"]}
       for key in sorted(keys):
         vals = [r["train"][key] for r in seeds.values() if key in r["train"]]
         summary[f"train/{key}"] = float(np.mean(vals))
       out.append(summary)
   return out
+
+
+def _paired_p(mean: float, se: float, n: int) -> float:
+  """Two-sided p-value of a paired t-test: mean difference ``mean`` with standard error ``se``
+  over ``n`` pairs (Student's t, n - 1 degrees of freedom); NaN below two pairs."""
+  if n < 2 or math.isnan(mean):
+    return float("nan")
+  if se == 0.0:
+    return 1.0 if mean == 0.0 else 0.0
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  return float(2.0 * stats.t.sf(abs(mean) / se, n - 1))
 
 
 # The summary table's mechanism columns: (summary key, header, format).
@@ -185,7 +200,9 @@ def summary_markdown(summaries: Sequence[dict], baseline: str, k: int) -> str:
   fmt = lambda v, f: "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, f)
   for s in summaries:
     gain = ("" if s["method"] == baseline or math.isnan(s["gain"]) else
-            f"{s['gain']:+.3f} ± {s['gain_se']:.3f}" + (" **resolved**" if s["resolved"] else "")
+            f"{s['gain']:+.3f} ± {s['gain_se']:.3f}"
+            + (f" (p {s['gain_p']:.2g})" if not math.isnan(s.get("gain_p", math.nan)) else "")
+            + (" **resolved**" if s["resolved"] else "")
             + (" ¹" if len(s["seeds"]) == 1 else ""))
     gain_tok = "" if s["method"] == baseline else fmt(s["gain_tokens"], "+.3f")
     to_base = (f"{s['rollouts_to_baseline']:,.0f} ({s['reached']})"
