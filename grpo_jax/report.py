@@ -254,8 +254,13 @@ def plot_grid(points: Sequence[dict], path: str, ys: Sequence[str], xlabel: str 
         err = [p.get(f"{y} std", 0.0) for p in mine]
         ax.errorbar(xs, vals, yerr=np.nan_to_num(err), color=f"C{i % 10}", marker="o", ms=3,
                     lw=1.5, capsize=2, label=name)
-      if xlog and len({p["x"] for p in points}) > 1:  # a log axis of one value has no width
+      xs_all = sorted({p["x"] for p in points if not np.isnan(p["x"])})
+      if xlog and len(xs_all) > 1:  # a log axis of one value has no width
         ax.set_xscale("log")
+        # ticks at the grid's values only, written plainly: the log axis's own minor labels
+        # (3e-5, 4e-5, 6e-5 as powers of ten) overlap at this width
+        ax.set_xticks(xs_all, [f"{v:g}" for v in xs_all], fontsize=7)
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
       ax.grid(alpha=0.3)
       if row == 0 and panel:
         ax.set_title(panel, fontsize=9)

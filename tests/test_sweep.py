@@ -72,7 +72,7 @@ def test_a_rollout_budget_sets_the_stop_and_the_evaluations(tmp_path):
   assert (c.checkpoint.every, c.eval.num_prompts, c.seed, c.log_every) == (1, 64, 3, 1)
 
 
-def test_the_config_hash_follows_the_resolved_config(tmp_path):
+def test_the_config_hash_follows_the_resolved_config(tmp_path, monkeypatch):
   body = """dict(methods={"grpo": "grpo"}, seeds=[0], budget={"steps": 2},
       overrides={"opt.learning_rate": %s})"""
   (tmp_path / "a").mkdir()
@@ -83,6 +83,17 @@ def test_the_config_hash_follows_the_resolved_config(tmp_path):
   assert ca.id == cb.id  # the same cell of the grid...
   assert a.config_hash(ca) != b.config_hash(cb)  # ...whose config changed: it runs again
   assert a.config_hash(ca) == a.config_hash(ca)
+  # the embedded model's absolute path does not enter it: the same cell built by a copy of the
+  # package elsewhere (a worktree) has the same hash; any other path does not
+  c, here = a.config(ca), a.config_hash(ca)
+  package = grid_lib._PACKAGE  # pylint: disable=protected-access
+  assert c.model.path.startswith(package + os.sep)
+  moved = c.copy_and_resolve_references()
+  moved.model.path = c.model.path.replace(package, "/elsewhere/checkout/grpo_jax")
+  monkeypatch.setattr(grid_lib, "_PACKAGE", "/elsewhere/checkout/grpo_jax")
+  assert grid_lib.config_hash(moved) == here != grid_lib.config_hash(c)
+  moved.model.path = "/my/own/model"
+  assert grid_lib.config_hash(moved) != here
 
 
 @pytest.mark.parametrize("body, message", [

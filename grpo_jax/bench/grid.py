@@ -126,8 +126,18 @@ class Grid:
   def config_hash(self, cell: Cell) -> str:
     """12 hex digits of the cell's resolved config: a finished cell whose config has since
     changed (the grid, the config files or their defaults) is run again."""
-    text = self.config(cell).to_json(sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return config_hash(self.config(cell))
+
+
+def config_hash(c: ml_collections.ConfigDict) -> str:
+  """12 hex digits of ``c`` with the package's own folder written as ``<grpo_jax>``: the
+  embedded model's path is absolute, and the same cell run from another checkout (a git
+  worktree, a clone elsewhere) is the same config."""
+  text = c.to_json(sort_keys=True).replace(_PACKAGE, "<grpo_jax>")
+  return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../grpo_jax
 
 
 def select(grid: Grid, only: list[str]) -> list[Cell]:
