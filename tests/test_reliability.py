@@ -24,7 +24,11 @@ from grpo_jax import metrics, train
 from grpo_jax import tasks as tasks_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OVERRIDES = {"total_steps": 40, "eval.every": 1000, "checkpoint.every": 1000, "eval.greedy": False,
+# 20 steps: the SIGTERM is sent once the first step record exists and lands within a step or
+# two, so the run is stopped mid-way with ~17 steps to spare (40 before: half the steps for
+# the same checks).
+STEPS = 20
+OVERRIDES = {"total_steps": STEPS, "eval.every": 1000, "checkpoint.every": 1000, "eval.greedy": False,
              "rl.reward_signal": "score", "rl.effective_signal": "score"}
 
 
@@ -69,9 +73,9 @@ def test_sigterm_saves_exits_zero_and_the_resumed_run_is_exact(tmp_path):
   cmd, out, _ = _sigterm_once_training(workdir, ["-m", "grpo_jax.train"])
   assert "SIGTERM received" in out and "Run the same command to resume." in out
   stopped_at = checkpoint_lib.Checkpointer(os.fspath(workdir), 2).latest_step()
-  assert 1 <= stopped_at < 40, out[-2000:]
+  assert 1 <= stopped_at < STEPS, out[-2000:]
   again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-  assert again.returncode == 0 and "run complete at step 40/40" in again.stdout
+  assert again.returncode == 0 and f"run complete at step {STEPS}/{STEPS}" in again.stdout
 
   straight = tmp_path / "straight"
   train.train_and_evaluate(_config(), os.fspath(straight))
@@ -81,7 +85,7 @@ def test_sigterm_saves_exits_zero_and_the_resumed_run_is_exact(tmp_path):
   for x, y in zip(leaves_a, leaves_b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   rollouts = lambda w: [r["rollouts"] for r in metrics.read_metrics(os.fspath(w)) if "loss" in r]
-  assert rollouts(workdir) == rollouts(straight) == [4 * s for s in range(1, 41)]
+  assert rollouts(workdir) == rollouts(straight) == [4 * s for s in range(1, STEPS + 1)]
 
 
 # The CLI, with orbax's write of a checkpoint's host record wrapped: while the checkpoint is
@@ -117,7 +121,7 @@ def test_second_signals_during_the_save_change_nothing(tmp_path):
   workdir = tmp_path / "preempted"
   _, out, err = _sigterm_once_training(workdir, ["-c", SIGNALS_DURING_THE_SAVE])
   stopped_at = checkpoint_lib.Checkpointer(os.fspath(workdir), 2).latest_step()
-  assert 1 <= stopped_at < 40, out[-2000:]
+  assert 1 <= stopped_at < STEPS, out[-2000:]
   # Only the checkpoint of the stop was written (checkpoint.every = 1000), under the signals.
   assert re.findall(r"signals while writing (\S+): folder present (\w+)", out) == [
       (f"{stopped_at}.orbax-checkpoint-tmp", "True")]
