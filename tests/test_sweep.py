@@ -263,6 +263,28 @@ def test_a_record_of_another_config_is_not_done(tmp_path):
   assert not sweep.finished(os.fspath(tmp_path), g, cell)
 
 
+def test_a_cell_killed_by_the_forwarded_stop_signal_is_stopped_not_failed(tmp_path, monkeypatch):
+  # SIGTERM reaches the child before it installs its own handler: it dies of the signal
+  # (Popen's -15). The sweep was asked to stop, so the cell is "stopped" and nothing failed.
+  g, out = grid_lib.load(SMOKE), os.fspath(tmp_path)
+
+  def killed(spec, cell, workdir, env):
+    del spec, cell, workdir, env
+    sweep._STOP["asked"] = True  # pylint: disable=protected-access
+    return -15, "exit code -15"
+
+  monkeypatch.setattr(sweep, "_run_child", killed)
+  monkeypatch.setitem(sweep._STOP, "asked", False)  # pylint: disable=protected-access
+  assert sweep.run(g, SMOKE, out, os.path.join(out, "runs")) == 0
+  rec = json.load(open(sweep.cell_path(out, g.cells()[0])))
+  assert rec["status"] == "stopped" and not os.path.exists(sweep.cell_path(out, g.cells()[1]))
+  # the same exit without a stop asked for is a failure
+  monkeypatch.setattr(sweep, "_run_child", lambda *a: (-15, "exit code -15"))
+  monkeypatch.setitem(sweep._STOP, "asked", False)  # pylint: disable=protected-access
+  assert sweep.run(g, SMOKE, out, os.path.join(out, "runs")) == 1
+  assert json.load(open(sweep.cell_path(out, g.cells()[0])))["status"] == "failed"
+
+
 def _cli(*args):
   return subprocess.run([sys.executable, "-m", "grpo_jax.bench.sweep", *args],
                         capture_output=True, text=True, timeout=600)

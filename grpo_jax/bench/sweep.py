@@ -144,7 +144,9 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
                   f"{rec['wall_s']:.0f} s{eta}")
       if not keep_checkpoints:
         shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
-    elif code == _STOPPED:
+    elif code == _STOPPED or (_STOP["asked"] and code in _SIGNALLED):
+      # (a child the forwarded signal reached before its own handler was installed dies of it:
+      # stopped by the user all the same, not a failure)
       rec.update(status="stopped", error=last)
       console.say(f"[{i + 1}/{len(todo)}] {cell.id}: stopped before its budget")
     else:
@@ -154,7 +156,7 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
                   f"{os.path.join(workdir, 'cell.log')}{eta}")
     _write_json(cell_path(out, cell), rec)
     write_outputs(grid, out, figures=False)
-    signalled = code < 0 or code in (_STOPPED, 128 + signal.SIGTERM, 128 + signal.SIGINT)
+    signalled = code < 0 or code == _STOPPED or code in _SIGNALLED
     if signalled or _STOP["asked"]:
       console.say(f"sweep {grid.name}: stopped; the same command resumes it")
       break
@@ -241,6 +243,8 @@ def _run_child(spec, cell, workdir, env) -> tuple[int, str]:
 
 _STOP = {"asked": False, "child": None}
 _STOPPED = 3  # the child's exit code for a run stopped before its budget
+# exit codes of a child killed by SIGTERM / SIGINT (negative from Popen, 128 + n from a shell)
+_SIGNALLED = (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT)
 
 
 def _stop(signum, frame):
