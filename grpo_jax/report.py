@@ -241,6 +241,7 @@ def plot_grid(points: Sequence[dict], path: str, ys: Sequence[str], xlabel: str 
   fig, axes = plt.subplots(len(ys), len(panels), figsize=(3.6 * len(panels) + 1.5,
                                                           2.6 * len(ys)),
                            squeeze=False, sharex=True, sharey="row")
+  xs_all = sorted({p["x"] for p in points if not np.isnan(p["x"])})
   for row, y in enumerate(ys):
     for col, panel in enumerate(panels):
       ax = axes[row][col]
@@ -254,7 +255,6 @@ def plot_grid(points: Sequence[dict], path: str, ys: Sequence[str], xlabel: str 
         err = [p.get(f"{y} std", 0.0) for p in mine]
         ax.errorbar(xs, vals, yerr=np.nan_to_num(err), color=f"C{i % 10}", marker="o", ms=3,
                     lw=1.5, capsize=2, label=name)
-      xs_all = sorted({p["x"] for p in points if not np.isnan(p["x"])})
       if xlog and len(xs_all) > 1:  # a log axis of one value has no width
         ax.set_xscale("log")
         # ticks at the grid's values only, written plainly: the log axis's own minor labels

@@ -110,8 +110,8 @@ def summarise(records: Sequence[dict], baseline: str) -> list[dict]:
   differ, which at high learning rates is larger). ``gain_p`` is the two-sided paired t-test's
   p-value over the seeds (n - 1 degrees of freedom; NaN with one seed) and ``resolved`` is
   ``gain_p < 0.05``: |gain| above t(0.975, n - 1) gain_se, i.e. 12.7, 4.30, 3.18 and 2.78 SEs
-  with 2, 3, 4 and 5 seeds, not a flat 2 (with 3 seeds a false-alarm rate of 1 - 2 / sqrt(6) = 18%). One
-  seed never resolves a gain.
+  with 2, 3, 4 and 5 seeds, not a flat 2 (with 3 seeds a false-alarm rate of
+  1 - 2 / sqrt(6) = 18%). One seed never resolves a gain.
   At equal tokens every run of the setting is read at the most completion tokens all of them
   reached (``tokens_common``), interpolated between its evaluations.
   """

@@ -173,9 +173,9 @@ def select(grid: Grid, only: list[str]) -> list[Cell]:
   def matches(cell: Cell) -> bool:
     setting = dict(cell.setting)
     for key, texts in terms:
-      value = {"seed": cell.seed, "method": cell.method}.get(key, setting.get(key))
       if key not in ("seed", "method") and key not in setting:
         return False  # an axis of another method's cells
+      value = {"seed": cell.seed, "method": cell.method}.get(key, setting.get(key))
       if not any(same(value, t) for t in texts):
         return False
     return True

@@ -104,11 +104,12 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
         keep_checkpoints: bool = False, only: tuple[str, ...] = ()) -> int:
   """Runs the cells of ``grid`` (those matching ``only``, see ``grid.select``) that are not
   done, one at a time; returns how many failed."""
-  chosen = grid_lib.select(grid, list(only)) if only else grid.cells()
-  todo = [c for c in chosen if not finished(out, grid, c)]
-  total = len(grid.cells())
-  done = sum(finished(out, grid, c) for c in grid.cells())
-  console.say(f"sweep {grid.name}: {total} cells, {done} done, {len(todo)} to run"
+  cells = grid.cells()
+  done = {c.id for c in cells if finished(out, grid, c)}
+  chosen = grid_lib.select(grid, list(only)) if only else cells
+  todo = [c for c in chosen if c.id not in done]
+  total = len(cells)
+  console.say(f"sweep {grid.name}: {total} cells, {len(done)} done, {len(todo)} to run"
               + (f" of the {len(chosen)} chosen by --only" if only else "")
               + (f" (at most {max_cells} now)" if max_cells and max_cells < len(todo) else ""))
   if max_cells:
