@@ -54,16 +54,22 @@ def is_disk_full(error: BaseException) -> bool:
   return False
 
 
+# orbax's threads log failed writes to absl's logger, with a traceback; asyncio logs the futures of
+# a failed save's other writes ("exception was never retrieved") when they are collected.
+_HELD_LOGGERS = ("absl", "asyncio")
+
+
 class _HeldReports(logging.Filter):
-  """While a save runs, holds absl's ERROR records (orbax's threads log failed writes there,
-  with a traceback) and unraisable exceptions (tensorstore writes that finish after a failed
+  """While a save runs, holds absl's and asyncio's ERROR records (see ``_HELD_LOGGERS``) and
+  unraisable exceptions (tensorstore writes that finish after a failed
   save closed its event loop); ``release`` drops them or passes them on as they would have been.
   """
 
   def __enter__(self):
     self.records, self.unraisable = [], []
-    self._logger = logging.getLogger("absl")
-    self._logger.addFilter(self)
+    self._loggers = [logging.getLogger(name) for name in _HELD_LOGGERS]
+    for logger in self._loggers:
+      logger.addFilter(self)
     self._hook, sys.unraisablehook = sys.unraisablehook, self.unraisable.append
     return self
 
@@ -77,19 +83,43 @@ class _HeldReports(logging.Filter):
     """Ends the hold: the held reports are dropped or passed on. After a dropped (failed) save,
     tensorstore writes still in flight keep ending on the closed event loop; those "Event loop
     is closed" reports alone stay silenced from then on."""
-    if self._logger is None:
+    if self._loggers is None:
       return
-    self._logger.removeFilter(self)
+    for logger in self._loggers:
+      logger.removeFilter(self)
     sys.unraisablehook = _without_closed_loop(self._hook) if drop else self._hook
-    if not drop:
+    if drop:
+      _ignore_abandoned_full_disk_futures()
+    else:
       for record in self.records:
-        self._logger.handle(record)
+        logging.getLogger(record.name).handle(record)
       for report in self.unraisable:
         self._hook(report)
-    self._logger = None
+    self._loggers = None
 
   def __exit__(self, *exc):
     self.release(drop=False)  # a no-op when released already
+
+
+class _FullDiskFutureFilter(logging.Filter):
+  """Drops asyncio's "exception was never retrieved" reports of full-disk write errors: the
+  futures of a failed save's other array writes, collected after it was reported."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    return not ((error is not None and is_disk_full(error))
+                or any(text in record.getMessage() for text in _DISK_FULL_TEXTS))
+
+
+_FULL_DISK_FUTURES = _FullDiskFutureFilter()
+
+
+def _ignore_abandoned_full_disk_futures() -> None:
+  """From a failed save on, asyncio's reports of its abandoned writes' errors stay silent
+  (each is the full disk already reported; a second failed save adds nothing)."""
+  logger = logging.getLogger("asyncio")
+  if _FULL_DISK_FUTURES not in logger.filters:
+    logger.addFilter(_FULL_DISK_FUTURES)
 
 
 def _without_closed_loop(hook):
