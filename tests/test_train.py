@@ -1,8 +1,10 @@
 """The train loop end to end: the real CLI on :smoke, exact resume, config validation."""
 
 import functools
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -138,6 +140,20 @@ def _final_state(workdir):
   return ck.manager.restore(ck.latest_step()).state
 
 
+def _stopped_at_step_2(straight: str, resumed: str) -> None:
+  """``resumed``: the 4-step run ``straight`` as it was after step 2, as if killed then (its
+  step-2 checkpoint, config record and step-0 to step-2 metrics), without running those steps
+  a second time. A run's own final save is the SIGTERM test's (test_reliability.py)."""
+  shutil.copytree(straight, resumed)
+  shutil.rmtree(os.path.join(resumed, "checkpoints", "4"))
+  assert os.listdir(os.path.join(resumed, "checkpoints")) == ["2"]  # so the run resumes at 2
+  path = os.path.join(resumed, "metrics.jsonl")
+  with open(path, encoding="utf-8") as f:
+    kept = [line for line in f if line.strip() and json.loads(line)["step"] <= 2]
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(kept)
+
+
 @pytest.mark.parametrize("module,presets", [(popo, "smoke"), (rollout_replay, "smoke"),
                                             (headroom, "smoke"), (popo, "smoke,lora=4")])
 def test_resume_gives_exactly_the_uninterrupted_run(tmp_path, module, presets):
@@ -165,8 +181,9 @@ def test_resume_gives_exactly_the_uninterrupted_run(tmp_path, module, presets):
 
   straight, resumed = os.fspath(tmp_path / "straight"), os.fspath(tmp_path / "resumed")
   train.train_and_evaluate(config(4), straight)
-  train.train_and_evaluate(config(2), resumed)   # "killed" after 2 steps...
+  _stopped_at_step_2(straight, resumed)          # "killed" after 2 steps...
   train.train_and_evaluate(config(4), resumed)   # ...and started again with the same command
+  assert [r["step"] for r in metrics.read_metrics(resumed) if "loss" in r] == [1, 2, 3, 4]
   a, b = _final_state(straight), _final_state(resumed)
   assert "replay" in a
   assert int(np.asarray(a["replay"]["num_inserted"])) > 0  # the buffer really was used...
@@ -204,8 +221,9 @@ def test_resume_of_an_allocator_makes_the_same_decisions(tmp_path, module, prese
 
   straight, resumed = os.fspath(tmp_path / "straight"), os.fspath(tmp_path / "resumed")
   train.train_and_evaluate(config(4), straight)
-  train.train_and_evaluate(config(2), resumed)
+  _stopped_at_step_2(straight, resumed)
   train.train_and_evaluate(config(4), resumed)
+  assert [r["step"] for r in metrics.read_metrics(resumed) if "loss" in r] == [1, 2, 3, 4]
   for x, y in zip(jax.tree.leaves(_final_state(straight)), jax.tree.leaves(_final_state(resumed))):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   keys = ("rollouts", "alloc/rollouts_generated", "alloc/prompts_touched", "alloc/rounds")
