@@ -54,15 +54,15 @@ def is_disk_full(error: BaseException) -> bool:
   return False
 
 
-# orbax's threads log failed writes to absl's logger, with a traceback; asyncio logs the futures of
-# a failed save's other writes ("exception was never retrieved") when they are collected.
+# orbax's threads log failed writes to absl's logger, with a traceback; asyncio logs the futures
+# of a failed save's other writes ("exception was never retrieved") when they are collected.
 _HELD_LOGGERS = ("absl", "asyncio")
 
 
 class _HeldReports(logging.Filter):
   """While a save runs, holds absl's and asyncio's ERROR records (see ``_HELD_LOGGERS``) and
-  unraisable exceptions (tensorstore writes that finish after a failed
-  save closed its event loop); ``release`` drops them or passes them on as they would have been.
+  unraisable exceptions (tensorstore writes that finish after a failed save closed its event
+  loop); ``release`` drops them or passes them on as they would have been.
   """
 
   def __enter__(self):
@@ -106,9 +106,8 @@ class _FullDiskFutureFilter(logging.Filter):
   futures of a failed save's other array writes, collected after it was reported."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    error = record.exc_info[1] if record.exc_info else None
-    return not ((error is not None and is_disk_full(error))
-                or any(text in record.getMessage() for text in _DISK_FULL_TEXTS))
+    # asyncio passes the future's exception as the record's exc_info.
+    return not (record.exc_info and is_disk_full(record.exc_info[1]))
 
 
 _FULL_DISK_FUTURES = _FullDiskFutureFilter()
