@@ -74,9 +74,12 @@ def test_tpu_vm_notebook_runs_on_eight_fake_cpu_devices(tmp_path):
   code = _code(_cells("tpu_vm"))
   assert "SMOKE = True" in code
   code = code.replace("/tmp/grpo_jax_tpu_vm", str(tmp_path / "run"))
-  # No device count from outside (the notebook's first cell sets it); the suite's -O0 kept.
+  # No device count from outside (the notebook's first cell sets it); the suite's compile
+  # flags (tests/conftest.py) kept.
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
   proc = _run_notebook(tmp_path, "tpu_vm", code, timeout=900,
-                       env_set={"XLA_FLAGS": "--xla_backend_optimization_level=0"})
+                       env_set={"XLA_FLAGS": " ".join(flags)})
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "8 devices" in proc.stdout
   assert "Mesh('data': 2, 'fsdp': 2, 'tensor': 2" in proc.stdout
