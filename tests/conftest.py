@@ -30,7 +30,7 @@ if _OWN_CACHE:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="grpo_jax_test_jit_cache_")
 # XLA:CPU's LLVM back end without optimisation, and its older loop emitters for fusions: the
 # suite's programs are tiny and compiled once each, so compiling is most of their cost (at the
-# defaults, 82% of the POPO and step tests' time is XLA's backend compile). -O0 halves a train
+# -O0, 73% of the POPO and step tests' time is XLA's backend compile). -O0 halves a train
 # step's compile (POPO's on the tiny model: 9.0 s to 4.8 s) and changes no HLO (the fusion and
 # layout passes, buffer assignment and memory analysis are the same). The loop emitters
 # (``--xla_cpu_use_fusion_emitters=false``) emit the same fusions' code in less time: 4.0 s to
