@@ -29,13 +29,13 @@ _OWN_CACHE = ("JAX_COMPILATION_CACHE_DIR" not in os.environ
 if _OWN_CACHE:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="grpo_jax_test_jit_cache_")
 # XLA:CPU's LLVM back end without optimisation, and its older loop emitters for fusions: the
-# suite's programs are tiny and compiled once each, so compiling is most of their cost (at the
+# suite's programs are tiny and compiled once each, so compiling is most of their cost (at
 # -O0, 73% of the POPO and step tests' time is XLA's backend compile). -O0 halves a train
 # step's compile (POPO's on the tiny model: 9.0 s to 4.8 s) and changes no HLO (the fusion and
 # layout passes, buffer assignment and memory analysis are the same). The loop emitters
 # (``--xla_cpu_use_fusion_emitters=false``) emit the same fusions' code in less time: 4.0 s to
-# 2.4 s for that step, and 165 s to 114 s for tests/test_popo.py + tests/test_step.py. They
-# compute the same elementwise operations in the same order. Subprocesses inherit the flags; a
+# 2.4 s for that step, and 165 s to 114 s for tests/test_popo.py + tests/test_step.py; every test, the
+# exact-equality ones included, passes unchanged under them. Subprocesses inherit the flags; a
 # test that sets XLA_FLAGS for its own subprocess appends to them.
 for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
   if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
