@@ -218,6 +218,17 @@ def plot_training(groups: dict[str, list[str]], path: str) -> bool:
   return True
 
 
+def _legend_entries(axes, series: Sequence[str]) -> tuple[list, list]:
+  """One legend entry per series drawn in any panel, in the series' order: a series with no
+  value in the first panel (GRPO has no replay drift) is still named."""
+  found = {}
+  for ax in np.ravel(axes):
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+      found.setdefault(label, handle)
+  names = [name for name in series if name in found]
+  return [found[name] for name in names], names
+
+
 def plot_grid(points: Sequence[dict], path: str, ys: Sequence[str], xlabel: str = "",
               xlog: bool = False, title: str = "") -> bool:
   """A sweep's summary as small multiples: one row of panels per metric in ``ys``, one column
@@ -268,7 +279,7 @@ def plot_grid(points: Sequence[dict], path: str, ys: Sequence[str], xlabel: str 
         ax.set_ylabel(y, fontsize=8)
       if row == len(ys) - 1:
         ax.set_xlabel(xlabel, fontsize=8)
-  handles, labels = axes[0][0].get_legend_handles_labels()
+  handles, labels = _legend_entries(axes, series)
   if handles:
     fig.legend(handles, labels, loc="center right", fontsize=7)
   fig.suptitle(title)

@@ -347,3 +347,21 @@ def test_cli_records_a_failed_cell_and_refuses_a_second_sweep(tmp_path):
   assert held.stderr.strip().splitlines()[-1] == (
       f"grpo_jax.bench.sweep: another sweep (pid {os.getpid()}) is writing {out}; wait for it "
       f"or stop it (kill {os.getpid()})")
+
+
+def test_the_grid_figure_names_a_series_missing_from_its_first_panel():
+  """GRPO has no replay drift, the mechanism figure's first row: it is still in the legend,
+  in the series' order (before: only the first panel's series were named)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from grpo_jax import report  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(2, 1, squeeze=False)
+  axes[0][0].plot([0, 1], [0.1, 0.2], label="popo")  # drift: POPO only
+  axes[1][0].plot([0, 1], [0.3, 0.4], label="grpo")  # accuracy: both
+  axes[1][0].plot([0, 1], [0.3, 0.5], label="popo")
+  # pylint: disable-next=protected-access
+  handles, labels = report._legend_entries(axes, ["grpo", "popo", "headroom"])
+  plt.close(fig)
+  assert labels == ["grpo", "popo"]  # headroom drew nothing: not named
+  assert [h.get_label() for h in handles] == labels
