@@ -352,10 +352,8 @@ def test_cli_records_a_failed_cell_and_refuses_a_second_sweep(tmp_path):
 def test_the_grid_figure_names_a_series_missing_from_its_first_panel():
   """GRPO has no replay drift, the mechanism figure's first row: it is still in the legend,
   in the series' order (before: only the first panel's series were named)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   from grpo_jax import report  # pylint: disable=g-import-not-at-top
+  plt = report._pyplot()  # pylint: disable=protected-access
   fig, axes = plt.subplots(2, 1, squeeze=False)
   axes[0][0].plot([0, 1], [0.1, 0.2], label="popo")  # drift: POPO only
   axes[1][0].plot([0, 1], [0.3, 0.4], label="grpo")  # accuracy: both
