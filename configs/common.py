@@ -136,7 +136,7 @@ def base_config() -> ml_collections.ConfigDict:
   _add_groups(c.allocation, allocation.SELECTORS)
 
   c.opt = ml_collections.ConfigDict()
-  c.opt.learning_rate = 3e-5  # peak; above ~1e-4 the tiny policy collapses on Countdown
+  c.opt.learning_rate = 3e-5  # peak; conservative: GRPO peaks at 1e-4-2e-4 (docs/benchmarks.md)
   c.opt.warmup_steps = 10  # linear warm-up, in train steps (not minibatch updates)
   c.opt.schedule = "constant"  # constant | cosine (after warm-up, reaching 0 at total_steps)
   c.opt.weight_decay = 0.0  # AdamW decoupled weight decay

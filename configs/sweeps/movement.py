@@ -19,6 +19,8 @@ on this project's 2-core CPU.
 
 
 def get_grid(arg=None):
+  if arg not in (None, "quick"):
+    raise ValueError(f"movement grid: unknown variant {arg!r} (expected none or 'quick')")
   quick = arg == "quick"
   return dict(
       methods={"grpo": "grpo", "popo": "popo", "grpo-filter": "popo:filter",

@@ -187,7 +187,8 @@ def load(spec: str) -> Grid:
   """Reads ``path/to/grid.py[:arg]`` and checks every cell's config.
 
   Raises:
-    GridError: no such file, no ``get_grid``, an unknown or missing key, a bad budget, an
+    GridError: no such file, no ``get_grid``, a ValueError from it (an unknown variant), an
+      unknown or missing key, a bad budget, an
       unknown config file, preset or config path, or a cell config the validator refuses.
   """
   path, _, arg = spec.partition(":")
@@ -198,7 +199,10 @@ def load(spec: str) -> Grid:
   module_spec.loader.exec_module(module)
   if not hasattr(module, "get_grid"):
     raise GridError(f"{path}: a grid file defines get_grid(arg) -> dict")
-  raw = module.get_grid(arg or None)
+  try:
+    raw = module.get_grid(arg or None)
+  except ValueError as e:  # a grid file's own check, e.g. an unknown variant after ':'
+    raise GridError(f"{path}: {e}") from None
   unknown = set(raw) - _KEYS
   if unknown:
     raise GridError(f"{path}: unknown grid key(s) {sorted(unknown)}; known: {sorted(_KEYS)}")

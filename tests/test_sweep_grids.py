@@ -1,0 +1,53 @@
+"""The regime study's shipped grids: each loads (``grid.load`` validates every cell's config)
+and holds the cells its docstring counts, so a typo in a grid fails here rather than hours
+into a sweep."""
+
+import pytest
+
+from grpo_jax.bench import grid
+
+# Expected counts, worked out from each file (methods x settings x seeds):
+#   movement:  8 methods x lr {3e-5, 1e-4, 2e-4} x updates {1, 4, 8} x 3 seeds = 216
+#   :quick     8 x lr {3e-5, 2e-4} x updates {1, 8} x 3                        = 96
+#   difficulty: 11 methods x max_number {50, 70, 100} x 3 seeds                = 99
+#   :tuned     5 methods (GRPO, POPO, align_mu, rollout replay, Headroom-Drift) x 3 x 3 = 45
+#   knobs: GRPO 1 + Headroom tau 4 + POPO reuse 4 x capacity 2 + rho 3 x tau_max 3
+#          + DAPO 2 + SARA tau_lo 3 = 27 settings x 3 seeds                     = 81
+GRIDS = {
+    "configs/sweeps/movement.py": ("movement", 216),
+    "configs/sweeps/movement.py:quick": ("movement", 96),
+    "configs/sweeps/difficulty.py": ("difficulty", 99),
+    "configs/sweeps/difficulty.py:tuned": ("difficulty_tuned", 45),
+    "configs/sweeps/knobs.py": ("knobs", 81),
+}
+
+
+@pytest.mark.parametrize("path", sorted(GRIDS))
+def test_a_shipped_grid_has_its_cells_and_each_one_validates(path):
+  name, count = GRIDS[path]
+  g = grid.load(path)
+  assert g.name == name
+  cells = g.cells()
+  assert len(cells) == count
+  assert len({c.id for c in cells}) == count  # ids name result files: no two cells share one
+
+
+def test_the_tuned_difficulty_grid_runs_at_the_movement_grids_chosen_setting():
+  default, tuned = grid.load("configs/sweeps/difficulty.py"), grid.load(
+      "configs/sweeps/difficulty.py:tuned")
+  cell = tuned.cells()[0]
+  c = tuned.config(cell)
+  assert (c.opt.learning_rate, c.rl.num_minibatches) == (1e-4, 4)
+  # The same cell id in the default grid keeps the defaults (lr 3e-5, 4 updates): the two
+  # grids differ only in the training setting, so their gains read side by side.
+  d = default.config(cell)
+  assert (d.opt.learning_rate, d.rl.num_minibatches) == (3e-5, 4)
+  assert d.task.countdown.max_number == c.task.countdown.max_number
+
+
+@pytest.mark.parametrize("spec", ["configs/sweeps/difficulty.py:hard",
+                                  "configs/sweeps/movement.py:quik"])
+def test_an_unknown_grid_variant_is_one_grid_error(spec):
+  # One line for the CLI (sweep.main prints GridError's text), not a traceback from the file.
+  with pytest.raises(grid.GridError, match=r"unknown variant '(hard|quik)'"):
+    grid.load(spec)
