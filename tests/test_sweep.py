@@ -103,6 +103,8 @@ def test_the_config_hash_follows_the_resolved_config(tmp_path, monkeypatch):
     ("dict(methods={'grpo': 'grpo'}, seeds=[0])", "the grid needs 'budget'"),
     ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'steps': 2}, baseline='popo')",
      "the baseline 'popo' is not one of the methods"),
+    ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'steps': 2}, targets=['dapo'])",
+     "targets names 'dapo', not one of the methods ['grpo']"),
     ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'steps': 2}, axes={'opt.lr': [1]})",
      "grpo (grpo): no config field 'opt.lr'"),
     ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'steps': 2},"
@@ -231,6 +233,28 @@ def test_resolved_is_a_paired_t_test_not_two_standard_errors():
   assert tight["gain_p"] == pytest.approx(0.01307, abs=1e-4) and tight["resolved"] is True
   md = cells_lib.summary_markdown([tight], "grpo", 8)
   assert "+0.050 ± 0.006 (p 0.013) **resolved**" in md
+
+
+def test_rollouts_to_another_methods_final_and_its_share_by_hand():
+  recs = [_rec("grpo", 0, [(0, 0, 0.20), (100, 1000, 0.30)]),
+          _rec("dapo", 0, [(0, 0, 0.20), (40, 400, 0.25), (120, 1200, 0.27)]),
+          _rec("popo", 0, [(0, 0, 0.20), (50, 500, 0.30), (100, 1000, 0.36)])]
+  s = {x["method"]: x for x in cells_lib.summarise(recs, "grpo", targets=["dapo"])}
+  # dapo's final 0.27: popo crosses it on 0 -> 50 at 0.07 / 0.10 x 50 = 35 rollouts, a share
+  # 35 / 120 = 29% of the 120 dapo generated; grpo on 0 -> 100 at 0.07 / 0.10 x 100 = 70
+  assert s["popo"]["rollouts_to"]["dapo"]["rollouts"] == pytest.approx(35.0)
+  assert s["popo"]["rollouts_to"]["dapo"]["share"] == pytest.approx(35 / 120)
+  assert s["grpo"]["rollouts_to"]["dapo"]["rollouts"] == pytest.approx(70.0)
+  # dapo reaches its own final at its last evaluation: share 1
+  assert s["dapo"]["rollouts_to"]["dapo"]["share"] == pytest.approx(1.0)
+  md = cells_lib.summary_markdown(list(s.values()), "grpo", 8, targets=["dapo"])
+  assert "rollouts to dapo's final (share of its) |" in md
+  assert "| 35 (1/1; 29%) |" in md and "| 70 (1/1; 58%) |" in md
+  # a seed that never reaches it is counted out and named
+  recs.append(_rec("popo", 1, [(0, 0, 0.20), (100, 1000, 0.26)]))
+  s = {x["method"]: x for x in cells_lib.summarise(recs, "grpo", targets=["dapo"])}
+  assert s["popo"]["rollouts_to"]["dapo"]["reached"] == "1/2"
+  assert s["popo"]["rollouts_to"]["dapo"]["rollouts"] == pytest.approx(35.0)
 
 
 def test_one_seed_takes_the_evaluations_standard_errors_and_resolves_nothing():

@@ -37,6 +37,7 @@ def get_grid(arg=None):
     overrides.update({"opt.learning_rate": 1e-4, "rl.num_minibatches": 4})
   return dict(
       name="difficulty_tuned" if tuned else "difficulty",
+      targets=[] if tuned else ["dapo"],  # POPO paper: DAPO's accuracy with ~30% of its rollouts
       methods=methods,
       seeds=[0, 1, 2], presets="pool=1024",
       budget={"rollouts": 25600}, evaluations=4,

@@ -98,10 +98,16 @@ def interpolate(curve: Sequence[tuple[float, float]], x: float) -> float:
   return float(np.interp(x, xs, [p[1] for p in curve]))
 
 
-def summarise(records: Sequence[dict], baseline: str) -> list[dict]:
+def summarise(records: Sequence[dict], baseline: str,
+              targets: Sequence[str] = ()) -> list[dict]:
   """One summary per (setting, method): the seeds' final mean@k, the gain over ``baseline`` at
   equal rollouts and at equal tokens (paired by seed), rollouts to the baseline's final
   accuracy, mechanism and cost means.
+
+  ``targets``: more methods whose final accuracy every method's rollouts are measured to
+  (``rollouts_to[m]``: the mean over the seeds that reached it, how many did, and that mean as
+  a share of the rollouts ``m`` itself generated), e.g. "POPO reaches DAPO's accuracy with
+  30% of DAPO's rollouts".
 
   Gains: each seed's difference to the baseline's run of the same setting and seed.
   ``gain_se`` is the standard error of the mean gain: the paired seeds' sample std over
@@ -125,8 +131,9 @@ def summarise(records: Sequence[dict], baseline: str) -> list[dict]:
     at_tokens = lambda r: interpolate(
         [(e["completion_tokens"], e["mean_at_k"]) for e in r["evals"]], common)
     base = methods.get(baseline, {})
-    target = (float(np.mean([r["evals"][-1]["mean_at_k"] for r in base.values()]))
-              if base else float("nan"))
+    final_of = lambda m: float(np.mean([r["evals"][-1]["mean_at_k"]
+                                        for r in methods[m].values()]))
+    target = final_of(baseline) if base else float("nan")
     for method, seeds in methods.items():
       final = {s: r["evals"][-1]["mean_at_k"] for s, r in seeds.items()}
       se = {s: r["evals"][-1]["mean_at_k_se"] for s, r in seeds.items()}
@@ -140,9 +147,15 @@ def summarise(records: Sequence[dict], baseline: str) -> list[dict]:
         gain_se = math.sqrt(se[s] ** 2 + base[s]["evals"][-1]["mean_at_k_se"] ** 2)
       else:
         gain_se = float("nan")
-      reached = [curves.to_target([(e["step"], e["rollouts"], e["mean_at_k"])
-                                   for e in r["evals"]], target) for r in seeds.values()]
-      reached = [x for x in reached if x is not None]
+      reached = _rollouts_to(seeds.values(), target)
+      to = {}
+      for m in targets:
+        if m not in methods:
+          continue
+        hit = _rollouts_to(seeds.values(), final_of(m))
+        spent = float(np.mean([r["evals"][-1]["rollouts"] for r in methods[m].values()]))
+        mean = float(np.mean(hit)) if hit else float("nan")
+        to[m] = {"rollouts": mean, "reached": f"{len(hit)}/{len(seeds)}", "share": mean / spent}
       first = next(iter(seeds.values()))
       summary = {
           "setting": setting, "setting_values": first["setting"], "method": method,
@@ -155,7 +168,7 @@ def summarise(records: Sequence[dict], baseline: str) -> list[dict]:
           "gain_tokens": float(np.mean(gains_tok)) if gains_tok else float("nan"),
           "tokens_common": common,
           "rollouts_to_baseline": float(np.mean(reached)) if reached else float("nan"),
-          "reached": f"{len(reached)}/{len(seeds)}",
+          "reached": f"{len(reached)}/{len(seeds)}", "rollouts_to": to,
           "wall_s": float(np.mean([r["wall_s"] for r in seeds.values()])),
           "contended": any(r.get("contended", False) for r in seeds.values()),
           "step_s_median": float(np.mean([r["step_s_median"] for r in seeds.values()])),
@@ -168,6 +181,13 @@ def summarise(records: Sequence[dict], baseline: str) -> list[dict]:
         summary[f"train/{key}"] = float(np.mean(vals))
       out.append(summary)
   return out
+
+
+def _rollouts_to(runs, target: float) -> list[float]:
+  """Each run's rollouts at ``target`` accuracy (interpolated), for the runs that reach it."""
+  hits = [curves.to_target([(e["step"], e["rollouts"], e["mean_at_k"]) for e in r["evals"]],
+                           target) for r in runs]
+  return [x for x in hits if x is not None]
 
 
 def _paired_p(mean: float, se: float, n: int) -> float:
@@ -191,10 +211,13 @@ _COLUMNS = (("train/replay_drift", "drift", ".4f"), ("train/replay_is_weight_mea
             ("train/ineffective_fraction", "ineffective", ".3f"))
 
 
-def summary_markdown(summaries: Sequence[dict], baseline: str, k: int) -> str:
-  """Markdown: one row per (setting, method), settings in grid order, the baseline first."""
+def summary_markdown(summaries: Sequence[dict], baseline: str, k: int,
+                     targets: Sequence[str] = ()) -> str:
+  """Markdown: one row per (setting, method), settings in grid order, the baseline first;
+  a "rollouts to m's final" column per ``targets`` method (with the share of m's own)."""
   head = (f"| setting | method | mean@{k}: seeds / mean ± std | eval SE | gain vs {baseline} "
           "(± SE) | gain at equal tokens | rollouts to its final | "
+          + "".join(f"rollouts to {m}'s final (share of its) | " for m in targets)
           + " | ".join(h for _, h, _ in _COLUMNS) + " | wall s |")
   lines = [head, "|" + "---|" * (head.count("|") - 1)]
   fmt = lambda v, f: "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, f)
@@ -210,6 +233,10 @@ def summary_markdown(summaries: Sequence[dict], baseline: str, k: int) -> str:
     cells = [s["setting"], s["method"],
              " ".join(f"{v:.3f}" for v in s["final"]) + f" / **{s['mean']:.3f}** ± {s['std']:.3f}",
              fmt(s["eval_se"], ".4f"), gain, gain_tok, to_base]
+    for m in targets:
+      t = s.get("rollouts_to", {}).get(m)
+      cells.append("" if t is None else f"never ({t['reached']})" if math.isnan(t["rollouts"])
+                   else f"{t['rollouts']:,.0f} ({t['reached']}; {t['share']:.0%})")
     cells += [fmt(s.get(key), f) for key, _, f in _COLUMNS]
     cells.append(fmt(s["wall_s"], ".0f") + (" †" if s["contended"] else ""))
     lines.append("| " + " | ".join(cells) + " |")

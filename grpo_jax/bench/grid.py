@@ -16,6 +16,8 @@ A grid file is like a config file: ``get_grid(arg) -> dict`` (``arg`` the text a
     method_axes   {label: {"config.path": [values]}}: a method's own axes (e.g. Headroom-Drift's
                   tau), crossed with ``axes`` for that method only
     baseline      the label gains are measured against (default "grpo", or the first method)
+    targets       more labels whose final accuracy the summary measures every method's
+                  rollouts to, e.g. ["dapo"] (default none)
     plot          {"x": axis path, "panels": axis path or None, "x_measured": a summary column
                   of the baseline to put on the x axis instead of the axis value (e.g.
                   "ineffective_fraction" for a difficulty axis)}; default: the first two axes
@@ -43,7 +45,7 @@ from grpo_jax import configuration
 
 BUDGETS = ("steps", "rollouts", "tokens")
 _KEYS = {"name", "methods", "seeds", "budget", "evaluations", "presets", "overrides", "axes",
-         "method_axes", "baseline", "plot"}
+         "method_axes", "baseline", "targets", "plot"}
 
 
 class GridError(ValueError):
@@ -83,6 +85,7 @@ class Grid:
   method_axes: dict[str, dict[str, tuple]]
   baseline: str
   plot: dict[str, Any]
+  targets: tuple[str, ...] = ()
 
   def cells(self) -> list[Cell]:
     """Every cell, seed-major, then setting, then method (the order they run in)."""
@@ -230,6 +233,10 @@ def load(spec: str) -> Grid:
   baseline = raw.get("baseline", "grpo" if "grpo" in methods else next(iter(methods)))
   if baseline not in methods:
     raise GridError(f"{path}: the baseline {baseline!r} is not one of the methods")
+  targets = tuple(raw.get("targets", ()))
+  for m in targets:
+    if m not in methods:
+      raise GridError(f"{path}: targets names {m!r}, not one of the methods {list(methods)}")
   names = list(axes)
   plot = {"x": names[0] if names else None, "panels": names[1] if len(names) > 1 else None,
           "x_measured": None, **dict(raw.get("plot", {}))}
@@ -237,7 +244,8 @@ def load(spec: str) -> Grid:
               methods=methods, seeds=tuple(int(s) for s in raw["seeds"]),
               budget=(kind, amount), evaluations=evaluations,
               presets=raw.get("presets", ""), overrides=dict(raw.get("overrides", {})),
-              axes=axes, method_axes=method_axes, baseline=baseline, plot=plot)
+              axes=axes, method_axes=method_axes, baseline=baseline, plot=plot,
+              targets=targets)
   for cell in grid.cells():
     try:
       configuration.validate(grid.config(cell))

@@ -178,13 +178,13 @@ def write_outputs(grid: grid_lib.Grid, out: str, figures: bool = True) -> list[s
   import pyarrow as pa  # pylint: disable=g-import-not-at-top
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   pq.write_table(pa.Table.from_pylist(rows), written[1])
-  summaries = cells_lib.summarise(recs, grid.baseline)
+  summaries = cells_lib.summarise(recs, grid.baseline, grid.targets)
   k = recs[0]["k"]
   kind, amount = grid.budget
   md = (f"# Sweep {grid.name}\n\n{len(recs)} of {len(grid.cells())} cells done; budget "
         f"{amount:,} {kind}; baseline {grid.baseline}; mean@{k} on the held-out set at the "
         "budget's end; gains paired by seed.\n\n"
-        + cells_lib.summary_markdown(summaries, grid.baseline, k) + "\n")
+        + cells_lib.summary_markdown(summaries, grid.baseline, k, grid.targets) + "\n")
   with open(written[2], "w") as f:
     f.write(md)
   _write_json(written[3], summaries)
