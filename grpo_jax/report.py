@@ -249,8 +249,9 @@ def plot_grid(points: Sequence[dict], path: str, ys: Sequence[str], xlabel: str 
     return False
   panels = list(dict.fromkeys(p["panel"] for p in points))
   series = list(dict.fromkeys(p["series"] for p in points))
-  fig, axes = plt.subplots(len(ys), len(panels), figsize=(3.6 * len(panels) + 1.5,
-                                                          2.6 * len(ys)),
+  legend_in = 1.8  # the legend's column to the right of the panels, in inches
+  width = 3.6 * len(panels) + legend_in
+  fig, axes = plt.subplots(len(ys), len(panels), figsize=(width, 2.6 * len(ys)),
                            squeeze=False, sharex=True, sharey="row")
   xs_all = sorted({p["x"] for p in points if not np.isnan(p["x"])})
   for row, y in enumerate(ys):
@@ -264,7 +265,9 @@ def plot_grid(points: Sequence[dict], path: str, ys: Sequence[str], xlabel: str 
         if not mine or all(np.isnan(vals)):
           continue
         err = [p.get(f"{y} std", 0.0) for p in mine]
-        ax.errorbar(xs, vals, yerr=np.nan_to_num(err), color=f"C{i % 10}", marker="o", ms=3,
+        # past ten series the colours repeat: a dashed line and another marker tell them apart
+        ax.errorbar(xs, vals, yerr=np.nan_to_num(err), color=f"C{i % 10}",
+                    ls="-" if i < 10 else "--", marker="o" if i < 10 else "s", ms=3,
                     lw=1.5, capsize=2, label=name)
       if xlog and len(xs_all) > 1:  # a log axis of one value has no width
         ax.set_xscale("log")
@@ -283,7 +286,7 @@ def plot_grid(points: Sequence[dict], path: str, ys: Sequence[str], xlabel: str 
   if handles:
     fig.legend(handles, labels, loc="center right", fontsize=7)
   fig.suptitle(title)
-  fig.tight_layout(rect=(0, 0, 0.86, 1))
+  fig.tight_layout(rect=(0, 0, 1 - legend_in / width, 1))
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return True

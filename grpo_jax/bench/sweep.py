@@ -194,7 +194,8 @@ def write_outputs(grid: grid_lib.Grid, out: str, figures: bool = True) -> list[s
 
 
 def _figures(grid, summaries, out, k) -> list[str]:
-  """accuracy.png (final mean@k and gain over the baseline) and mechanism.png (drift, weight,
+  """accuracy.png (final mean@k, gain over the baseline, rollouts to the baseline's final
+  accuracy; a run that never reaches it leaves a gap) and mechanism.png (drift, weight,
   clipping, length, truncation) against the grid's x axis, one panel per panel-axis value."""
   x, panels, measured = grid.plot["x"], grid.plot["panels"], grid.plot["x_measured"]
   base = {s["setting"]: s for s in summaries if s["method"] == grid.baseline}
@@ -210,13 +211,15 @@ def _figures(grid, summaries, out, k) -> list[str]:
                    f"mean@{k}": s["mean"], f"mean@{k} std": s["std"],
                    f"gain over {grid.baseline}": s["gain"],
                    f"gain over {grid.baseline} std": s["gain_se"],
+                   f"rollouts to {grid.baseline}'s final": s["rollouts_to_baseline"],
                    **{key: s.get(f"train/{key}", float("nan"))
                       for key in ("replay_drift", "replay_is_weight_mean", "clip_frac_high",
                                   "end_completion_length_mean", "end_truncated_fraction")}})
   xlabel = measured or x or ""
   xlog = bool(x and not measured and all(isinstance(v, float) for v in grid.axes.get(x, ())))
   paths = []
-  for name, ys in (("accuracy.png", [f"mean@{k}", f"gain over {grid.baseline}"]),
+  for name, ys in (("accuracy.png", [f"mean@{k}", f"gain over {grid.baseline}",
+                                     f"rollouts to {grid.baseline}'s final"]),
                    ("mechanism.png", ["replay_drift", "replay_is_weight_mean", "clip_frac_high",
                                       "end_completion_length_mean",
                                       "end_truncated_fraction"])):
