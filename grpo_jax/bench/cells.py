@@ -134,6 +134,10 @@ def summarise(records: Sequence[dict], baseline: str,
     final_of = lambda m: float(np.mean([r["evals"][-1]["mean_at_k"]
                                         for r in methods[m].values()]))
     target = final_of(baseline) if base else float("nan")
+    # each target method's final accuracy and the rollouts it generated, once per setting
+    goals = {m: (final_of(m), float(np.mean([r["evals"][-1]["rollouts"]
+                                             for r in methods[m].values()])))
+             for m in targets if m in methods}
     for method, seeds in methods.items():
       final = {s: r["evals"][-1]["mean_at_k"] for s, r in seeds.items()}
       se = {s: r["evals"][-1]["mean_at_k_se"] for s, r in seeds.items()}
@@ -149,11 +153,8 @@ def summarise(records: Sequence[dict], baseline: str,
         gain_se = float("nan")
       reached = _rollouts_to(seeds.values(), target)
       to = {}
-      for m in targets:
-        if m not in methods:
-          continue
-        hit = _rollouts_to(seeds.values(), final_of(m))
-        spent = float(np.mean([r["evals"][-1]["rollouts"] for r in methods[m].values()]))
+      for m, (goal, spent) in goals.items():
+        hit = _rollouts_to(seeds.values(), goal)
         mean = float(np.mean(hit)) if hit else float("nan")
         to[m] = {"rollouts": mean, "reached": f"{len(hit)}/{len(seeds)}", "share": mean / spent}
       first = next(iter(seeds.values()))
@@ -235,8 +236,12 @@ def summary_markdown(summaries: Sequence[dict], baseline: str, k: int,
              fmt(s["eval_se"], ".4f"), gain, gain_tok, to_base]
     for m in targets:
       t = s.get("rollouts_to", {}).get(m)
-      cells.append("" if t is None else f"never ({t['reached']})" if math.isnan(t["rollouts"])
-                   else f"{t['rollouts']:,.0f} ({t['reached']}; {t['share']:.0%})")
+      if t is None:  # the target did not run at this setting
+        cells.append("")
+      elif math.isnan(t["rollouts"]):
+        cells.append(f"never ({t['reached']})")
+      else:
+        cells.append(f"{t['rollouts']:,.0f} ({t['reached']}; {t['share']:.0%})")
     cells += [fmt(s.get(key), f) for key, _, f in _COLUMNS]
     cells.append(fmt(s["wall_s"], ".0f") + (" †" if s["contended"] else ""))
     lines.append("| " + " | ".join(cells) + " |")
