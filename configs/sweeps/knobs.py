@@ -4,23 +4,28 @@
     python -m grpo_jax.bench.sweep --grid=configs/sweeps/knobs.py \
         --out=docs/results/regime/knobs --workdirs=runs/regime/knobs --detach
 
-Headroom-Drift's drift bound tau (with its acceptance rate in the summary), POPO's reuse count
+Headroom-Drift's drift bound tau (with its acceptance rate in the summary) beside its two
+ablations (headroom only: no gate, so no tau; drift only: the gate walking the buffer oldest
+first, at each tau, so each ablation pairs with Headroom-Drift at the same bound), POPO's reuse count
 and buffer capacity, rollout replay's replay ratio rho and age limit tau_max, DAPO's
 oversampling (generation batches of 1 or 3 x B prompts) and SARA's abandonment threshold
-tau_lo, each against GRPO; 25,600 generated rollouts, 1,024 held-out prompts, 3 seeds. 81 cells.
+tau_lo, each against GRPO; 25,600 generated rollouts, 1,024 held-out prompts, 3 seeds. 96 cells.
 """
 
 
 def get_grid(arg=None):
   del arg
   return dict(
-      methods={"grpo": "grpo", "headroom": "headroom", "popo": "popo",
+      methods={"grpo": "grpo", "headroom": "headroom",
+               "headroom-headroom_only": "headroom:headroom_only",
+               "headroom-drift_only": "headroom:drift_only", "popo": "popo",
                "rollout_replay": "rollout_replay", "dapo": "dapo", "sara": "sara"},
       seeds=[0, 1, 2], presets="countdown_hard",
       budget={"rollouts": 25600}, evaluations=4,
       overrides={"eval.num_prompts": 1024},
       method_axes={
           "headroom": {"replay.headroom.tau": [1e-3, 3e-3, 1e-2, 3e-2]},
+          "headroom-drift_only": {"replay.headroom.tau": [1e-3, 3e-3, 1e-2, 3e-2]},
           "popo": {"replay.popo.max_uses": [1, 2, 4, 8], "replay.capacity": [32, 128]},
           "rollout_replay": {"replay.prioritized.rho": [0.25, 0.5, 1.0],
                              "replay.prioritized.tau_max": [2, 5, 10]},
