@@ -235,6 +235,38 @@ def test_resolved_is_a_paired_t_test_not_two_standard_errors():
   assert "+0.050 ± 0.006 (p 0.013) **resolved**" in md
 
 
+def test_a_methods_own_axis_values_are_each_paired_with_the_baseline(tmp_path):
+  g = grid_lib.load(_grid_file(tmp_path, """dict(
+      methods={"grpo": "grpo", "hd": "headroom"}, seeds=[0, 1], presets="smoke",
+      budget={"steps": 2}, method_axes={"hd": {"replay.headroom.tau": [1e-3, 1e-2]}})"""))
+  out = tmp_path / "out"
+  os.makedirs(out / "cells")
+  finals = {("grpo", 0): 0.30, ("grpo", 1): 0.34, ("hd", 1e-3, 0): 0.31,
+            ("hd", 1e-3, 1): 0.36, ("hd", 1e-2, 0): 0.26, ("hd", 1e-2, 1): 0.32}
+  for cell in g.cells():
+    setting = dict(cell.setting)
+    key = (cell.method, *setting.values(), cell.seed)
+    rec = _rec(cell.method, cell.seed, [(0, 0, 0.2), (10, 10, finals[key])])
+    rec.update(id=cell.id, setting=setting, setting_key=cell.setting_key, status="done",
+               config_hash=g.config_hash(cell), k=8)
+    with open(sweep.cell_path(os.fspath(out), cell), "w") as f:
+      json.dump(rec, f)
+  sweep.write_outputs(g, os.fspath(out), figures=False)
+  with open(out / "summary.json") as f:
+    s = {x["method"]: x for x in json.load(f)}
+  assert sorted(s) == ["grpo", "hd [tau=0.001]", "hd [tau=0.01]"]
+  assert {x["setting"] for x in s.values()} == {"(defaults)"}
+  # tau 1e-3: gains 0.31 - 0.30 = +0.01 and 0.36 - 0.34 = +0.02, mean +0.015;
+  # tau 1e-2: 0.26 - 0.30 = -0.04 and 0.32 - 0.34 = -0.02, mean -0.03
+  assert s["hd [tau=0.001]"]["gain"] == pytest.approx(0.015)
+  assert s["hd [tau=0.01]"]["gain"] == pytest.approx(-0.03)
+  with pytest.raises(grid_lib.GridError, match="'grpo' is the baseline or a target and has "
+                     "method_axes"):
+    grid_lib.load(_grid_file(tmp_path, """dict(
+        methods={"grpo": "grpo"}, seeds=[0], budget={"steps": 2},
+        method_axes={"grpo": {"opt.learning_rate": [1e-4]}})"""))
+
+
 def test_rollouts_to_another_methods_final_and_its_share_by_hand():
   recs = [_rec("grpo", 0, [(0, 0, 0.20), (100, 1000, 0.30)]),
           _rec("dapo", 0, [(0, 0, 0.20), (40, 400, 0.25), (120, 1200, 0.27)]),

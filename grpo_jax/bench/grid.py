@@ -14,7 +14,9 @@ A grid file is like a config file: ``get_grid(arg) -> dict`` (``arg`` the text a
     overrides     {"config.path": value} set in every cell, e.g. {"eval.num_prompts": 1024}
     axes          {"config.path": [values]}: every method runs at every combination
     method_axes   {label: {"config.path": [values]}}: a method's own axes (e.g. Headroom-Drift's
-                  tau), crossed with ``axes`` for that method only
+                  tau), crossed with ``axes`` for that method only; in the summary each own
+                  value is a row of its own ("headroom [tau=0.001]") paired with the
+                  baseline at the same shared setting (so not the baseline's or a target's)
     baseline      the label gains are measured against (default "grpo", or the first method)
     targets       more labels whose final accuracy the summary measures every method's
                   rollouts to, e.g. ["dapo"] (default none)
@@ -96,6 +98,23 @@ class Grid:
           for own in _product(self.method_axes.get(method, {})):
             out.append(Cell(method, tuple(values) + tuple(own), seed))
     return out
+
+  def compared_as(self, method: str, setting: dict[str, Any]) -> tuple[str, str]:
+    """(setting key, label) a finished cell of ``method`` at ``setting`` is summarised under.
+
+    The key holds the shared ``axes`` only, so a method's own-axis cells are paired with the
+    baseline's run of the same shared setting and seed; the label is the method with its own
+    axes' values, e.g. ``("(defaults)", "headroom [tau=0.001]")``. Without own axes both are
+    the cell's own (``Cell.setting_key``, the method).
+    """
+    own = self.method_axes.get(method, {})
+    key = Cell(method, tuple((p, v) for p, v in setting.items() if p not in own), 0).setting_key
+    if not own:
+      return key, method
+    tails = [p.rsplit(".", 1)[-1] for p in own]
+    names = tails if len(set(tails)) == len(tails) else list(own)
+    return key, f"{method} [" + ",".join(f"{n}={_text(setting[p])}"
+                                         for n, p in zip(names, own)) + "]"
 
   def config(self, cell: Cell) -> ml_collections.ConfigDict:
     """The cell's full config: the method's file and presets, the budget, the overrides, the
@@ -237,6 +256,10 @@ def load(spec: str) -> Grid:
   for m in targets:
     if m not in methods:
       raise GridError(f"{path}: targets names {m!r}, not one of the methods {list(methods)}")
+  for m in (baseline,) + targets:
+    if m in method_axes:
+      raise GridError(f"{path}: {m!r} is the baseline or a target and has method_axes: each "
+                      "setting needs one run of it to compare against (give it no own axes)")
   names = list(axes)
   plot = {"x": names[0] if names else None, "panels": names[1] if len(names) > 1 else None,
           "x_measured": None, **dict(raw.get("plot", {}))}

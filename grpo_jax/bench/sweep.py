@@ -178,7 +178,10 @@ def write_outputs(grid: grid_lib.Grid, out: str, figures: bool = True) -> list[s
   import pyarrow as pa  # pylint: disable=g-import-not-at-top
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   pq.write_table(pa.Table.from_pylist(rows), written[1])
-  summaries = cells_lib.summarise(recs, grid.baseline, grid.targets)
+  # a method's own-axis cells are compared with the baseline at the same shared setting
+  compared = [dict(r, **dict(zip(("setting_key", "method"),
+                                 grid.compared_as(r["method"], r["setting"])))) for r in recs]
+  summaries = cells_lib.summarise(compared, grid.baseline, grid.targets)
   k = recs[0]["k"]
   kind, amount = grid.budget
   md = (f"# Sweep {grid.name}\n\n{len(recs)} of {len(grid.cells())} cells done; budget "
