@@ -230,7 +230,8 @@ def _legend_entries(axes, series: Sequence[str]) -> tuple[list, list]:
 
 
 def plot_grid(points: Sequence[dict], path: str, ys: Sequence[str], xlabel: str = "",
-              xlog: bool = False, title: str = "") -> bool:
+              xlog: bool = False, title: str = "",
+              xticks: dict[str, Sequence[tuple[float, str]]] | None = None) -> bool:
   """A sweep's summary as small multiples: one row of panels per metric in ``ys``, one column
   per distinct ``point["panel"]``, one line per ``point["series"]`` (a method) through its
   points ordered by ``point["x"]``, with error bars ``point[f"{y} std"]`` where given.
@@ -240,6 +241,8 @@ def plot_grid(points: Sequence[dict], path: str, ys: Sequence[str], xlabel: str 
     path: the PNG to write.
     ys: the metrics to draw, a row each; a metric no point has (all NaN) is left empty.
     xlabel, xlog, title: the x axis's label and scale, the figure's title.
+    xticks: {panel: [(x, label), ...]}: each panel's own ticks (its x axis then not shared
+      with the others), e.g. a method's knob values drawn at positions 0, 1, 2.
 
   Returns:
     False when matplotlib is not installed (nothing written), else True.
@@ -252,7 +255,7 @@ def plot_grid(points: Sequence[dict], path: str, ys: Sequence[str], xlabel: str 
   legend_in = 1.8  # the legend's column to the right of the panels, in inches
   width = 3.6 * len(panels) + legend_in
   fig, axes = plt.subplots(len(ys), len(panels), figsize=(width, 2.6 * len(ys)),
-                           squeeze=False, sharex=True, sharey="row")
+                           squeeze=False, sharex=xticks is None, sharey="row")
   xs_all = sorted({p["x"] for p in points if not np.isnan(p["x"])})
   for row, y in enumerate(ys):
     for col, panel in enumerate(panels):
@@ -275,6 +278,10 @@ def plot_grid(points: Sequence[dict], path: str, ys: Sequence[str], xlabel: str 
         # (3e-5, 4e-5, 6e-5 as powers of ten) overlap at this width
         ax.set_xticks(xs_all, [f"{v:g}" for v in xs_all], fontsize=7)
         ax.xaxis.set_minor_formatter(plt.NullFormatter())
+      if xticks and panel in xticks:
+        ticks = list(xticks[panel])
+        ax.set_xticks([t[0] for t in ticks], [t[1] for t in ticks], fontsize=7)
+        ax.set_xlim(min(t[0] for t in ticks) - 0.5, max(t[0] for t in ticks) + 0.5)
       ax.grid(alpha=0.3)
       if row == 0 and panel:
         ax.set_title(panel, fontsize=9)

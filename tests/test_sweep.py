@@ -251,7 +251,9 @@ def test_a_methods_own_axis_values_are_each_paired_with_the_baseline(tmp_path):
                config_hash=g.config_hash(cell), k=8)
     with open(sweep.cell_path(os.fspath(out), cell), "w") as f:
       json.dump(rec, f)
-  sweep.write_outputs(g, os.fspath(out), figures=False)
+  written = sweep.write_outputs(g, os.fspath(out))
+  # knobs.png: one panel (hd: tau), its two values at x = 0 and 1
+  assert os.fspath(out / "knobs.png") in written and os.path.getsize(out / "knobs.png") > 0
   with open(out / "summary.json") as f:
     s = {x["method"]: x for x in json.load(f)}
   assert sorted(s) == ["grpo", "hd [tau=0.001]", "hd [tau=0.01]"]

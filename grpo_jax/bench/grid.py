@@ -64,13 +64,13 @@ class Cell:
   @property
   def id(self) -> str:
     """A file-name-safe id, e.g. ``popo-pi_old__opt.learning_rate=0.0001__seed1``."""
-    parts = [self.method] + [f"{path}={_text(v)}" for path, v in self.setting]
+    parts = [self.method] + [f"{path}={value_text(v)}" for path, v in self.setting]
     return "__".join(parts + [f"seed{self.seed}"]).replace("/", "_").replace(" ", "")
 
   @property
   def setting_key(self) -> str:
     """The setting alone (no method, no seed): the cells compared with each other."""
-    return ",".join(f"{path}={_text(v)}" for path, v in self.setting) or "(defaults)"
+    return ",".join(f"{path}={value_text(v)}" for path, v in self.setting) or "(defaults)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +113,7 @@ class Grid:
       return key, method
     tails = [p.rsplit(".", 1)[-1] for p in own]
     names = tails if len(set(tails)) == len(tails) else list(own)
-    return key, f"{method} [" + ",".join(f"{n}={_text(setting[p])}"
+    return key, f"{method} [" + ",".join(f"{n}={value_text(setting[p])}"
                                          for n, p in zip(names, own)) + "]"
 
   def config(self, cell: Cell) -> ml_collections.ConfigDict:
@@ -185,7 +185,7 @@ def select(grid: Grid, only: list[str]) -> list[Cell]:
     terms.append((key, [v.strip() for v in values.split(",")]))
 
   def same(value: Any, text: str) -> bool:
-    if _text(value) == text or str(value) == text:
+    if value_text(value) == text or str(value) == text:
       return True
     try:
       return isinstance(value, (int, float)) and float(text) == float(value)
@@ -300,6 +300,6 @@ def _product(axes: dict[str, tuple]) -> list[list[tuple[str, Any]]]:
   return [list(zip(axes, values)) for values in itertools.product(*axes.values())]
 
 
-def _text(value: Any) -> str:
-  """A value as it appears in cell ids and tables (floats in their shortest form)."""
+def value_text(value: Any) -> str:
+  """A value as it appears in cell ids, tables and figures (floats in their shortest form)."""
   return repr(value) if isinstance(value, float) else json.dumps(value).strip('"')

@@ -193,6 +193,8 @@ def write_outputs(grid: grid_lib.Grid, out: str, figures: bool = True) -> list[s
   _write_json(written[3], summaries)
   if figures:
     written += _figures(grid, summaries, out, k)
+    if grid.method_axes:
+      written += _knobs_figure(grid, summaries, out)
   return written
 
 
@@ -231,6 +233,37 @@ def _figures(grid, summaries, out, k) -> list[str]:
                         title=f"sweep {grid.name}"):
       paths.append(path)
   return paths
+
+
+def _knobs_figure(grid, summaries, out) -> list[str]:
+  """knobs.png, for a grid with ``method_axes``: one panel per such method, its first own
+  axis's values along x (in grid order, evenly spaced), a line per value of its other own
+  axes; rows: the gain over the baseline, replayed rows a step and their drift."""
+  points, ticks = [], {}
+  for s in summaries:
+    method = s["method"].split(" [")[0]
+    own = list(grid.method_axes.get(method, {}))
+    if not own:
+      continue
+    first = own[0]
+    panel = f"{method}: {first.rsplit('.', 1)[-1]}"
+    values = grid.method_axes[method][first]
+    v = s["setting_values"][first]
+    ticks[panel] = [(i, grid_lib.value_text(x)) for i, x in enumerate(values)]
+    rest = ",".join(f"{p.rsplit('.', 1)[-1]}={grid_lib.value_text(s['setting_values'][p])}"
+                    for p in own[1:])
+    points.append({"x": float(values.index(v)), "series": rest or method, "panel": panel,
+                   f"gain over {grid.baseline}": s["gain"],
+                   f"gain over {grid.baseline} std": s["gain_se"],
+                   "replayed rows": s.get("train/replay_rows", float("nan")),
+                   "replay drift": s.get("train/replay_drift", float("nan"))})
+  path = os.path.join(out, "knobs.png")
+  if not points or not report.plot_grid(
+      points, path, ys=[f"gain over {grid.baseline}", "replayed rows", "replay drift"],
+      xlabel="knob value", title=f"sweep {grid.name}: each knob against {grid.baseline}",
+      xticks=ticks):
+    return []
+  return [path]
 
 
 def _run_child(spec, cell, workdir, env) -> tuple[int, str]:
