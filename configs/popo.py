@@ -16,6 +16,8 @@ Presets of the paper's comparison (combine with the common ones, e.g. ``:kl,smok
             (pi_prox := mu), "fully aligning to the behaviour policy"
   reuse=K   a stored group may be replayed K times (default 1: one-shot; 0 = while young
             enough), the setting that limits refills when few groups are effective
+  age=A     replay groups at most A policy steps old (default 4). A group fills at most one
+            slot a step, so reuse=K binds only when K < A: reuse above 4 needs age above 4
   keep_unfilled  ineffective slots the buffer cannot fill stay in the loss with advantage 0
             (and in its denominators), the behaviour before 2026-12; by default they leave it,
             so that POPO with an empty buffer is exactly GRPO-filter
@@ -23,7 +25,8 @@ Presets of the paper's comparison (combine with the common ones, e.g. ``:kl,smok
 
 from configs import common
 
-PRESETS = ("kl", "filter", "ineff", "stale=S", "pi_old", "align_mu", "reuse=K", "keep_unfilled")
+PRESETS = ("kl", "filter", "ineff", "stale=S", "pi_old", "align_mu", "reuse=K", "age=A",
+           "keep_unfilled")
 
 
 def get_config(arg: str | None = None):
@@ -73,6 +76,8 @@ def get_config(arg: str | None = None):
       c.replay.objective = "align_mu"
     elif name.startswith("reuse="):
       c.replay.popo.max_uses = int(name.split("=")[1])
+    elif name.startswith("age="):
+      c.replay.popo.max_age = int(name.split("=")[1])
     elif name == "keep_unfilled":
       c.replay.popo.unfilled = "keep"
     else:

@@ -388,6 +388,7 @@ def test_config_presets():
   assert popo_config.get_config("pi_old").replay.objective == "pi_old"
   assert popo_config.get_config("align_mu").replay.objective == "align_mu"
   assert popo_config.get_config("reuse=3").replay.popo.max_uses == 3
+  assert popo_config.get_config("age=16").replay.popo.max_age == 16
   base = popo_config.get_config()
   assert base.replay.popo.max_age == 4 and base.rl.reward_signal == base.rl.effective_signal == \
       "success"

@@ -12,14 +12,15 @@ from grpo_jax.bench import grid
 #   difficulty: 11 methods x max_number {50, 70, 100} x 3 seeds                = 99
 #   :tuned     5 methods (GRPO, POPO, align_mu, rollout replay, Headroom-Drift) x 3 x 3 = 45
 #   knobs: GRPO 1 + Headroom tau 4 + headroom-only 1 + drift-only tau 4
-#          + POPO reuse 4 x capacity 2 + rho 3 x tau_max 3 + DAPO 2 + SARA tau_lo 3
-#          = 1 + 4 + 1 + 4 + 8 + 9 + 2 + 3 = 32 settings x 3 seeds              = 96
+#          + POPO reuse 4 x capacity 2 + POPO age 16: reuse 2 x capacity 2
+#          + rho 3 x tau_max 3 + DAPO 2 + SARA tau_lo 3
+#          = 1 + 4 + 1 + 4 + 8 + 4 + 9 + 2 + 3 = 36 settings x 3 seeds          = 108
 GRIDS = {
     "configs/sweeps/movement.py": ("movement", 216),
     "configs/sweeps/movement.py:quick": ("movement", 96),
     "configs/sweeps/difficulty.py": ("difficulty", 99),
     "configs/sweeps/difficulty.py:tuned": ("difficulty_tuned", 45),
-    "configs/sweeps/knobs.py": ("knobs", 96),
+    "configs/sweeps/knobs.py": ("knobs", 108),
 }
 
 

@@ -332,8 +332,8 @@ def test_real_model_preset_needs_a_path():
   with pytest.raises(ValueError, match="unknown config preset 'qwen9'"):
     grpo.get_config("qwen9")
   # An unknown preset lists every preset the chosen file accepts, its own included.
-  with pytest.raises(ValueError, match=r"known: align_mu, bf16, countdown_hard, dps, filter, "
-                                       r"gsm8k, "
+  with pytest.raises(ValueError, match=r"known: age=A, align_mu, bf16, countdown_hard, dps, "
+                                       r"filter, gsm8k, "
                                        r"ineff, keep_unfilled, kl, mopps, pi_old, .*reuse=K, "
                                        r"smoke, stale=S, "
                                        r"pool=N, minibatches=M"):
