@@ -40,6 +40,15 @@ def test_cells_are_seed_major_and_a_methods_own_axes_cross_only_its_cells(tmp_pa
   assert cell.setting_key == "opt.learning_rate=3e-05,replay.headroom.tau=0.01"
 
 
+def test_more_seeds_run_after_the_grids_seeds_for_the_named_methods_only(tmp_path):
+  g = grid_lib.load(_grid_file(tmp_path, """dict(
+      methods={"grpo": "grpo", "popo": "popo", "hd": "headroom"}, seeds=[0, 1],
+      presets="smoke", budget={"steps": 2}, more_seeds={"grpo": [2, 3], "popo": [3]})"""))
+  # seeds 0 and 1: 3 methods each = 6 cells; then seed 2 for grpo, seed 3 for grpo and popo
+  assert [c.id for c in g.cells()][6:] == ["grpo__seed2", "grpo__seed3", "popo__seed3"]
+  assert (g.seeds_of("popo"), g.seeds_of("hd")) == ((0, 1, 3), (0, 1))
+
+
 def test_only_selects_cells_by_seed_method_and_axis_value(tmp_path):
   g = grid_lib.load(_grid_file(tmp_path, """dict(
       methods={"grpo": "grpo", "hd": "headroom"}, seeds=[0, 1], presets="smoke",
@@ -103,6 +112,11 @@ def test_the_config_hash_follows_the_resolved_config(tmp_path, monkeypatch):
     ("dict(methods={'grpo': 'grpo'}, seeds=[0])", "the grid needs 'budget'"),
     ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'steps': 2}, baseline='popo')",
      "the baseline 'popo' is not one of the methods"),
+    ("dict(methods={'grpo': 'grpo', 'popo': 'popo'}, seeds=[0], budget={'steps': 2},"
+     " more_seeds={'popo': [1, 2], 'grpo': [2]})",
+     "more_seeds gives 'popo' seeds [1] that the baseline 'grpo' does not run"),
+    ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'steps': 2}, more_seeds={'dapo': [1]})",
+     "more_seeds names 'dapo', not one of the methods ['grpo']"),
     ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'steps': 2}, targets=['dapo'])",
      "targets names 'dapo', not one of the methods ['grpo']"),
     ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'steps': 2}, axes={'opt.lr': [1]})",

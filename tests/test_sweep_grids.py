@@ -9,7 +9,8 @@ from grpo_jax.bench import grid
 # Expected counts, worked out from each file (methods x settings x seeds):
 #   movement:  8 methods x lr {3e-5, 1e-4, 2e-4} x updates {1, 4, 8} x 3 seeds = 216
 #   :quick     8 x lr {3e-5, 2e-4} x updates {1, 8} x 3                        = 96
-#   difficulty: 11 methods x max_number {50, 70, 100} x 3 seeds                = 99
+#   difficulty: 11 methods x max_number {50, 70, 100} x 3 seeds
+#               + GRPO, POPO, DAPO x 3 x 2 more seeds = 99 + 18                 = 117
 #   :tuned     5 methods (GRPO, POPO, align_mu, rollout replay, Headroom-Drift) x 3 x 3 = 45
 #   knobs: GRPO 1 + Headroom tau 4 + headroom-only 1 + drift-only tau 4
 #          + POPO reuse 4 x capacity 2 + POPO age 16: reuse 2 x capacity 2
@@ -18,7 +19,7 @@ from grpo_jax.bench import grid
 GRIDS = {
     "configs/sweeps/movement.py": ("movement", 216),
     "configs/sweeps/movement.py:quick": ("movement", 96),
-    "configs/sweeps/difficulty.py": ("difficulty", 99),
+    "configs/sweeps/difficulty.py": ("difficulty", 117),
     "configs/sweeps/difficulty.py:tuned": ("difficulty_tuned", 45),
     "configs/sweeps/knobs.py": ("knobs", 108),
 }

@@ -7,6 +7,9 @@ A grid file is like a config file: ``get_grid(arg) -> dict`` (``arg`` the text a
     methods       {label: "config[:presets]"}: configs/<config>.py with its presets, e.g.
                   {"grpo": "grpo", "popo-pi_old": "popo:pi_old", "replay": "rollout_replay:paper"}
     seeds         [0, 1, 2]
+    more_seeds    {label: [3, 4]}: more seeds for some methods only, e.g. where a difference is
+                  within two standard errors at the common seeds; every such seed must also be
+                  the baseline's (its own ``more_seeds``), so each run is paired
     budget        one of {"steps": S}, {"rollouts": R} (stop once R rollouts were *generated*),
                   {"tokens": N} (once N completion tokens were generated)
     evaluations   held-out evaluations over the budget besides the one at the start (default 4)
@@ -46,7 +49,7 @@ import ml_collections
 from grpo_jax import configuration
 
 BUDGETS = ("steps", "rollouts", "tokens")
-_KEYS = {"name", "methods", "seeds", "budget", "evaluations", "presets", "overrides", "axes",
+_KEYS = {"name", "methods", "seeds", "more_seeds", "budget", "evaluations", "presets", "overrides", "axes",
          "method_axes", "baseline", "targets", "plot"}
 
 
@@ -88,13 +91,21 @@ class Grid:
   baseline: str
   plot: dict[str, Any]
   targets: tuple[str, ...] = ()
+  more_seeds: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+
+  def seeds_of(self, method: str) -> tuple[int, ...]:
+    """The seeds ``method`` runs at: the grid's, then its ``more_seeds``."""
+    return self.seeds + tuple(s for s in self.more_seeds.get(method, ()) if s not in self.seeds)
 
   def cells(self) -> list[Cell]:
-    """Every cell, seed-major, then setting, then method (the order they run in)."""
+    """Every cell, seed-major, then setting, then method (the order they run in); the
+    ``more_seeds`` come after the grid's seeds."""
     out = []
-    for seed in self.seeds:
+    for seed in dict.fromkeys(s for m in self.methods for s in self.seeds_of(m)):
       for values in _product(self.axes):
         for method in self.methods:
+          if seed not in self.seeds_of(method):
+            continue
           for own in _product(self.method_axes.get(method, {})):
             out.append(Cell(method, tuple(values) + tuple(own), seed))
     return out
@@ -260,6 +271,16 @@ def load(spec: str) -> Grid:
     if m in method_axes:
       raise GridError(f"{path}: {m!r} is the baseline or a target and has method_axes: each "
                       "setting needs one run of it to compare against (give it no own axes)")
+  more_seeds = {m: tuple(int(x) for x in seeds)
+                for m, seeds in dict(raw.get("more_seeds", {})).items()}
+  for m, seeds in more_seeds.items():
+    if m not in methods:
+      raise GridError(f"{path}: more_seeds names {m!r}, not one of the methods {list(methods)}")
+    unpaired = sorted(set(seeds) - {int(x) for x in raw["seeds"]}
+                      - set(more_seeds.get(baseline, ())))
+    if unpaired and m != baseline:
+      raise GridError(f"{path}: more_seeds gives {m!r} seeds {unpaired} that the baseline "
+                      f"{baseline!r} does not run: add them to more_seeds[{baseline!r}]")
   names = list(axes)
   plot = {"x": names[0] if names else None, "panels": names[1] if len(names) > 1 else None,
           "x_measured": None, **dict(raw.get("plot", {}))}
@@ -268,7 +289,7 @@ def load(spec: str) -> Grid:
               budget=(kind, amount), evaluations=evaluations,
               presets=raw.get("presets", ""), overrides=dict(raw.get("overrides", {})),
               axes=axes, method_axes=method_axes, baseline=baseline, plot=plot,
-              targets=targets)
+              targets=targets, more_seeds=more_seeds)
   for cell in grid.cells():
     try:
       configuration.validate(grid.config(cell))
