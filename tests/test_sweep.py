@@ -266,8 +266,10 @@ def test_a_methods_own_axis_values_are_each_paired_with_the_baseline(tmp_path):
     with open(sweep.cell_path(os.fspath(out), cell), "w") as f:
       json.dump(rec, f)
   written = sweep.write_outputs(g, os.fspath(out))
-  # knobs.png: one panel (hd: tau), its two values at x = 0 and 1
+  # knobs.png: one panel (hd: tau), its two values at x = 0 and 1; no shared axes, so no
+  # accuracy.png / mechanism.png (every point of theirs would be at x = 0)
   assert os.fspath(out / "knobs.png") in written and os.path.getsize(out / "knobs.png") > 0
+  assert not any(os.path.exists(out / n) for n in ("accuracy.png", "mechanism.png"))
   with open(out / "summary.json") as f:
     s = {x["method"]: x for x in json.load(f)}
   assert sorted(s) == ["grpo", "hd [tau=0.001]", "hd [tau=0.01]"]

@@ -192,7 +192,9 @@ def write_outputs(grid: grid_lib.Grid, out: str, figures: bool = True) -> list[s
     f.write(md)
   _write_json(written[3], summaries)
   if figures:
-    written += _figures(grid, summaries, out, k)
+    # Without shared axes a knobs grid's every point would sit at x = 0: knobs.png alone.
+    if grid.axes or not grid.method_axes:
+      written += _figures(grid, summaries, out, k)
     if grid.method_axes:
       written += _knobs_figure(grid, summaries, out)
   return written
