@@ -2,6 +2,7 @@
 
     python -m grpo_jax.sft --config=configs/sft.py
     python -m grpo_jax.sft --config=configs/sft.py:smoke --config.output_dir=/tmp/sft
+    python -m grpo_jax.sft --config=configs/sft.py:x4     # the regime study's ~4x model
 
 Trains a ~1M-parameter Qwen3-architecture model from scratch on generated Countdown solutions
 and stops as soon as held-out mean@8 (temperature 1) reaches ``stop.target_accuracy``: the RL
@@ -10,9 +11,15 @@ starting policy must be neither hopeless nor solved.
 
 import ml_collections
 
+X4_MODEL = "runs/models/countdown-qwen3-4m"  # where the ``x4`` preset writes its folder
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  """Returns the SFT config; ``arg`` may be "smoke" (seconds-long check)."""
+  """Returns the SFT config; ``arg`` may be "smoke" (seconds-long check) or "x4": a model
+  ~3.7x the embedded one (width 256, SwiGLU 768, 8 query and 4 key/value heads of 32: 3.4M
+  parameters) to the same accuracy target, for the regime study's model-size axis
+  (``configs/sweeps/difficulty.py:x4``), written to runs/models/countdown-qwen3-4m. It is
+  evaluated every 25 steps (not 50), as a larger model crosses the target band faster."""
   c = ml_collections.ConfigDict()
   c.seed = 0  # parameter init and sampling seed
   c.output_dir = "grpo_jax/assets/countdown-qwen3-1m"  # Hugging Face folder written at the end
@@ -64,6 +71,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                    num_kv_heads=1, head_dim=16)
     c.train.update(max_steps=6, batch_size=8, warmup_steps=2)
     c.eval.update(every=3, num_prompts=4, final_prompts=4, samples=2)
+  elif arg == "x4":
+    c.output_dir = X4_MODEL
+    c.model.update(hidden_size=256, intermediate_size=768, num_heads=8, num_kv_heads=4)
+    c.eval.every = 25
   elif arg:
-    raise ValueError(f"unknown configs/sft.py preset {arg!r}; known: smoke")
+    raise ValueError(f"unknown configs/sft.py preset {arg!r}; known: smoke, x4")
   return c

@@ -2,9 +2,15 @@
 and holds the cells its docstring counts, so a typo in a grid fails here rather than hours
 into a sweep."""
 
+import os
+
 import pytest
 
+from configs import sft
+from grpo_jax import assets
 from grpo_jax.bench import grid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Expected counts, worked out from each file (methods x settings x seeds):
 #   movement:  8 methods x lr {3e-5, 1e-4, 2e-4} x updates {1, 4, 8} x 3 seeds = 216
@@ -54,3 +60,25 @@ def test_an_unknown_grid_variant_is_one_grid_error(spec):
   # One line for the CLI (sweep.main prints GridError's text), not a traceback from the file.
   with pytest.raises(grid.GridError, match=r"unknown variant '(hard|quik)'"):
     grid.load(spec)
+
+
+def test_the_model_size_variant_needs_its_model_and_then_pairs_with_the_default_grid(
+    tmp_path, monkeypatch):
+  # Run from an empty folder: the x4 model's folder (runs/models/...) is relative to it.
+  spec = os.path.join(ROOT, "configs/sweeps/difficulty.py") + ":x4"
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(grid.GridError, match=r"not built yet: python -m grpo_jax.sft "
+                                           r"--config=configs/sft.py:x4"):
+    grid.load(spec)
+  # Any Hugging Face folder passes the check; the embedded model stands in for the x4 one.
+  (tmp_path / "runs" / "models").mkdir(parents=True)
+  os.symlink(assets.EMBEDDED_MODEL, tmp_path / sft.X4_MODEL)
+  g = grid.load(spec)
+  # GRPO, POPO, rollout replay x max_number {50, 70, 100} x 3 seeds = 27
+  assert g.name == "difficulty_x4" and len(g.cells()) == 27
+  default = grid.load(os.path.join(ROOT, "configs/sweeps/difficulty.py"))
+  cell = g.cells()[-1]
+  assert cell.id == "rollout_replay__task.countdown.max_number=100__seed2"
+  assert cell.id in {c.id for c in default.cells()}  # the two sizes pair cell by cell
+  assert g.config(cell).model.path == sft.X4_MODEL
+  assert default.config(cell).model.path == assets.EMBEDDED_MODEL

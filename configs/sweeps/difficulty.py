@@ -22,12 +22,27 @@ those 8 methods. Its results go to their own folder
 
     python -m grpo_jax.bench.sweep --grid=configs/sweeps/difficulty.py:tuned \
         --out=docs/results/regime/difficulty_tuned --workdirs=runs/regime/difficulty_tuned
+
+``:x4`` is the model-size axis (the rollout-replay paper: the gain grows with model size):
+GRPO, POPO and rollout replay at the defaults, on a model ~3.7x the embedded one, warm-started
+to the same accuracy target by ``configs/sft.py:x4`` (build it first; it is not shipped).
+Grid name ``difficulty_x4``; its cells have the default grid's ids, so the two sizes pair
+cell by cell. 27 cells.
+
+    python -m grpo_jax.sft --config=configs/sft.py:x4
+    python -m grpo_jax.bench.sweep --grid=configs/sweeps/difficulty.py:x4 \
+        --out=docs/results/regime/difficulty_x4 --workdirs=runs/regime/difficulty_x4
 """
+
+import os
+
+from configs import sft
 
 
 def get_grid(arg=None):
-  if arg not in (None, "tuned"):
-    raise ValueError(f"difficulty grid: unknown variant {arg!r} (expected none or 'tuned')")
+  if arg not in (None, "tuned", "x4"):
+    raise ValueError(f"difficulty grid: unknown variant {arg!r} (expected none, 'tuned' or "
+                     "'x4')")
   tuned = arg == "tuned"
   methods = {"grpo": "grpo", "drgrpo": "drgrpo", "rloo": "rloo", "dapo": "dapo",
              "popo": "popo", "rollout_replay": "rollout_replay:paper",
@@ -38,12 +53,19 @@ def get_grid(arg=None):
     methods = {k: methods[k] for k in ("grpo", "popo", "rollout_replay", "headroom")}
     methods["popo-align_mu"] = "popo:align_mu"
     overrides.update({"opt.learning_rate": 1e-4, "rl.num_minibatches": 4})
+  if arg == "x4":
+    if not os.path.isfile(os.path.join(sft.X4_MODEL, "config.json")):
+      raise ValueError(f"the x4 variant trains {sft.X4_MODEL}, which is not built yet: "
+                       "python -m grpo_jax.sft --config=configs/sft.py:x4")
+    methods = {k: methods[k] for k in ("grpo", "popo", "rollout_replay")}
+    overrides["model.path"] = sft.X4_MODEL
+  default = arg is None
   return dict(
-      name="difficulty_tuned" if tuned else "difficulty",
-      targets=[] if tuned else ["dapo"],  # POPO paper: DAPO's accuracy with ~30% of its rollouts
+      name="difficulty" if default else f"difficulty_{arg}",
+      targets=["dapo"] if default else [],  # POPO paper: DAPO's accuracy with ~30% of its rollouts
       methods=methods,
       seeds=[0, 1, 2], presets="pool=1024",
-      more_seeds={} if tuned else {m: [3, 4] for m in ("grpo", "popo", "dapo")},
+      more_seeds={m: [3, 4] for m in ("grpo", "popo", "dapo")} if default else {},
       budget={"rollouts": 25600}, evaluations=4,
       overrides=overrides,
       axes={"task.countdown.max_number": [50, 70, 100]},
