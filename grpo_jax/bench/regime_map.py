@@ -9,7 +9,8 @@ Reads each sweep folder's ``summary.json`` (``grpo_jax.bench.sweep`` writes it).
 is the method's gain over the sweep's baseline in points of mean@k at equal generated rollouts,
 paired by seed (``cells.summarise``), with its standard error; **resolved** (paired t-test
 p < 0.05) is bold in the table and framed in the figure. The baseline's row (``--baseline``,
-GRPO in the shipped grids) holds its own final mean@k, for scale. Methods with own-axis values (``popo [max_uses=4]``) are rows of their own.
+GRPO in the shipped grids) holds its own final mean@k, for scale. Methods with own-axis
+values (``popo [max_uses=4]``) are rows of their own.
 
 Writes ``<out>/map.md`` and, with matplotlib, ``<out>/map.png``.
 """
