@@ -61,8 +61,8 @@ def get_config(arg: str | None = None):
       c.replay.popo.fill, c.replay.capacity = "drop", 0
     elif name == "ineff":
       c.replay.popo.insert = "all"
-    elif name == "stale" or name.startswith("stale="):
-      staleness = int(name.split("=")[1]) if "=" in name else 10
+    elif name == "stale" or (name.startswith("stale=") and name[6:].isdigit()):
+      staleness = int(name[6:]) if "=" in name else 10
       c.replay.popo.priority = "staleness"
       c.replay.popo.staleness = staleness
       c.replay.popo.max_uses = 0  # old groups must stay in the buffer to be replayed
@@ -74,10 +74,10 @@ def get_config(arg: str | None = None):
       c.replay.objective = "pi_old"
     elif name == "align_mu":
       c.replay.objective = "align_mu"
-    elif name.startswith("reuse="):
-      c.replay.popo.max_uses = int(name.split("=")[1])
-    elif name.startswith("age="):
-      c.replay.popo.max_age = int(name.split("=")[1])
+    elif name.startswith("reuse=") and name[6:].isdigit():
+      c.replay.popo.max_uses = int(name[6:])
+    elif name.startswith("age=") and name[4:].isdigit():
+      c.replay.popo.max_age = int(name[4:])
     elif name == "keep_unfilled":
       c.replay.popo.unfilled = "keep"
     else:

@@ -58,13 +58,23 @@ def main(argv):
     sys.exit(f"grpo_jax.train: {e}")
 
 
+def one_line(message: str) -> str:
+  """A flag error as one line: ml_collections puts the traceback of a config file's own error
+  (an unknown preset in ``--config=configs/popo.py:nope``) into its message; the first line
+  (which flag) and the last (what was wrong) are kept."""
+  lines = [x.strip() for x in message.strip().splitlines() if x.strip()]
+  if len(lines) > 1 and any(x.startswith("Traceback") for x in lines):
+    return f"{lines[0]} {lines[-1]}"
+  return message
+
+
 def parse_flags(argv):
   """absl's flag parsing, with an unknown ``--config.x`` field or a value of the wrong type
   named in one line, not a traceback from inside ml_collections or absl."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:  # a value of the wrong type, e.g. --config.rollout.group_size=abc
-    sys.exit(f"grpo_jax.train: {e}")
+    sys.exit(f"grpo_jax.train: {one_line(str(e))}")
   except (AttributeError, KeyError) as e:
     name = str(e).strip("\"'")
     given = [a.split("=")[0][2:] for a in argv

@@ -389,6 +389,9 @@ def test_config_presets():
   assert popo_config.get_config("align_mu").replay.objective == "align_mu"
   assert popo_config.get_config("reuse=3").replay.popo.max_uses == 3
   assert popo_config.get_config("age=16").replay.popo.max_age == 16
+  for bad in ("reuse=x", "age=-1", "stale=ten"):  # not a count: the unknown-preset line
+    with pytest.raises(ValueError, match=f"unknown config preset '{bad}'; known: age=A,"):
+      popo_config.get_config(bad)
   base = popo_config.get_config()
   assert base.replay.popo.max_age == 4 and base.rl.reward_signal == base.rl.effective_signal == \
       "success"

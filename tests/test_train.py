@@ -344,9 +344,9 @@ def test_real_model_preset_needs_a_path():
     headroom.get_config("nope")
 
 
-def _cli_error_line(override, workdir):
+def _cli_error_line(override, workdir, config="configs/grpo.py"):
   """The CLI with one bad --config override: exit 1, no traceback; returns stderr's last line."""
-  cmd = [sys.executable, "-m", "grpo_jax.train", "--config=configs/grpo.py", override,
+  cmd = [sys.executable, "-m", "grpo_jax.train", f"--config={config}", override,
          f"--workdir={workdir}"]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 1
@@ -382,6 +382,15 @@ def test_cli_unknown_config_field_is_one_readable_line(tmp_path):
   assert _cli_error_line("--config.rl.fooo=1", tmp_path) == (
       "grpo_jax.train: unknown config field 'config.rl.fooo'; the fields and their meaning are "
       "in configs/common.py")
+  assert not os.listdir(tmp_path)  # nothing written
+
+
+def test_cli_bad_preset_is_one_readable_line(tmp_path):
+  # ml_collections wraps the config file's ValueError, traceback and all, in its flag error
+  line = _cli_error_line("--config.seed=1", tmp_path, config="configs/popo.py:reuse=x")
+  assert line.startswith("grpo_jax.train: flag --config=configs/popo.py:reuse=x: Error whilst "
+                         "parsing config file: ValueError: unknown config preset 'reuse=x'; "
+                         "known: age=A, align_mu,")
   assert not os.listdir(tmp_path)  # nothing written
 
 
