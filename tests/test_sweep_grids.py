@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #   :quick     8 x lr {3e-5, 2e-4} x updates {1, 8} x 3                        = 96
 #   difficulty: 11 methods x max_number {50, 70, 100} x 3 seeds
 #               + GRPO, POPO, DAPO x 3 x 2 more seeds = 99 + 18                 = 117
-#   :tuned     5 methods (GRPO, POPO, align_mu, rollout replay, Headroom-Drift) x 3 x 3 = 45
+#   :tuned     10 methods (the 11 but Dr. GRPO and RLOO, plus POPO align_mu) x 3 x 3   = 90
 #   knobs: GRPO 1 + Headroom tau 4 + headroom-only 1 + drift-only tau 4
 #          + POPO reuse 4 x capacity 2 + POPO age 16: reuse 2 x capacity 2
 #          + rho 3 x tau_max 3 + DAPO 2 + SARA tau_lo 3
@@ -26,7 +26,7 @@ GRIDS = {
     "configs/sweeps/movement.py": ("movement", 216),
     "configs/sweeps/movement.py:quick": ("movement", 96),
     "configs/sweeps/difficulty.py": ("difficulty", 117),
-    "configs/sweeps/difficulty.py:tuned": ("difficulty_tuned", 45),
+    "configs/sweeps/difficulty.py:tuned": ("difficulty_tuned", 90),
     "configs/sweeps/knobs.py": ("knobs", 108),
 }
 
