@@ -15,8 +15,9 @@ evaluation's standard errors at every difficulty. 99 + 18 = 117 cells.
 
 ``:tuned`` is the same at the movement grid's best setting instead of the defaults: lr 1e-4
 with 4 updates per batch (``configs/sweeps/movement.py``), chosen as the setting with the
-highest held-out mean@8 averaged over that grid's 8 methods (0.412; the defaults, lr 3e-5 with
-4 updates, 0.371). It is also the best or second-best setting of 6 of those 8 methods. GRPO,
+highest held-out mean@8 averaged over that grid's 8 methods at its three seeds (0.415; the
+defaults, lr 3e-5 with 4 updates, 0.369). It is also the best setting of 5 of those 8 methods
+and the second-best of 2 (GRPO's fourth: 0.403 against its best, 0.417 at lr 2e-4). GRPO,
 the replay methods (with POPO's coupled objective, align_mu, which that grid found best at the
 higher learning rates) and the allocation methods, whose defaults lose on update count: at a
 learning rate where each update moves further, fewer updates may cost less. Dr. GRPO and RLOO
