@@ -160,9 +160,12 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
     ids, mask = tokenization.encode_prompts(tokenizer, chunk, prompt_len)
     out = sample(params, ids, mask, keys.evaluation_batch(seed, start))
     out = jax.device_get(out)
-    texts = tokenization.decode_completions(tokenizer, out.completion_ids[:real],
-                                            out.completion_mask[:real])
-    got, ok, _ = scorer.score(owners[start:start + real], texts, record=False)
+    ids_RxT, mask_RxT = out.completion_ids[:real], out.completion_mask[:real]
+    texts = tokenization.decode_completions(tokenizer, ids_RxT, mask_RxT)
+    # Reward functions get the token ids, as in training (rounds.py): a function reading them
+    # must score the same text the same way in both.
+    ids = [row[m].tolist() for row, m in zip(ids_RxT, mask_RxT)] if scorer.functions else None
+    got, ok, _ = scorer.score(owners[start:start + real], texts, ids, record=False)
     scores += got.tolist()
     success += ok.tolist()
     lengths += out.lengths[:real].tolist()

@@ -191,7 +191,7 @@ def run(run: Run) -> dict:  # pylint: disable=redefined-outer-name
     return _report_complete(run)
   _say_start(run)
   if run.start == 0:
-    run.last_eval = _evaluate(run)
+    run.last_eval = _evaluate(run, 0)
     _write_eval(run, 0, run.last_eval)
   records.accumulate(run.timers, run.timer.take())  # the first evaluation belongs to no step
   run.bar = _progress_bar(run)
@@ -300,10 +300,14 @@ def _step(run: Run, step: int) -> tuple[int, bool, bool]:
   config, timer = run.config, run.timer
   key = keys.train_step_key(config.seed, step)
   before = run.counters
+  _progress_for_rewards(run, step)
   # B complete groups, however the allocator spent its rollouts (allocation/allocator.py); it
   # times its phases (prompts, generation, scoring, assembly) on ``timer``.
   rollout, stats = run.allocator.collect(run.state.params, step, keys.generation(key))
   run.counters = run.counters.add(stats)
+  _, logged = run.scorer.take_log(training=True)
+  if logged:  # a reward function logged columns (TRL's log_extra): the step's completions
+    run.writer.write_completions(f"step_{step + 1:06d}", logged)
   with timer.phase("update"):
     run.state, run.replay, device_metrics = run.train_step(run.state, run.replay, rollout,
                                                            run.ref_params, keys.update(key))
@@ -323,7 +327,7 @@ def _step(run: Run, step: int) -> tuple[int, bool, bool]:
   if last or _evaluation_due(config, before, run.counters, done):
     with timer.phase("metrics"):
       _fetch(run, record)  # a run stopped for non-finite steps stops before evaluating
-    evaluation = _evaluate(run)
+    evaluation = _evaluate(run, done)
   saved = done % config.checkpoint.every == 0 or last
   if saved:
     _save(run, done)
@@ -333,6 +337,18 @@ def _step(run: Run, step: int) -> tuple[int, bool, bool]:
     run.last_eval = evaluation
     _write_eval(run, done, evaluation)
   return done, last, saved
+
+
+def _progress_for_rewards(run: Run, done: int) -> None:
+  """The ``trainer_state`` reward functions see (``reward_calls.TrainerState``), at ``done``
+  completed steps: the loop's step and counters, the epoch of a finite training set."""
+  config, state = run.config, run.scorer.state
+  size = run.stream.train_size or run.task.num_train_problems()
+  state.global_step, state.max_steps = done, config.total_steps
+  state.epoch = run.stream.position / size if size else None
+  state.rollouts, state.completion_tokens = run.counters.rollouts, run.counters.completion_tokens
+  state.max_rollouts, state.max_tokens = config.total_rollouts, config.total_tokens
+  state.is_world_process_zero = state.is_local_process_zero = sharding_lib.is_primary()
 
 
 def _evaluation_due(config, before: records.Counters, after: records.Counters,
@@ -420,35 +436,46 @@ def _save(run: Run, done: int) -> None:
                    "prompts_skipped": run.stream.skipped, "seed": run.config.seed})
 
 
-def _evaluate(run: Run) -> dict:
-  """The held-out evaluation of the current parameters on each set: ``eval/mean_at_<k>``,
-  ``eval/pass_at_<k>``, mean length, constant fraction, and greedy accuracy when asked. A
-  named set's metrics are ``eval/<set>/...``; the unprefixed ones pool every set's prompts
-  (each a mean over prompts, so the pooled value is the sets' mean weighted by their sizes)."""
+def _evaluate(run: Run, done: int) -> dict:
+  """The held-out evaluation of the current parameters (after ``done`` steps) on each set:
+  ``eval/mean_at_<k>``, ``eval/pass_at_<k>``, mean length, constant fraction, and greedy
+  accuracy when asked. A named set's metrics are ``eval/<set>/...``; the unprefixed ones pool
+  every set's prompts (each a mean over prompts, so the pooled value is the sets' mean weighted
+  by their sizes). What reward functions log (TRL's ``log_metric``) in the sampled evaluation
+  is each set's ``reward/<name>``, not pooled; the columns they log (``log_extra``) go to
+  ``completions/eval_<done>.jsonl``, each row with its set."""
   config = run.config
   r, e = config.rollout, config.eval
   kw = dict(prompt_len=r.prompt_len, completion_len=r.completion_len, seed=config.seed,
             render=run.stream.render, model_path=config.model.path, mesh=run.mesh,
             scorer=run.scorer)
-  per_set, sizes = {}, {}
+  _progress_for_rewards(run, done)
+  per_set, sizes, logged, rows = {}, {}, {}, []
   with run.timer.phase("evaluation"):
     for name, problems in run.eval_sets.items():
       evaluate = lambda k, temperature, problems=problems: evaluate_lib.evaluate(
           run.graphdef, run.state.params, run.tokenizer, run.task, problems, k=k,
           temperature=temperature, **kw)
       out = evaluate(e.k, e.temperature)
+      logged[name], set_rows = run.scorer.take_log(training=False)
+      rows += [{"set": name, **row} for row in set_rows]
       result = {f"mean_at_{e.k}": out["mean_at_k"], f"mean_at_{e.k}_se": out["mean_at_k_se"],
                 f"pass_at_{e.k}": out["pass_at_k"], "mean_length": out["mean_length"],
                 "constant_fraction": out["constant_fraction"],
                 "truncated_fraction": out["truncated_fraction"]}
       if e.greedy:
         result["greedy_accuracy"] = evaluate(1, 0.0)["mean_at_k"]
+        run.scorer.take_log(training=False)  # the greedy pass's logs: not the sampled set's
       per_set[name], sizes[name] = result, len(problems)
+  if rows:
+    run.writer.write_completions(f"eval_{done:06d}", rows)
+  user = {f"eval/{n + '/' if n else ''}reward/{m}": v
+          for n, metrics in logged.items() for m, v in metrics.items()}
   if list(per_set) == [""]:
-    return {f"eval/{key}": v for key, v in per_set[""].items()}
+    return {**{f"eval/{key}": v for key, v in per_set[""].items()}, **user}
   pooled = {f"eval/{key}": v for key, v in evaluate_lib.pool(per_set, sizes).items()}
   return {**pooled, **{f"eval/{n}/{key}": v for n, res in per_set.items()
-                       for key, v in res.items()}}
+                       for key, v in res.items()}, **user}
 
 
 def _write_eval(run: Run, step: int, result: dict) -> None:

@@ -57,6 +57,18 @@ class MetricWriter:
         for k, v in scalars:
           self._tb.add_scalar(k, v, int(step))
 
+  def write_completions(self, name: str, rows: list[dict]) -> str:
+    """Writes ``rows`` (one JSON object each) to ``workdir/completions/<name>.jsonl``,
+    replacing a file of that name (a resumed run writes its steps again); returns its path.
+    Values JSON cannot hold are written as their ``str``."""
+    folder = os.path.join(os.path.dirname(self.path), "completions")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{name}.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+      for row in rows:
+        f.write(json.dumps(row, default=str) + "\n")
+    return path
+
   def close(self):
     self._file.close()
     if self._tb is not None:
@@ -73,6 +85,10 @@ class NullWriter:
 
   def write(self, step: int, record: dict) -> None:
     del step, record
+
+  def write_completions(self, name: str, rows: list[dict]) -> str:
+    del name, rows
+    return ""
 
   def close(self):
     pass

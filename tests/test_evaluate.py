@@ -1,5 +1,7 @@
 """Evaluation summaries, computed by hand."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -174,3 +176,20 @@ def test_aes_by_hand():
   assert aes(0.4, 12.0, 0.4, 10.0) == pytest.approx(-0.2)
   with pytest.raises(ValueError, match="positive baseline"):
     aes(0.4, 8.0, 0.0, 10.0)
+
+
+def test_reward_functions_get_the_token_ids_in_evaluation(embedded):
+  """tests/data/trl_rewards.py:length_penalty is -0.01 per completion token: evaluated, its
+  mean score is -0.01 x the mean length, as in training (with no ids it would be 0)."""
+  from grpo_jax import rewards, scoring  # pylint: disable=g-import-not-at-top
+  tokenizer, (graphdef, params) = embedded
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "trl_rewards.py")
+
+  class Prompts(AnswerTask):
+    def reward_inputs(self, problems):
+      return [TEXTS[p] for p in problems], {}
+
+  scorer = scoring.Scorer(Prompts(), [rewards.load(f"{path}:length_penalty")])
+  m = evaluate_lib.evaluate(graphdef, params, tokenizer, Prompts(), [0, 1], scorer=scorer, **KW)
+  assert m["mean_length"] > 0
+  assert m["mean_score"] == pytest.approx(-0.01 * m["mean_length"], rel=1e-6)

@@ -2,6 +2,7 @@
 seeded split, prompts rendered, and a run on the embedded model with a user's reward function
 that resumes bit for bit and reports per held-out set."""
 
+import json
 import os
 import subprocess
 import sys
@@ -107,7 +108,8 @@ def test_the_task_name_is_inferred_from_the_rows(capsys):
      r"missing field 'question'\)"),
     (dict(data_path=TRL_JSONL, answer_field="level2"), "row 1: missing field 'level2'"),
     (dict(data_path=VERL_TRAIN, eval_paths=f"{VERL_TEST},{VERL_TEST}"),
-     "config.task.eval_paths: two held-out sets named 'verl_math_test'"),
+     "config.task.eval_paths: .*verl_math_test.parquet is listed twice: name each held-out "
+     "file once"),
     (dict(data_path=VERL_TRAIN, eval_paths="/nonexistent/math500.parquet"),
      "config.task.eval_paths: no such data file: /nonexistent/math500.parquet"),
     (dict(data_path=os.path.join(DATA, "README.md")), "unsupported data file extension '.md'"),
@@ -134,12 +136,14 @@ def test_an_unreadable_file_is_one_line_and_nothing_is_written(tmp_path):
 
 
 def _config(total: int):
-  """GRPO on the embedded model with the verl parquet, a TRL-written reward from its file and
-  the format reward (weights 1, 0.5); advantages from the score so tiny groups differ."""
+  """GRPO on the embedded model with the verl parquet, TRL-written rewards from their file (a
+  curriculum on ``trainer_state``, one that only logs) and the format reward (weights 1, 1,
+  0.5); advantages from the score so tiny groups differ."""
   c = grpo.get_config("smoke")
   c.task.update(data_path=VERL_TRAIN, eval_paths=VERL_TEST,
-                rewards=f"{TRL_REWARDS}:length_penalty,format", reward_weights="1,0.5",
-                success_reward="format", success_threshold=1.0)
+                rewards=(f"{TRL_REWARDS}:curriculum_length_penalty,{TRL_REWARDS}:token_counts,"
+                         "format"),
+                reward_weights="1,1,0.5", success_reward="format", success_threshold=1.0)
   # rollout.prompt_len stays the smoke preset's 24: 2 of the 6 training prompts fit (rows 4
   # and 6, 24 tokens; the others, 25-28, are skipped and counted), both held-out ones (24, 24).
   c.rl.reward_signal = "score"
@@ -156,15 +160,27 @@ def test_a_run_with_a_user_reward_resumes_bit_for_bit_and_reports_per_set(tmp_pa
   steps = lambda w: [r for r in metrics.read_metrics(w) if "loss" in r]
   sa, sb = steps(straight), steps(resumed)
   assert [r["step"] for r in sa] == [r["step"] for r in sb] == [1, 2]
-  for key in ("loss", "reward_mean", "rollouts", "completion_tokens",
-              "reward/length_penalty_mean", "reward/format_mean"):
+  for key in ("loss", "reward_mean", "rollouts", "completion_tokens", "reward/format_mean",
+              "reward/curriculum_length_penalty_mean", "reward/mean_tokens"):
     assert [r[key] for r in sa] == [r[key] for r in sb], key
-  # The user's reward really scored: -0.01 per token, 8 tokens at most (smoke completion_len).
-  assert all(-0.08 - 1e-6 <= r["reward/length_penalty_mean"] < 0 for r in sa)
+  # The curriculum saw trainer_state, restored on resume: global_step 0 of 2 for step 1's batch
+  # (no penalty), 1 of 2 for step 2's: -0.01 x tokens x 1/2, 8 tokens at most (smoke's T).
+  assert sa[0]["reward/curriculum_length_penalty_mean"] == 0.0
+  assert -0.04 - 1e-6 <= sa[1]["reward/curriculum_length_penalty_mean"] < 0
+  # log_metric: the step's mean token count, which the run's own counters also give.
+  for r, before in zip(sa, [0] + [r["completion_tokens"] for r in sa]):
+    assert r["reward/mean_tokens"] == pytest.approx((r["completion_tokens"] - before) / 4)
+  # log_extra: a completions file per step, a row per rollout (2 prompts x 2 in smoke).
+  for step in (1, 2):
+    table = _jsonl(os.path.join(straight, "completions", f"step_{step:06d}.jsonl"))
+    assert len(table) == 4
+    assert all(0 <= r["tokens"] <= 8 and r["token_counts"] is None for r in table)
   evals = [r for r in metrics.read_metrics(straight) if "eval/mean_at_2" in r]
   assert [r["step"] for r in evals] == [0, 2]
   assert all("eval/verl_math_test/mean_at_2" in r and "eval/verl_math_test/pass_at_2" in r
-             for r in evals)
+             and 0 < r["eval/verl_math_test/reward/mean_tokens"] <= 8 for r in evals)
+  table = _jsonl(os.path.join(straight, "completions", "eval_000002.jsonl"))
+  assert {r["set"] for r in table} == {"verl_math_test"} and len(table) == 2 * 2
   # One held-out set: the pooled metrics are that set's.
   assert all(r["eval/mean_at_2"] == r["eval/verl_math_test/mean_at_2"] for r in evals)
   la, lb = _params(straight), _params(resumed)
@@ -173,6 +189,11 @@ def test_a_run_with_a_user_reward_resumes_bit_for_bit_and_reports_per_set(tmp_pa
     np.testing.assert_array_equal(x, y)
   summary = open(os.path.join(straight, "report", "summary.md"), encoding="utf-8").read()
   assert "| straight | verl_math_test |" in summary
+
+
+def _jsonl(path):
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
 
 
 def _params(workdir):
@@ -225,3 +246,58 @@ def test_a_held_out_set_is_its_first_prompts_that_fit(tmp_path, capsys):
   assert [p.answer for p in run.eval_sets["verl_math_train"]] == ["12"]  # row 4: 3 * 4
   assert [p.answer for p in run.eval_sets["verl_math_test"]] == ["4"]
   run.ckpt.close()
+
+
+TRL_TARGET = os.path.join(DATA, "trl_prompts_target.jsonl")
+
+
+def test_a_reference_under_another_name_is_refused_until_named():
+  """TRL rows {prompt, target}: the reader looks for answer / solution / ground_truth, finds
+  none, and math would score every row None (bad_gold) and train on nothing. Refused before
+  training, naming the fields the rows have; with task.answer_field=target they run."""
+  from grpo_jax import scoring  # pylint: disable=g-import-not-at-top
+  c = task_config(data_path=TRL_TARGET, rewards="math")
+  task = tasks.make_task(c)
+  with pytest.raises(errors.ConfigError, match=(
+      r"config.task.answer_field: the math reward compares with the column\(s\) 'answer', but no "
+      r"training row of the file task has a value there \(their fields: target; "
+      r"task.answer_field=''\): name the reference's field")):
+    scoring.make_scorer(c, task)
+  c.task.answer_field = "target"
+  scorer = scoring.make_scorer(c, tasks.make_task(c))
+  held = scorer.task.eval_sets(None)["heldout"]
+  assert sorted(p.answer for p in scorer.task.train + held) == sorted(
+      ["5", "\\frac{9}{2}", "42", "25\\%"])
+  # A held-out file without references is refused too, named.
+  c = task_config(data_path=TRL_JSONL, eval_paths=TRL_TARGET, rewards="math")  # 'solution'
+  with pytest.raises(errors.ConfigError, match="no held-out 'trl_prompts_target' row"):
+    scoring.make_scorer(c, tasks.make_task(c))
+
+
+def test_a_held_out_split_always_leaves_training_rows(tmp_path):
+  """3 rows at eval_fraction 0.9: round(2.7) = 3 would hold out every row (and divide by zero
+  later); at most len - 1 = 2 are held out, 1 trains. 2 rows at 0.5: 1 and 1."""
+  path = tmp_path / "three.jsonl"
+  path.write_text("".join(f'{{"prompt": "q{i}", "answer": "{i}"}}\n' for i in range(3)))
+  c = task_config(data_path=os.fspath(path))
+  c.task.file.eval_fraction = 0.9
+  task = tasks.make_task(c)
+  assert (task.num_train_problems(), len(task.eval_sets(None)["heldout"])) == (1, 2)
+
+
+def test_a_held_out_file_may_be_called_anything(tmp_path):
+  """``heldout.jsonl`` as the only held-out file is that set (the automatic split's name only
+  applies without one); two files with one stem in different folders get their folder as a
+  prefix; the same file twice is refused in one line that says what to do."""
+  for folder in ("a", "b"):
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / "heldout.jsonl").write_text('{"prompt": "q", "answer": "1"}\n')
+  one = os.fspath(tmp_path / "a" / "heldout.jsonl")
+  task = tasks.make_task(task_config(data_path=TRL_JSONL, eval_paths=one))
+  assert list(task.eval_sets(None)) == ["heldout"]
+  two = f"{one},{tmp_path / 'b' / 'heldout.jsonl'}"
+  task = tasks.make_task(task_config(data_path=TRL_JSONL, eval_paths=two))
+  assert list(task.eval_sets(None)) == ["a_heldout", "b_heldout"]
+  with pytest.raises(errors.ConfigError, match=r"config.task.eval_paths: .*heldout.jsonl is "
+                     r"listed twice: name each held-out file once"):
+    tasks.make_task(task_config(data_path=TRL_JSONL, eval_paths=f"{one},{one}"))

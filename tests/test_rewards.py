@@ -239,3 +239,85 @@ def test_evaluation_counts_stay_out_of_the_step_metrics():
   scorer.score(rows("1", "1", "1"), ["a", "b", "c"], record=False)  # evaluation: 3 answers
   scorer.score(rows("1"), ["a"])  # training: 1 answer
   assert scorer.take_stats()["reward/unparseable"] == 1.0
+
+
+def _trl_scorer(*names):
+  return scoring.Scorer(QA(), [rewards.load(f"{TRL_REWARDS}:{n}") for n in names])
+
+
+def test_trl_keywords_trainer_state_log_metric_log_extra_and_coroutines():
+  """TRL's contract: every function gets ``trainer_state``, ``log_extra`` and ``log_metric``;
+  ``async def`` functions are awaited. Functions in TRL's documented forms (data/trl_rewards.py)
+  after 1 of 4 steps, on rows (ground truth 2, \\boxed{2}, 4 tokens) and (3, no box, 2 tokens):
+    curriculum_length_penalty  -0.01 x 4 x 1/4 = -0.01     -0.01 x 2 x 1/4 = -0.005
+    step_from_kwargs           1.0 (global_step)           1.0
+    boxed_with_logs            1.0                         0.0    (logs accuracy 1/2)
+    async_boxed                1.0                         0.0
+  scores (weights 1): 2.99 and 0.995."""
+  scorer = _trl_scorer("curriculum_length_penalty", "step_from_kwargs", "boxed_with_logs",
+                       "async_boxed")
+  scorer.check_columns({"ground_truth": ["2"]})  # trainer_state is TRL's, not a missing column
+  scorer.state.global_step, scorer.state.max_steps = 1, 4
+  scores, _, failed = scorer.score(rows("2", "3"), ["\\boxed{2}", "no box"],
+                                   completion_ids=[[1, 2, 3, 4], [1, 2]])
+  np.testing.assert_allclose(scores, [2.99, 0.995], rtol=1e-6)
+  assert not failed.any()
+  stats = scorer.take_stats()
+  assert stats["reward/accuracy"] == 0.5  # log_metric, averaged over the step's one call
+  assert [stats[f"reward/{n}_failures"] for n in ("step_from_kwargs", "async_boxed")] == [0, 0]
+  metrics, table = scorer.take_log(training=True)
+  assert metrics == {}  # training's metrics are take_stats'
+  assert [(r["prompt"], r["completion"], r["golden_answer"], r["extracted_answer"],
+           r["boxed_with_logs"], r["async_boxed"]) for r in table] == [
+               ("q0", "\\boxed{2}", "2", "2", 1.0, 1.0), ("q1", "no box", "3", "[none]", 0.0, 0.0)]
+  assert scorer.take_log(training=True) == ({}, [])  # taken
+  # Evaluation (record=False): its metrics and columns are kept apart from the step's.
+  scorer.state.global_step = 4
+  scorer.score(rows("2"), ["\\boxed{1}"], completion_ids=[[5]], record=False)
+  assert "reward/accuracy" not in scorer.take_stats()
+  metrics, table = scorer.take_log(training=False)
+  assert metrics == {"accuracy": 0.0}
+  assert table[0]["step_from_kwargs"] == 4.0 and table[0]["curriculum_length_penalty"] == -0.01
+
+
+def test_coroutines_are_awaited_inside_a_running_event_loop_and_their_errors_counted(capsys):
+  """A notebook runs an event loop in the main thread, where asyncio.run may not be called:
+  the coroutines then run in a loop of their own in a helper thread. One that raises is that
+  function's failure, like a raising function."""
+
+  async def broken(completions, **kw):
+    raise ValueError("grader offline")
+
+  scorer = scoring.Scorer(QA(), [rewards.load(f"{TRL_REWARDS}:async_boxed"), ("broken", broken)])
+
+  async def in_a_notebook():
+    return scorer.score(rows("1", "1"), ["\\boxed{1}", "1"])
+
+  import asyncio  # pylint: disable=g-import-not-at-top
+  scores, _, failed = asyncio.run(in_a_notebook())
+  np.testing.assert_array_equal(scores, [1.0, 0.0])
+  assert failed.all()
+  assert "reward 'broken' raised ValueError: grader offline" in capsys.readouterr().out
+  assert scorer.take_stats()["reward/broken_failures"] == 1.0
+
+
+def test_batches_on_which_every_reward_returns_none_stop_the_run(capsys):
+  """No function gives any row a value (None everywhere: nothing to train on) on 3 batches in
+  a row: the run stops as for raising functions. A function that returns None for some rows
+  (TRL's multi-task form) does not count; evaluation never counts."""
+  nothing = lambda completions, **kw: [None] * len(completions)
+  some = lambda completions, **kw: [None] * (len(completions) - 1) + [0.0]
+  partial = scoring.Scorer(QA(), [("nothing", nothing), ("some", some)], max_failed_batches=3)
+  for _ in range(4):
+    partial.score(rows("1", "1"), ["a", "b"])
+  assert partial.failed_in_a_row == 0
+  scorer = scoring.Scorer(QA(), [("nothing", nothing)], max_failed_batches=3)
+  for _ in range(3):
+    scorer.score(rows("1"), ["a"], record=False)
+  scorer.score(rows("1", "1"), ["a", "b"])
+  assert "no reward function gave a value for any row" in capsys.readouterr().out
+  scorer.score(rows("1", "1"), ["a", "b"])
+  with pytest.raises(scoring.RewardError, match=r"every reward function failed or returned None "
+                     r"for every row on 3 batches in a row \(last: nothing: None for all 2 rows\)"):
+    scorer.score(rows("1", "1"), ["a", "b"])
+  assert scorer.take_stats()["reward/valueless_batches"] == 3.0

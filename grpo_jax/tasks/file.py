@@ -3,7 +3,7 @@
 ``task.name=file`` (inferred when ``task.data_path`` holds rows that are not Countdown's) trains
 on the rows of ``config.task.data_path`` (.jsonl, .json or .parquet) and evaluates on each file
 of ``config.task.eval_paths`` (comma-separated; each set named by its file stem, e.g.
-``math500``). With no held-out file, a seeded ``task.file.eval_fraction`` of the training rows
+``math500``, or its folder and stem when two files share one: ``set_names``). With no held-out file, a seeded ``task.file.eval_fraction`` of the training rows
 is held out as the set ``heldout`` (and the console says so). The row schema is detected per
 file (``row_schemas``: verl, trl, qa) or named by ``task.schema``; ``task.prompt_field`` /
 ``task.answer_field`` rename the two fields it reads. Rows that do not fit are skipped, counted
@@ -103,6 +103,29 @@ def _load(path: str, task_config) -> list[row_schemas.Example]:
   return examples
 
 
+def set_names(paths: list[str]) -> dict[str, str]:
+  """{set name: path} of the held-out files: each named by its file stem; files that share a
+  stem by their folder's name and the stem (``a_test``, ``b_test``), or the whole path's.
+
+  Raises:
+    errors.ConfigError: one file listed twice.
+  """
+  seen = set()
+  for path in paths:
+    real = os.path.realpath(path)
+    errors.check(real not in seen, "task.eval_paths",
+                 f"{path} is listed twice: name each held-out file once")
+    seen.add(real)
+  stem = lambda p: os.path.splitext(os.path.basename(p))[0]
+  longer = lambda p: "_".join(filter(None, [os.path.basename(os.path.dirname(
+      os.path.abspath(p))), stem(p)]))
+  whole = lambda p: os.path.splitext(os.path.abspath(p))[0].strip(os.sep).replace(os.sep, "_")
+  names = [stem(p) for p in paths]
+  for rename in (longer, whole):
+    names = [rename(p) if names.count(n) > 1 else n for p, n in zip(paths, names)]
+  return dict(zip(names, paths))
+
+
 @tasks_lib.TASKS.register("file")
 @dataclasses.dataclass(frozen=True)
 class FileSpec(registry.Configurable):
@@ -127,11 +150,7 @@ class FileSpec(registry.Configurable):
     train = _load(task_config.data_path, task_config)
     paths = [p.strip() for p in task_config.eval_paths.split(",") if p.strip()]
     sets = {}
-    for path in paths:
-      name = os.path.splitext(os.path.basename(path))[0]
-      if name in sets or name == HELDOUT:
-        raise errors.ConfigError(f"config.task.eval_paths: two held-out sets named {name!r} "
-                                 "(sets are named by file stem)")
+    for name, path in set_names(paths).items():
       try:
         sets[name] = _load(path, task_config)
       except (ValueError, FileNotFoundError) as e:
@@ -140,7 +159,8 @@ class FileSpec(registry.Configurable):
       if len(train) < 2:
         raise ValueError(f"{task_config.data_path}: one usable row; a held-out split needs "
                          "two (or name a held-out file in task.eval_paths)")
-      held = min(512, max(1, round(self.eval_fraction * len(train))))
+      # At least one row held out, at least one left to train on, at most 512.
+      held = min(512, len(train) - 1, max(1, round(self.eval_fraction * len(train))))
       order = np.random.default_rng(self.split_seed).permutation(len(train))
       sets[HELDOUT] = [train[i] for i in sorted(order[:held])]
       train = [train[i] for i in sorted(order[held:])]
