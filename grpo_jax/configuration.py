@@ -13,8 +13,8 @@ import re
 
 import jax
 
-from grpo_jax import (advantages, allocation, deprecated, errors, losses, rewards, scoring,
-                      sharding, step, tasks)
+from grpo_jax import (advantages, allocation, deprecated, errors, losses, objectives, rewards,
+                      scoring, sharding, step, tasks)
 from grpo_jax.tasks import row_schemas
 from grpo_jax.models import architectures, attention
 from grpo_jax.replay import method as method_lib
@@ -167,8 +167,8 @@ def _replay_method(config):
   _check(p.method in method_lib.METHODS, "replay.method",
          f"{p.method!r}; known: {', '.join(method_lib.METHODS.names())}")
   _check(p.capacity >= 0, "replay.capacity", "must be >= 0")
-  _check(p.objective in method_lib.OBJECTIVES, "replay.objective",
-         f"{p.objective!r}; known: {', '.join(method_lib.OBJECTIVES)}")
+  _check(p.objective in objectives.OBJECTIVES, "replay.objective",
+         f"{p.objective!r}; known: {', '.join(objectives.OBJECTIVES)}")
   _check(p.get("prox", "exact") in step.PROX_ESTIMATES, "replay.prox",
          f"{p.get('prox')!r}; known: {', '.join(step.PROX_ESTIMATES)}")
   _check(p.get("prox", "exact") == "exact" or prox_pass(config) != "all", "replay.prox",

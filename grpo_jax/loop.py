@@ -124,6 +124,7 @@ def setup(config, workdir: str) -> Run:
   mesh = sharding_lib.mesh_from_config(config)  # None on a single device
   configuration.check_mesh(config, mesh)
   r = config.rollout
+  configuration.check_backend(config)  # training runs the attention kernel: it must exist here
   tokenizer = transformers.AutoTokenizer.from_pretrained(config.model.path)
   graphdef, params = load_model(config, tokenizer, mesh)
   # The reference must own its buffers: the state's parameters are donated every step. Under
@@ -224,8 +225,8 @@ def load_model(config, tokenizer, mesh) -> tuple[nnx.GraphDef, Any]:
   """The policy's (graphdef, params) from ``config.model.path``, checked against the
   tokenizer; with ``model.lora.rank`` > 0 the base is stored in the compute dtype (it is never
   updated, so it needs no float32 master copy) and carries fresh adapters (``lora.attach``,
-  drawn from ``keys.lora_init`` of the seed)."""
-  configuration.check_backend(config)
+  drawn from ``keys.lora_init`` of the seed). Builds on any backend: a model configured with
+  an accelerator's attention kernel is only refused where attention runs (``setup``)."""
   adapters = lora.from_config(config.model)
   param_dtype = config.model.dtype if adapters else config.model.param_dtype
   model = from_pretrained(config.model.path, param_dtype=param_dtype,

@@ -92,7 +92,7 @@ class HeadroomConfig(registry.Configurable):
     max_age: entries older than this many steps are dropped (0 = only FIFO overwrite).
     candidate_chunks: the candidates are teacher-forced in this many chunks of M / n, in walk
       order, a chunk skipped once K_rep groups are admitted (1: one pass over all M).
-    objective: how replayed rows enter the loss (method.OBJECTIVES); "align_mu" as the paper.
+    objective: how replayed rows enter the loss (objectives.OBJECTIVES); "align_mu" as the paper.
   """
   # update.minibatches_are_groups: rows in whole groups of one prompt
   # (admitted groups are appended whole).

@@ -2,7 +2,8 @@
 
 A replay method is a frozen (hashable, static under jit) dataclass with
 
-  objective             how replayed rows enter the loss (OBJECTIVES)
+  objective             how replayed rows enter the loss: a name of ``objectives.OBJECTIVES``,
+                        where each is defined (its behaviour weight and ratio) once
   entry_size(G) -> E    rollouts per buffer entry (G for group replay, 1 for rollout replay)
   extra_rows(N, G) -> R rows added to the update batch beyond the N fresh ones (static)
   replays(buffer)       False when the method can never replay (static: e.g. capacity 0)
@@ -33,17 +34,9 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import registry
+from grpo_jax import objectives, registry
 from grpo_jax.replay.buffer import ReplayState
 from grpo_jax.types import Rollout
-
-# How replayed rows enter the loss (w = behaviour weight, rho = trust-region ratio):
-#   decoupled  w = pi_prox / mu (capped), rho = pi_theta / pi_prox   POPO; Hilton et al. 2110.00641
-#   pi_old     w = 1,                     rho = pi_theta / pi_prox   replay taken as on-policy
-#   align_mu   w = 1,                     rho = pi_theta / mu        coupled PPO around mu (the
-#                                                                    ratio of Yoo et al. and of
-#                                                                    Headroom-Drift)
-OBJECTIVES = ("decoupled", "pi_old", "align_mu")
 
 LogpFn = Callable[[Rollout], jax.Array]
 
@@ -205,8 +198,9 @@ def no_rows(ctx: StepContext, r: int) -> tuple[Rollout, jax.Array, jax.Array]:
 
 
 def validate_objective(objective: str):
-  if objective not in OBJECTIVES:
-    raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+  if objective not in objectives.OBJECTIVES:
+    raise ValueError(f"objective must be one of {tuple(objectives.OBJECTIVES)}, got "
+                     f"{objective!r}")
 
 
 @METHODS.register("none")

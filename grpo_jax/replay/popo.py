@@ -24,7 +24,7 @@ refills them, and they leave its denominator too: see losses.aggregate), POPO-in
 (``priority="staleness"``), POPO-KL (``priority="lowest_kl"``: the stored groups of smallest
 KL(mu || pi_theta) to the current policy, estimated each step by one teacher-forced pass over
 the buffer; ``stored_kl``), and two objectives for replayed rows besides the decoupled one
-(``objective``, see method.OBJECTIVES): POPO-pi_old ("pi_old": replayed rows are treated as if
+(``objective``, see objectives.OBJECTIVES): POPO-pi_old ("pi_old": replayed rows are treated as if
 the current policy had sampled them: no behaviour weight, trust region around pi_prox) and
 "align_mu" (the coupled objective: trust region around the behaviour policy, pi_prox :=
 pi_gen, mu in the trainer's numerics: the "fully aligning to the behaviour policy" the
@@ -70,7 +70,7 @@ class PopoConfig(registry.Configurable):
     max_uses: an entry is dropped after this many replays (1 = one-shot; 0 = no limit).
     max_age: entries older than this many steps (step - version stamp) are never replayed
       (0 = no limit).
-    objective: how replayed rows enter the loss, one of method.OBJECTIVES.
+    objective: how replayed rows enter the loss, one of objectives.OBJECTIVES.
     unfilled: an ineffective slot left without a stored group: "drop" (out of the loss and its
       denominators: the batch is effective + replayed groups) or "keep" (in the batch with
       advantage 0; the behaviour before 2026-12).

@@ -21,9 +21,10 @@ the advantage frozen at insertion and a version stamp. Per step:
 
 Defaults (from a third-party implementation that states them as the paper's Table 7; not
 checked against the paper itself): tau_max 10, rho 0.5, alpha 0.5, eps 1e-6, warm-up 20 steps. Replayed rows keep
-their frozen advantage; the objective defaults to "align_mu", the paper's ratio pi_theta /
-mu_birth with no further correction (the clip then bounds how far a replayed token's ratio may
-move from its behaviour policy, up to tau_max steps old). "decoupled" (POPO's objective) is
+their frozen advantage; the objective defaults to "align_mu": the paper's ratio pi_theta /
+mu_birth, as pi_theta / pi_gen (mu in the trainer's numerics), with the behaviour weight
+pi_gen / mu (1 in float32; objectives.py) and no further correction (the clip then bounds how
+far a replayed token's ratio may move from its behaviour policy, up to tau_max steps old). "decoupled" (POPO's objective) is
 available and costs one no-grad pass over the larger batch.
 
 Choices the paper leaves open, as config fields: ``insert`` ("nonzero": only rollouts with
@@ -89,7 +90,7 @@ class PrioritizedReplayConfig(registry.Configurable):
     insert: which fresh rollouts are stored: "nonzero" (|A| > 0), "effective" (the rollouts
       of effective groups) or "all".
     max_uses: an entry is dropped after this many replays (0 = no limit).
-    objective: how replayed rows enter the loss (method.OBJECTIVES); "align_mu" as the paper.
+    objective: how replayed rows enter the loss (objectives.OBJECTIVES); "align_mu" as the paper.
     drop_ineffective: fresh groups that are not effective leave the loss (and the count of
       fresh rows that sizes the replay).
     age_unit: "steps" (train steps) or "updates" (gradient steps: train steps times
