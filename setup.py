@@ -33,14 +33,16 @@ setuptools.setup(
         "math-verify==0.9.0",
         # Parquet data files (verl's format; grpo_jax/tasks/data_files.py).
         "pyarrow",
+        # The run's report plots (grpo_jax/report.py): part of what a run writes.
+        "matplotlib",
     ],
     extras_require={
-        # matplotlib: the report's plots are tested. pytest-xdist: the suite runs on two
-        # workers (pyproject.toml's addopts; tests/conftest.py caps the worker count).
-        "test": ["pytest", "pytest-xdist>=3.5", "hypothesis", "pyarrow", "matplotlib"],
+        # pytest-xdist: the suite runs on two workers (pyproject.toml's addopts;
+        # tests/conftest.py caps the worker count).
+        "test": ["pytest", "pytest-xdist>=3.5", "hypothesis"],
         # TFDS needs TensorFlow to build or mock datasets (GSM8K); CI installs it.
         "tfds": ["tensorflow-cpu"],
-        # The PNG of bench/efficiency.py (the markdown table needs nothing extra).
-        "bench": ["matplotlib"],
+        # Kept for old install commands: matplotlib is now a dependency of the package.
+        "bench": [],
     },
 )

@@ -495,13 +495,17 @@ def _say_start(run: Run) -> None:
 
 
 def _progress_bar(run: Run):
-  """A tqdm bar of the steps on stdout (process 0 only), or None without tqdm."""
+  """A tqdm bar of the steps on stdout when it is a terminal (process 0 only), else None: a
+  bar redraws itself with carriage returns, which in a file or a pipe share lines with the
+  evaluation lines; there the evaluation lines are the progress."""
+  if not sharding_lib.is_primary() or not sys.stdout.isatty():
+    return None
   try:
     from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   except ImportError:
     return None
   return tqdm(total=run.config.total_steps, initial=run.start, dynamic_ncols=True, leave=False,
-              file=sys.stdout, disable=not sharding_lib.is_primary())
+              file=sys.stdout)
 
 
 def _report_complete(run: Run) -> dict:

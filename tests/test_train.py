@@ -35,6 +35,10 @@ def test_cli_smoke_terminal_metrics_and_checkpoints(smoke_run):
   workdir, proc = smoke_run
   out = proc.stdout + proc.stderr
   assert not THIRD_PARTY_LOG.search(out), THIRD_PARTY_LOG.search(out).group(0)
+  # Piped, not a terminal: no progress bar, whose carriage returns would share lines with the
+  # evaluation lines; the plots are drawn (matplotlib is a dependency).
+  assert "\r" not in proc.stdout and "it/s" not in out
+  assert "pip install matplotlib" not in proc.stdout
   # One formatted line per evaluation (steps 0 and 2 on :smoke), then the summary.
   evals = re.findall(r"^step (\d+)  mean@2 [\d.]+  pass@2 [\d.]+  greedy [\d.]+  len [\d.]+  "
                      r"constant [\d.]+  rollouts [\d,]+$", proc.stdout, re.M)
@@ -399,3 +403,14 @@ def test_cli_value_of_the_wrong_type_is_one_readable_line(tmp_path):
       "grpo_jax.train: flag --config.rollout.group_size=abc: invalid literal for int() with "
       "base 10: 'abc'")
   assert not os.listdir(tmp_path)  # nothing written
+
+
+@pytest.mark.parametrize("first,advised", [("transformers", True), ("grpo_jax.train", False)])
+def test_no_advice_to_install_pytorch(first, advised):
+  """Without torch, transformers' import says "PyTorch was not found. Models won't be
+  available...": the package never needs torch (its models are JAX), so importing it first
+  silences that one line. transformers imported first still says it (the check's control)."""
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "without_torch.py"), first],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert ("PyTorch was not found" in proc.stdout + proc.stderr) == advised
