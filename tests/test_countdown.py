@@ -13,6 +13,7 @@ import pytest
 
 from grpo_jax.tasks import arithmetic
 from grpo_jax.tasks import countdown, countdown_files, countdown_solver
+from tests import optional
 
 NUMS = (3, 5, 7)
 TARGET = 56  # (3 + 5) * 7 = 8 * 7 = 56
@@ -505,8 +506,8 @@ def test_load_jsonl(tmp_path):
 
 
 def test_load_parquet(tmp_path):
-  pa = pytest.importorskip("pyarrow")
-  pq = pytest.importorskip("pyarrow.parquet")
+  pa = optional.require_or_skip("pyarrow")
+  pq = optional.require_or_skip("pyarrow.parquet")
   path = tmp_path / "rows.parquet"
   table = pa.table({"target": [98, 56, 7], "nums": [[44, 19, 35], [3, 5, 7], []]})
   pq.write_table(table, path)

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from grpo_jax.tasks import gsm8k
+from tests import optional
 
 
 @pytest.mark.parametrize("completion,answer,expected", [
@@ -27,8 +28,8 @@ def test_reference_answer():
 
 
 def test_tfds_loader_with_mock_data():
-  tfds = pytest.importorskip("tensorflow_datasets")
-  tf = pytest.importorskip("tensorflow")
+  tfds = optional.require_or_skip("tensorflow_datasets")
+  tf = optional.require_or_skip("tensorflow")
   rows = {
       "train": [("How many legs do 2 cats have?", "2 * 4 = 8\n#### 8"),
                 ("What is 10 - 3?", "#### 7"),
@@ -55,7 +56,7 @@ def test_tfds_loader_with_mock_data():
 
 def test_gsm8k_not_prepared_is_one_line(tmp_path):
   """Nothing downloads at run time: an empty TFDS data_dir names the fix, not a TFDS trace."""
-  pytest.importorskip("tensorflow_datasets")
+  optional.require_or_skip("tensorflow_datasets")
   from grpo_jax import errors  # pylint: disable=g-import-not-at-top
   with pytest.raises(errors.ConfigError, match=r"config.task.gsm8k: GSM8K is not prepared in "
                      rf"{tmp_path} .*tfds build gsm8k"):

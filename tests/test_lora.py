@@ -7,6 +7,7 @@ with B = 0 adds (x A) 0 = 0 to each projection, and y + 0 = y in floating point.
 
 import json
 import os
+import re
 
 import hypothesis
 import hypothesis.strategies as st
@@ -23,6 +24,7 @@ from grpo_jax import configuration, losses, step as step_lib, train
 from grpo_jax.models import CheckpointError, adapter_folder, from_pretrained, lora
 from grpo_jax.models import save_pretrained
 from grpo_jax.replay import init_replay
+from tests import optional
 from tests.conftest import DATA
 from tests.test_step import G, MIXED, P, T, _rollout
 
@@ -143,8 +145,8 @@ def test_checkpoint_holds_the_adapters_only_and_restores_exactly(tmp_path):
 
 
 def test_merged_export_loads_in_transformers(tmp_path):
-  torch = pytest.importorskip("torch")
-  transformers = pytest.importorskip("transformers")
+  torch = optional.require_or_skip("torch")
+  transformers = optional.require_or_skip("transformers")
   model = _adapted(seed_b=3)
   save_pretrained(model, os.fspath(tmp_path))
   hf = transformers.AutoModelForCausalLM.from_pretrained(os.fspath(tmp_path),
@@ -167,9 +169,7 @@ def test_adapter_folder_loads_back_and_in_peft(tmp_path):
   assert config["r"] == 2 and config["lora_alpha"] == 4.0 and len(config["target_modules"]) == 14
   back = from_pretrained(out)  # the base from the folder's record
   np.testing.assert_array_equal(_logits(back), _logits(model))
-  torch = pytest.importorskip("torch")
-  transformers = pytest.importorskip("transformers")
-  peft = pytest.importorskip("peft")
+  torch, transformers, peft = map(optional.require_or_skip, ("torch", "transformers", "peft"))
   base = transformers.AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32)
   theirs = peft.PeftModel.from_pretrained(base, out)(torch.tensor(IDS.astype(np.int64)))
   np.testing.assert_allclose(theirs.logits.detach().numpy(), _logits(model), atol=1e-4, rtol=0)
@@ -182,6 +182,132 @@ def test_adapter_folder_without_its_base_is_one_line(tmp_path):
     from_pretrained(out)
   np.testing.assert_array_equal(_logits(from_pretrained(out, base=TINY)),
                                 _logits(_adapted()))
+
+
+@pytest.mark.parametrize("lora_kwargs", [
+    # Per-module ranks and alphas (a suffix, a regex and a full name), layers_to_transform.
+    dict(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"],
+         layers_to_transform=[1, 0], rank_pattern={"v_proj": 4, r"layers\.1\..*down_proj": 3},
+         alpha_pattern={"model.layers.0.self_attn.q_proj": 16, "o_proj": 1}),
+    # rsLoRA (alpha / sqrt(r)) with an alpha pattern, a regex target (the output layer
+    # included) and exclude_modules.
+    dict(r=4, lora_alpha=3, use_rslora=True, target_modules=r".*\.(q_proj|up_proj)|lm_head",
+         exclude_modules=["layers.0.mlp.up_proj"], alpha_pattern={"up_proj": 9}),
+], ids=["rank_alpha_patterns", "rslora"])
+def test_a_peft_folder_with_per_module_rank_and_alpha_gives_peft_logits(tmp_path, lora_kwargs):
+  """A folder PEFT wrote with rank_pattern / alpha_pattern / use_rslora loads with PEFT's
+  per-module rank and scale (its logits), and saves back to a folder PEFT reads alike."""
+  torch, transformers, peft = map(optional.require_or_skip, ("torch", "transformers", "peft"))
+  base = lambda: transformers.AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32)
+  ids = torch.tensor(IDS.astype(np.int64))
+  torch.manual_seed(0)
+  theirs = peft.get_peft_model(base(), peft.LoraConfig(**lora_kwargs))
+  with torch.no_grad():
+    for name, p in theirs.named_parameters():
+      if "lora_B" in name:
+        p.copy_(0.1 * torch.randn_like(p))  # else B = 0 and any scale gives the base
+  out, again = os.fspath(tmp_path / "peft"), os.fspath(tmp_path / "again")
+  theirs.save_pretrained(out)
+  theirs_logits = theirs(ids).logits.detach().numpy()
+  ours = from_pretrained(out)
+  np.testing.assert_allclose(_logits(ours), theirs_logits, atol=1e-4, rtol=0)
+  adapter_folder.save_adapter(ours, again, base_model=TINY)
+  np.testing.assert_array_equal(_logits(from_pretrained(again)), _logits(ours))
+  back = peft.PeftModel.from_pretrained(base(), again)(ids).logits.detach().numpy()
+  np.testing.assert_allclose(back, theirs_logits, atol=1e-5, rtol=0)
+
+
+_SUFFIXES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _edited_folder(tmp_path, **changes):
+  """The tiny model's rank-2, alpha-4 adapters on every projection, saved, with ``changes``
+  written into its adapter_config.json (None deletes a key)."""
+  out = os.fspath(tmp_path / "adapter")
+  adapter_folder.save_adapter(_adapted(seed_b=5), out, base_model=TINY)
+  path = os.path.join(out, adapter_folder.CONFIG)
+  with open(path) as f:
+    config = json.load(f) | changes
+  with open(path, "w") as f:
+    json.dump({k: v for k, v in config.items() if v is not None}, f)
+  return out
+
+
+@pytest.mark.parametrize("changes,expected", [
+    (dict(alpha_pattern={"q_proj": 8, r"layers\.1\.mlp\.down_proj": 1}),
+     {"self_attn.q_proj": 4.0, "layers.1.mlp.down_proj": 0.5, "": 2.0}),
+    (dict(use_rslora=True), {"": 4.0 / np.sqrt(2)}),
+    (dict(use_rslora=True, alpha_pattern={"k_proj": 2}), {"k_proj": 2.0 / np.sqrt(2),
+                                                          "": 4.0 / np.sqrt(2)}),
+])
+def test_adapter_folder_alpha_pattern_and_rslora_set_each_layers_scale(tmp_path, changes,
+                                                                       expected):
+  """Without torch: each layer gets PEFT's scale (the first ``expected`` key its path
+  contains; "" for the rest), and its logits are those of the same adapters at those scales."""
+  model = from_pretrained(_edited_folder(tmp_path, **changes))
+  reference = _adapted(seed_b=5)
+  for (path, dense), (_, ref) in zip(lora.dense_layers(model), lora.dense_layers(reference)):
+    if dense.lora is None:  # lm_head
+      assert ref.lora is None
+      continue
+    scale = next(v for k, v in expected.items() if k in path)
+    assert dense.lora_scale == pytest.approx(scale, rel=1e-12), path
+    ref.lora_scale = dense.lora_scale
+  np.testing.assert_array_equal(_logits(model), _logits(reference))
+
+
+@pytest.mark.parametrize("changes,key", [
+    (dict(use_dora=True), "use_dora"),
+    (dict(bias="all"), "bias"),
+    (dict(lora_bias=True), "lora_bias"),
+    (dict(modules_to_save=["lm_head"]), "modules_to_save"),
+    (dict(init_lora_weights="pissa"), "init_lora_weights"),
+    (dict(init_lora_weights="olora"), "init_lora_weights"),
+    (dict(layer_replication=[[0, 2], [1, 2]]), "layer_replication"),
+    (dict(trainable_token_indices=[3]), "trainable_token_indices"),
+    (dict(target_parameters=["mlp.experts.down_proj"]), "target_parameters"),
+    (dict(alora_invocation_tokens=[5, 6]), "alora_invocation_tokens"),
+    (dict(peft_type="LOHA"), "peft_type"),
+    (dict(some_future_setting={"on": True}), "some_future_setting"),
+    (dict(target_modules=None), "target_modules"),
+    (dict(target_modules=["q_proj", "k_proj"]), "target_modules"),  # weights for the others
+    (dict(target_modules=list(_SUFFIXES), layers_to_transform=[0]), "layers_to_transform"),
+    (dict(exclude_modules=["down_proj"]), "exclude_modules"),
+    (dict(rank_pattern={"q_proj": 4}), "rank_pattern"),  # 4 != the tensors' rank 2
+    (dict(alpha_pattern={"(q_proj": 4}), "alpha_pattern"),
+])
+def test_adapter_folder_settings_it_cannot_honour_are_refused_in_one_line(tmp_path, changes,
+                                                                          key):
+  out = _edited_folder(tmp_path, **changes)
+  with pytest.raises(CheckpointError, match=f"^{re.escape(out)}: .*{key}") as e:
+    from_pretrained(out)
+  assert "\n" not in str(e.value)
+
+
+def test_adapter_folder_settings_that_do_not_change_the_function_are_accepted(tmp_path):
+  """Inits that leave the base as it is, dropout (off when loaded), fan_in_fan_out (PEFT
+  resets it on torch.nn.Linear), matching by suffix, all-linear on a model whose adapters
+  cover every linear layer but the output layer, and PEFT's bookkeeping fields."""
+  expected = _logits(_adapted(seed_b=5))
+  for changes in (dict(init_lora_weights="gaussian", lora_dropout=0.1, fan_in_fan_out=True,
+                       target_modules=list(_SUFFIXES),
+                       runtime_config={"ephemeral_gpu_offload": False}, peft_version="0.21.0",
+                       layers_to_transform=[0, 1], layers_pattern="layers"),
+                  dict(init_lora_weights=False, target_modules="all-linear",
+                       loftq_config={}, megatron_core="megatron.core")):
+    np.testing.assert_array_equal(_logits(from_pretrained(_edited_folder(tmp_path, **changes))),
+                                  expected)
+
+
+def test_optional_packages_fail_under_ci_and_skip_elsewhere():
+  """The PEFT checks above cannot pass unseen in CI: a package missing there fails them."""
+  assert optional.require_or_skip("json", {"CI": "true"}) is json
+  for ci in ("true", "TRUE", "True"):
+    with pytest.raises(pytest.fail.Exception, match="CI=true requires 'no_such_module_x'"):
+      optional.require_or_skip("no_such_module_x", {"CI": ci})
+  for environ in ({}, {"CI": "false"}, {"CI": ""}):
+    with pytest.raises(pytest.skip.Exception, match="could not import 'no_such_module_x'"):
+      optional.require_or_skip("no_such_module_x", environ)
 
 
 def test_lora_presets_scale_the_learning_rate_after_model_presets():
@@ -258,3 +384,7 @@ def test_a_lora_run_exports_merged_and_as_an_adapter_folder(tmp_path):
     export.export(popo.get_config("smoke"), workdir, os.fspath(tmp_path / "x"))
   with pytest.raises(configuration.ConfigError, match="needs a LoRA run"):
     export.export(popo.get_config("smoke"), workdir, os.fspath(tmp_path / "x"), "adapter")
+  # Export runs no attention: a run configured for an accelerator's kernel exports on any host.
+  for kernel in ("cudnn", "splash"):
+    c.model.attention = kernel
+    assert export.export(c, workdir, os.fspath(tmp_path / kernel), "adapter") == 2

@@ -17,6 +17,7 @@ from grpo_jax.models import (FAMILIES, CheckpointError, KVCache, ModelConfig, Qw
                              from_pretrained, positions_from_mask, save_pretrained)
 from grpo_jax.models import family as family_lib
 from grpo_jax.models.qwen3_checkpoint import hf_name
+from tests import optional
 
 TOL = 1e-4  # the bound on max |logits - transformers logits|
 
@@ -57,7 +58,7 @@ def test_positions_from_mask():
 
 
 def test_live_parity_with_torch(tmp_path, data_dir):
-  torch = pytest.importorskip("torch")
+  torch = optional.require_or_skip("torch")
   import transformers
   ids = np.random.RandomState(7).randint(0, 128, (3, 9)).astype(np.int32)
   for name in ("tiny_qwen3", "tiny_qwen2"):

@@ -6,14 +6,15 @@ import pathlib
 import pytest
 
 from grpo_jax.tasks import data_files, row_schemas
+from tests import optional
 
 DATA = pathlib.Path(__file__).resolve().parent / "data"
 
 
 def _verl_parquet(path):
   """Rows shaped as verl's GSM8K / MATH preprocessing writes them (examples/data_preprocess)."""
-  pa = pytest.importorskip("pyarrow")
-  pq = pytest.importorskip("pyarrow.parquet")
+  pa = optional.require_or_skip("pyarrow")
+  pq = optional.require_or_skip("pyarrow.parquet")
   rows = [
       {"data_source": "lighteval/MATH", "ability": "math",
        "prompt": [{"role": "user", "content": "Compute 1/2 + 1/3."}],
@@ -117,6 +118,6 @@ def test_unreadable_files_are_one_line(tmp_path):
   with pytest.raises(ValueError, match=r"unsupported data file extension '\.csv'.*\.parquet"):
     data_files.read_rows(tmp_path / "rows.csv")
   (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
-  pytest.importorskip("pyarrow")
+  optional.require_or_skip("pyarrow")
   with pytest.raises(ValueError, match="is not a readable Parquet file"):
     data_files.read_rows(tmp_path / "broken.parquet")
