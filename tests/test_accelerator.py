@@ -33,5 +33,7 @@ def test_accelerator_check_runs_on_cpu_at_tiny_shapes(tmp_path):
     (splash,) = result["parity"]
     assert splash["kernel"] == "splash (interpreted)"
     assert splash["max_out_diff"] <= 0.05 * splash["ref_out_scale"]
+    assert splash["max_grad_diff"] <= 0.05 * splash["ref_grad_scale"]
+    assert splash["max_at_padding"] == 0 and splash["finite"]
   table = (tmp_path / "accelerator.md").read_text()
   assert "| grpo | blocked (blocked) | 16 |" in table and "| popo | auto (xla) | 16 |" in table

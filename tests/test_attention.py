@@ -3,12 +3,15 @@
 Kernel level: ``flash.flash_attention`` and its custom VJP against the dense ``attention`` at
 several block sizes, with left padding and a query offset (forward <= 1e-5, gradients <= 1e-4,
 float32, on every query that sees a key); no [X, S] array anywhere in its gradient's jaxpr;
-the cache kernel reads no slot past the filled blocks. Model level: the per-row and the
-grouped shared-prompt log-prob passes and their gradients, the remat'd pass, and the sampler,
-with ``blocked`` against ``xla`` on the tiny Qwen3. ``splash`` runs in Pallas' interpreter
-here; ``cudnn`` needs a GPU (bench/accelerator.py runs it there).
+its loops visit only the causally reachable blocks (read back with NaN-poisoned blocks); the
+cache kernel reads no slot past the filled blocks. The fused kernels against ``blocked`` on
+every position (0 at padded ones): ``splash`` in Pallas' interpreter across several blocks,
+the ``cudnn`` wrapper on JAX's reference kernel with left, right and both-sides padding and
+with NaN where cuDNN's results are unspecified (cuDNN itself needs a GPU; bench/accelerator.py
+runs it there). Model level: the per-row and the grouped shared-prompt log-prob passes and
+their gradients, the remat'd pass, and the sampler, with ``blocked`` against ``xla`` on the
+tiny Qwen3.
 """
-
 import functools
 import os
 
@@ -149,31 +152,254 @@ def test_grouped_attention_equals_xla(impl, monkeypatch):
     np.testing.assert_allclose(a, b, atol=GRAD, rtol=0)
 
 
-def test_cudnn_call_on_the_reference_kernel_equals_blocked():
-  """Everything of ``cudnn_attention`` but cuDNN: left padding rolled to cuDNN's right padding
-  and back, per-row lengths, grouped heads, run on ``jax.nn.dot_product_attention``'s xla
-  implementation (float32 here)."""
-  q, k, v, key_mask, key = _inputs(x=S)
-  got = fused_attention.cudnn_attention(q, k, v, key_mask, implementation="xla")
-  want = flash.flash_attention(q, k, v, key_mask, 0)
-  seen = attn.causal_mask(key_mask, S).any(-1)
-  assert _max_err(got, want, seen) <= FWD
-  cot = jax.random.normal(key, q.shape) * seen[:, :, None, None, None]
-  grads = [jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * cot), argnums=(0, 1, 2))(q, k, v)
-           for f in (lambda *a: fused_attention.cudnn_attention(*a, key_mask, "xla"),
-                     lambda *a: flash.flash_attention(*a, key_mask, 0))]
-  for a, b in zip(*grads):
-    np.testing.assert_allclose(a, b, atol=GRAD, rtol=0)
+# --- blocked attention's causal block skipping: which blocks each loop visits -----------------
+
+# Two cases of (X queries at slot offset.., S keys, block_q, block_k), and which key blocks j
+# each query block i visits (VISITED[i][j]): the forward's loop over key blocks runs 0 ..
+# key_blocks_seen - 1, the backward's over query blocks first_query_block .. num_q - 1; both
+# must give this table (a block pair is visited iff some query of block i may see a key of j).
+LOOP_CASES = {
+    # A continuation: 9 queries at slots 5..13 over 20 keys, blocks of 3 queries, 4 keys.
+    # Query blocks: slots 5-7, 8-10, 11-13; their last slots 7, 10, 13 lie in key blocks
+    # 7 // 4 = 1, 10 // 4 = 2, 13 // 4 = 3, so the forward visits 2, 3 and 4 key blocks; key
+    # block 4 (slots 16-19, after every query) none. Backward: key block j's first slot 4j is
+    # first seen by query 4j - 5, in query block (4j - 5) // 3 = -2, -1, 1, 2, 3 for j = 0..4
+    # (clipped to 0 .. 3: key block 4's loop is empty).
+    "offset": (5, 9, 20, 3, 4, [[1, 1, 0, 0, 0],
+                                [1, 1, 1, 0, 0],
+                                [1, 1, 1, 1, 0]]),
+    # The per-row pass: 10 queries over their own 10 keys (offset 0), blocks of 2 queries, 5
+    # keys. Last slots 1, 3, 5, 7, 9 -> key blocks 0, 0, 1, 1, 1: 1, 1, 2, 2, 2 visited.
+    # Backward: key block j starts at slot 5j, first seen by query block 5j // 2 = 0, 2.
+    "square": (0, 10, 10, 2, 5, [[1, 0],
+                                 [1, 0],
+                                 [1, 1],
+                                 [1, 1],
+                                 [1, 1]]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOOP_CASES))
+def test_loop_bounds_give_the_hand_worked_blocks(case):
+  offset, x, s, block_q, block_k, visited = LOOP_CASES[case]
+  num_q, num_k = x // block_q, s // block_k
+  forward = [[int(j < flash.key_blocks_seen(offset, i * block_q, block_q, block_k, num_k))
+              for j in range(num_k)] for i in range(num_q)]
+  backward = [[int(i >= flash.first_query_block(offset, j * block_k, block_q, num_q))
+               for j in range(num_k)] for i in range(num_q)]
+  assert forward == visited and backward == visited
+
+
+@pytest.mark.parametrize("case", sorted(LOOP_CASES))
+def test_loops_visit_only_the_hand_worked_blocks(case):
+  """The real loops of ``flash_attention``, not the helpers: key block j is poisoned with NaN
+  and each query block's outputs (forward) or query gradients (backward) read back whether the
+  loop visited (i, j). A visited block reaches the result even where every key of it is masked
+  (probability 0 times a NaN value, or a zero score gradient times a NaN key, is NaN); a
+  skipped one never does. Forward: NaN values (a masked NaN key is replaced by the mask's
+  finite score). Backward: NaN keys (finite outputs and log-sum-exps where the forward cannot
+  see block j, so only the backward's ds @ k reads them)."""
+  offset, x, s, block_q, block_k, visited = LOOP_CASES[case]
+  q, k, v, _, key = _inputs(x=x, s=s)
+  # Left padding: the bounds do not depend on the key mask, and a visited block's masked keys
+  # still reach the result (above).
+  key_mask = jnp.arange(s)[None] >= jnp.array([0, 2, 5])[:, None]
+  cot = jax.random.normal(key, q.shape)
+  blocks = jnp.arange(s) // block_k
+  attend = lambda q, k, v: flash.flash_attention(q, k, v, key_mask, offset, block_q=block_q,
+                                                 block_k=block_k)
+  poison = lambda a, j: jnp.where((blocks == j)[None, :, None, None], np.nan, a)
+  fwd = jax.jit(lambda j: attend(q, k, poison(v, j)))
+  bwd = jax.jit(lambda j: jax.vjp(lambda q: attend(q, poison(k, j), v), q)[1](cot)[0])
+  per_query_block = lambda a: np.isnan(np.asarray(a)).reshape(N, -1, block_q, KH * QH * W).any(
+      axis=(0, 2, 3))
+  forward = np.stack([per_query_block(fwd(j)) for j in range(s // block_k)], axis=1)
+  backward = np.stack([per_query_block(bwd(j)) for j in range(s // block_k)], axis=1)
+  np.testing.assert_array_equal(forward, np.array(visited, bool), err_msg="forward")
+  np.testing.assert_array_equal(backward, np.array(visited, bool), err_msg="backward")
+
+
+# --- splash: the Pallas kernel in its interpreter, across several blocks ----------------------
+
+# S -> the padded length (a multiple of 128) -> the splash block (the largest of 512, 256, 128
+# that divides it: splash needs the block to divide the length).
+SPLASH_BLOCKS = {100: (128, 128), 300: (384, 128), 600: (640, 128), 700: (768, 256),
+                 1000: (1024, 512), 1100: (1152, 128), 1200: (1280, 256), 1500: (1536, 512)}
+
+
+def test_splash_block_divides_the_padded_length():
+  """The kernel ``splash_attention`` builds, read back: every block size of it, at lengths that
+  are not multiples of 512 (the qwen3 presets' 256 + 1024 = 1280 among them)."""
+  for s, (length, block) in SPLASH_BLOCKS.items():
+    assert fused_attention.splash_length(s) == length
+    build = fused_attention._splash_kernel  # pylint: disable=protected-access
+    kernel, _ = build(1, length, interpret=True)
+    sizes = kernel.kwargs["block_sizes"]
+    got = {f: getattr(sizes, f) for f in ("block_q", "block_kv", "block_kv_compute",
+                                          "block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute",
+                                          "block_q_dq", "block_kv_dq")}
+    assert set(got.values()) == {block}, (s, got)
+
+
+def _splash_inputs(s, kh=1, qh=2, w=8):
+  """Two rows of S positions: one left padded 5 slots, one padded 3 on the left and 7 on the
+  right (splash's segment ids take any key mask; the real queries of both are compared)."""
+  ks = jax.random.split(jax.random.key(s), 4)
+  q = jax.random.normal(ks[0], (2, s, kh, qh, w))
+  k, v = (jax.random.normal(kk, (2, s, kh, w)) for kk in ks[1:3])
+  pos = jnp.arange(s)[None]
+  key_mask = (pos >= jnp.array([5, 3])[:, None]) & (pos < jnp.array([s, s - 7])[:, None])
+  return q, k, v, key_mask, jax.random.normal(ks[3], q.shape)
+
+
+def _blocked_on_real_queries(q, k, v, key_mask):
+  """``blocked`` with every non-real query's output 0: what the fused kernels return."""
+  return jnp.where(key_mask[:, :, None, None, None],
+                   flash.flash_attention(q, k, v, key_mask, 0, block_q=128, block_k=128), 0.0)
+
+
+def _value_and_input_grads(f, args, cot):
+  """(f(*args), and the gradients of sum(f(*args) * cot) in each of args), compiled."""
+  def run(*args):
+    out, vjp = jax.vjp(f, *args)
+    return (out, *vjp(cot.astype(out.dtype)))
+  return jax.jit(run)(*args)
+
+
+def _splash(q, k, v, key_mask):
+  return fused_attention.splash_attention(q, k, v, key_mask, interpret=True)
+
+
+def test_splash_equals_blocked_across_several_blocks():
+  """600 positions: padded to 640, five blocks of 128 (one block of 512 does not divide 640)."""
+  q, k, v, key_mask, _ = _splash_inputs(600)
+  got = jax.jit(_splash)(q, k, v, key_mask)
+  want = _blocked_on_real_queries(q, k, v, key_mask)
+  np.testing.assert_allclose(got, want, atol=FWD, rtol=0)
+  np.testing.assert_array_equal(jnp.where(key_mask[:, :, None, None, None], 0.0, got), 0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("s", [600, 1100, 1200])
+def test_splash_gradients_equal_blocked_across_several_blocks(s):
+  """Padded lengths 640, 1152, 1280 (blocks of 128, 128, 256): outputs and the three input
+  gradients, every position (padded ones 0 in both)."""
+  q, k, v, key_mask, cot = _splash_inputs(s)
+  got = _value_and_input_grads(lambda *a: _splash(*a, key_mask), (q, k, v), cot)
+  want = _value_and_input_grads(lambda *a: _blocked_on_real_queries(*a, key_mask), (q, k, v),
+                                cot)
+  for name, g, w_ in zip(("out", "dq", "dk", "dv"), got, want):
+    np.testing.assert_allclose(g, w_, atol=FWD if name == "out" else GRAD, rtol=0, err_msg=name)
+
+
+# --- cuDNN: the wrapper on JAX's reference kernel here, cuDNN itself on a GPU -----------------
+
+# Each row's real tokens: (first slot, count) of S = 21; the wrapper takes any contiguous run.
+PADDINGS = {"left": ((0, 21), (3, 18), (7, 14)),
+            "right": ((0, 21), (0, 15), (0, 9)),
+            "both": ((2, 12), (6, 15), (0, 20))}
+
+
+def _run_mask(runs, s=S):
+  first, count = (jnp.array(a) for a in zip(*runs))
+  pos = jnp.arange(s)[None]
+  return (pos >= first[:, None]) & (pos < (first + count)[:, None])
+
+
+def _check_cudnn_against_blocked(key_mask, dtype, implementation, tol):
+  """``cudnn_attention`` against ``blocked`` with every non-real query zeroed: outputs and the
+  q, k, v gradients of a random cotangent on every position (padded ones included: the
+  wrapper's there must be exactly 0, outputs and gradients, and finite everywhere).
+
+  ``tol``: the largest difference allowed, relative to the reference's largest magnitude (at
+  least 1) per array.
+  """
+  q, k, v, _, key = _inputs(x=S)
+  q, k, v = (a.astype(dtype) for a in (q, k, v))
+  cot = jax.random.normal(key, q.shape, dtype)
+  cudnn = lambda q, k, v: fused_attention.cudnn_attention(q, k, v, key_mask, implementation)
+  blocked = lambda q, k, v: _blocked_on_real_queries(q, k, v, key_mask)
+  got, want = (_value_and_input_grads(f, (q, k, v), cot) for f in (cudnn, blocked))
+  pad_q = ~key_mask[:, :, None, None, None]
+  pad_k = ~key_mask[:, :, None, None]
+  names = ("out", "dq", "dk", "dv")
+  for name, a, b, pad in zip(names, got, want, (pad_q, pad_q, pad_k, pad_k)):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.all(np.isfinite(a)), name
+    np.testing.assert_array_equal(np.where(pad, a, 0.0), 0.0, err_msg=f"{name} at padding")
+    np.testing.assert_array_equal(np.where(pad, b, 0.0), 0.0, err_msg=f"blocked {name}")
+    err, scale = np.max(np.abs(a - b)), max(1.0, np.max(np.abs(b)))
+    assert err <= tol * scale, (name, err, scale)
+
+
+@pytest.mark.parametrize("padding", sorted(PADDINGS))
+def test_cudnn_call_on_the_reference_kernel_equals_blocked(padding):
+  """Everything of ``cudnn_attention`` but cuDNN: each row's run of real tokens rolled to the
+  front (cuDNN's right padding) and back, per-row lengths, grouped heads, run on
+  ``jax.nn.dot_product_attention``'s xla implementation (float32 here)."""
+  _check_cudnn_against_blocked(_run_mask(PADDINGS[padding]), jnp.float32, "xla", GRAD)
+
+
+def test_cudnn_wrapper_zeroes_padded_positions_and_passes_lengths(monkeypatch):
+  """cuDNN's outputs and input gradients at the rows past a row's lengths are not specified
+  (the reference implementation zeroes them, cuDNN need not): here they are NaN, in both
+  passes, and the wrapper's outputs and gradients must still be finite, 0 at padded positions
+  and equal to ``blocked`` elsewhere. The lengths it passes are each row's count of real
+  tokens, for queries (cuDNN skips the padded queries' work) and keys."""
+  real_call = jax.nn.dot_product_attention
+  calls = []
+
+  def nan_past_lengths(a, lengths):
+    if lengths is None:  # no lengths: every row computed
+      return a
+    return jnp.where((jnp.arange(a.shape[1])[None] < lengths[:, None])[:, :, None, None], a,
+                     np.nan)
+
+  def cudnn_like(q, k, v, *, query_seq_lengths=None, key_value_seq_lengths=None, **kwargs):
+    calls.append((query_seq_lengths, key_value_seq_lengths))
+
+    @jax.custom_vjp
+    def call(q, k, v):
+      return nan_past_lengths(real_call(q, k, v, query_seq_lengths=query_seq_lengths,
+                                        key_value_seq_lengths=key_value_seq_lengths, **kwargs),
+                              query_seq_lengths)
+
+    def fwd(q, k, v):
+      return jax.vjp(call.fun, q, k, v)
+
+    def bwd(vjp, dout):
+      dq, dk, dv = vjp(dout)
+      return (nan_past_lengths(dq, query_seq_lengths),
+              nan_past_lengths(dk, key_value_seq_lengths),
+              nan_past_lengths(dv, key_value_seq_lengths))
+
+    call.defvjp(fwd, bwd)
+    return call(q, k, v)
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", cudnn_like)
+  key_mask = _run_mask(PADDINGS["both"])
+  _check_cudnn_against_blocked(key_mask, jnp.float32, "xla", GRAD)
+  calls.clear()
+  q, k, v, _, _ = _inputs(x=S)
+  fused_attention.cudnn_attention(q, k, v, key_mask, "xla")  # eagerly: the lengths concrete
+  (lengths_q, lengths_k), = calls
+  assert lengths_q is not None and lengths_k is not None
+  np.testing.assert_array_equal(lengths_q, [12, 15, 20])
+  np.testing.assert_array_equal(lengths_k, [12, 15, 20])
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN needs a GPU")
-def test_cudnn_equals_blocked_on_gpu():
-  q, k, v, key_mask, _ = _inputs(x=S)
-  bf = lambda a: a.astype(jnp.bfloat16)
-  got = fused_attention.cudnn_attention(bf(q), bf(k), bf(v), key_mask)
-  want = flash.flash_attention(bf(q), bf(k), bf(v), key_mask, 0)
-  seen = attn.causal_mask(key_mask, S).any(-1)
-  assert _max_err(got.astype(jnp.float32), want.astype(jnp.float32), seen) <= 2e-2
+@pytest.mark.parametrize("padding", sorted(PADDINGS))
+def test_cudnn_equals_blocked_on_gpu(padding):
+  """cuDNN itself in bfloat16, outputs and gradients, every position. What values can and
+  cannot show: a wrong roll (the run's offset) moves real outputs, and garbage cuDNN writes at
+  padded rows would show as non-zero or NaN there. Dropping ``query_seq_lengths`` changes no
+  value (the padded queries' outputs are zeroed after the call, and every padded key lies after
+  every real query once the run is rolled to the front): the lengths are checked as passed in
+  ``test_cudnn_wrapper_zeroes_padded_positions_and_passes_lengths``."""
+  # bf16 (8 significant bits): the two kernels round probabilities and outputs differently;
+  # 2% of the largest magnitude is ~5 bf16 steps at it.
+  _check_cudnn_against_blocked(_run_mask(PADDINGS[padding]), jnp.bfloat16, "cudnn", 2e-2)
 
 
 # --- the model: every pass with attention=blocked against attention=xla -----------------------

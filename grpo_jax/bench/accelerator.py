@@ -10,7 +10,8 @@ said in the output):
    attention kernels, the model against transformers' logits, the sampler), pass/fail counts.
 2. **parity**: the backend's fused kernels against ``blocked`` (``flash``), bf16, head width 128:
    ``cudnn`` on a GPU, ``splash`` on a TPU (in Pallas' interpreter elsewhere, at the tiny
-   shape), largest output and gradient differences over the real queries.
+   shape), rows padded left, right, both sides and not at all: largest output and gradient
+   differences over every position, and what the kernel leaves at padded ones (0 expected).
 3. **steps**: a random Qwen3-0.6B-shaped model (``--tiny``: a 1-layer toy) in bfloat16 matmuls
    with float32 master weights, per completion length in ``--lengths`` and attention kernel in
    ``--attention``: the sampler (N rows, EOS disabled: every completion T tokens) and a GRPO
@@ -84,10 +85,22 @@ def run_tests(files) -> dict:
           "seconds": time.perf_counter() - t0}
 
 
+def _padded_rows(n: int, s: int):
+  """[N, S] key mask of rows padded every way a fused kernel must take: on the left, on the
+  right, on both sides, not at all (repeated for N > 4)."""
+  first = jnp.array([s // 8, 0, s // 16, 0])[jnp.arange(n) % 4]
+  end = jnp.array([s, s - s // 4, s - s // 8, s])[jnp.arange(n) % 4]
+  pos = jnp.arange(s)[None]
+  return (pos >= first[:, None]) & (pos < end[:, None])
+
+
 def parity(tiny: bool) -> list[dict]:
   """Each fused kernel this backend has (splash interpreted off a TPU, tiny only) against
-  ``flash.flash_attention``: bf16 inputs, left padding, max |difference| of outputs and of the
-  three input gradients over real queries."""
+  ``flash.flash_attention`` with its non-real queries' outputs zeroed: bf16 inputs, rows padded
+  on the left, the right, both sides or not at all, a random cotangent on every position. Max
+  |difference| of outputs and of the three input gradients over every position, the largest
+  magnitude the kernel leaves at padded positions (outputs and gradients; 0 expected) and
+  whether everything it returned is finite."""
   backend = jax.default_backend()
   kernels = []
   if backend == "gpu":
@@ -97,28 +110,40 @@ def parity(tiny: bool) -> list[dict]:
   elif tiny:
     kernels.append(("splash (interpreted)",
                     lambda *a: fused_attention.splash_attention(*a, interpret=True)))
-  n, s, kh, qh, w = (2, 128, 2, 2, 128) if tiny else (4, 2048, 8, 2, 128)
+  # S = 1280: the qwen3 presets' prompt + completion, not a multiple of splash's 512 block.
+  n, s, kh, qh, w = (4, 128, 2, 2, 128) if tiny else (4, 1280, 8, 2, 128)
   ks = jax.random.split(jax.random.key(0), 4)
   bf = lambda a: a.astype(jnp.bfloat16)
   q = bf(jax.random.normal(ks[0], (n, s, kh, qh, w)))
   k, v = (bf(jax.random.normal(kk, (n, s, kh, w))) for kk in ks[1:3])
-  key_mask = jnp.arange(s)[None] >= (jnp.arange(n) * (s // 8))[:, None]
-  seen = attn.causal_mask(key_mask, s).any(-1)[:, :, None, None, None]
-  cot = bf(jax.random.normal(ks[3], q.shape)) * seen
+  key_mask = _padded_rows(n, s)
+  real_q = key_mask[:, :, None, None, None]
+  cot = bf(jax.random.normal(ks[3], q.shape))
+  f32 = lambda a: a.astype(jnp.float32)
+
+  def value_and_grads(fn):
+    """fn's outputs and input gradients, compiled with the inputs as arguments (not constants
+    XLA would fold on the host)."""
+    def run(q, k, v, key_mask, cot):
+      out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, key_mask), q, k, v)
+      return (out, *vjp(cot))
+    return jax.jit(run)(q, k, v, key_mask, cot)
+
+  ref = value_and_grads(lambda q, k, v, key_mask: jnp.where(
+      key_mask[:, :, None, None, None], flash.flash_attention(q, k, v, key_mask, 0), 0))
+  diff = lambda a, b: float(jnp.max(jnp.abs(f32(a) - f32(b))))
+  pads = (~real_q, ~real_q, ~key_mask[:, :, None, None], ~key_mask[:, :, None, None])
   results = []
   for name, kernel in kernels:
-    def value_and_grads(fn):
-      f = lambda q, k, v: jnp.sum((fn(q, k, v) * cot).astype(jnp.float32))
-      return fn(q, k, v), jax.grad(f, argnums=(0, 1, 2))(q, k, v)
-
-    out, grads = jax.jit(lambda: value_and_grads(lambda q, k, v: kernel(q, k, v, key_mask)))()
-    ref, ref_grads = jax.jit(lambda: value_and_grads(
-        lambda q, k, v: flash.flash_attention(q, k, v, key_mask, 0)))()
-    diff = lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+    got = value_and_grads(kernel)
     results.append({"kernel": name, "shape": [n, s, kh * qh, w],
-                    "max_out_diff": diff(jnp.where(seen, out, 0), jnp.where(seen, ref, 0)),
-                    "max_grad_diff": max(diff(a, b) for a, b in zip(grads, ref_grads)),
-                    "ref_out_scale": float(jnp.max(jnp.abs(ref.astype(jnp.float32))))})
+                    "max_out_diff": diff(got[0], ref[0]),
+                    "max_grad_diff": max(diff(a, b) for a, b in zip(got[1:], ref[1:])),
+                    "max_at_padding": max(float(jnp.max(jnp.abs(jnp.where(p, f32(a), 0))))
+                                          for a, p in zip(got, pads)),
+                    "finite": all(bool(jnp.all(jnp.isfinite(a))) for a in got),
+                    "ref_out_scale": float(jnp.max(jnp.abs(f32(ref[0])))),
+                    "ref_grad_scale": max(float(jnp.max(jnp.abs(f32(a)))) for a in ref[1:])})
   return results
 
 
@@ -197,8 +222,9 @@ def markdown(result: dict) -> str:
     lines.append(f"tests: {result['tests']['summary']} ({result['tests']['seconds']:.0f} s)")
   for pr in result["parity"]:
     lines.append(f"parity {pr['kernel']} vs blocked {pr['shape']}: output "
-                 f"{pr['max_out_diff']:.3g}, gradients {pr['max_grad_diff']:.3g} (bf16; output "
-                 f"scale {pr['ref_out_scale']:.3g})")
+                 f"{pr['max_out_diff']:.3g}, gradients {pr['max_grad_diff']:.3g} (bf16; scales "
+                 f"{pr['ref_out_scale']:.3g}, {pr['ref_grad_scale']:.3g}); at padding "
+                 f"{pr['max_at_padding']:.3g} (0 expected), finite {pr['finite']}")
   lines += ["", "| method | attention (ran) | T | gen tokens/s | gen MFU | train tokens/s "
             "| train MFU | planned step MiB | device peak MiB | compile s |",
             "|---|---|---|---|---|---|---|---|---|---|"]
@@ -232,7 +258,8 @@ def main(argv):
   result["parity"] = parity(tiny)
   for pr in result["parity"]:
     print(f"parity {pr['kernel']}: out {pr['max_out_diff']:.3g} grad "
-          f"{pr['max_grad_diff']:.3g}", flush=True)
+          f"{pr['max_grad_diff']:.3g} at padding {pr['max_at_padding']:.3g} finite "
+          f"{pr['finite']}", flush=True)
   lengths = [int(x) for x in _LENGTHS.value] if not tiny else [16]
   n, g, p = (_ROWS.value, _GROUP.value, _PROMPT_LEN.value) if not tiny else (4, 2, 8)
   plan = [("grpo", impl, t) for t in lengths for impl in _ATTENTION.value]

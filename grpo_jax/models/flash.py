@@ -56,10 +56,24 @@ def _scores(q_NxXxKxQxW, k_NxSxKxW, scale):
                     preferred_element_type=f32) * scale
 
 
-def _key_blocks_seen(offset, q0, block_q: int, block_k: int, num_k: int):
-  """How many key blocks (from 0) a query block starting at q0 sees: up to its last query."""
+# The two loops' bounds (causal block skipping), pure functions of the block positions:
+# tests/test_attention.py checks them against hand-worked tables and reads the real loops'
+# visits back. Query block i (queries q0 = i * block_q ..) and key block j (keys k0 =
+# j * block_k ..) meet iff some query of i may see some key of j: k0 <= offset + q0 +
+# block_q - 1, the block's last query's slot.
+
+
+def key_blocks_seen(offset, q0, block_q: int, block_k: int, num_k: int):
+  """The forward's bound: query block q0.. visits key blocks 0 .. this - 1, up to the one that
+  holds its last query's slot (``offset`` and ``q0`` may be traced)."""
   last = offset + q0 + block_q - 1
   return jnp.clip(last // block_k + 1, 0, num_k)
+
+
+def first_query_block(offset, k0, block_q: int, num_q: int):
+  """The backward's bound: key block k0.. is visited by query blocks this .. num_q - 1, from the
+  one that holds query x = k0 - offset, the first whose slot offset + x reaches k0."""
+  return jnp.clip((k0 - offset) // block_q, 0, num_q)
 
 
 def _forward(q, k, v, key_mask, offset, block_q: int, block_k: int):
@@ -90,7 +104,7 @@ def _forward(q, k, v, key_mask, offset, block_q: int, block_k: int):
     init = (jnp.full((n, kh, qh, block_q), _NEG, f32), jnp.zeros((n, kh, qh, block_q), f32),
             jnp.zeros((n, kh, qh, block_q, w), f32))
     m, l, acc = jax.lax.fori_loop(
-        0, _key_blocks_seen(offset, q0, block_q, block_k, num_k), key_block, init)
+        0, key_blocks_seen(offset, q0, block_q, block_k, num_k), key_block, init)
     seen = l > 0
     out = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0)
     lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
@@ -137,10 +151,9 @@ def _backward(q, k, v, key_mask, offset, out, lse, dout, block_q: int, block_k: 
       dk = dk + jnp.einsum("nkqxs,nxkqw->nskw", ds, qi.astype(f32))
       return dq, dk, dv
 
-    # The first query block that sees key k0: queries x with offset + x >= k0.
-    first = jnp.clip((k0 - offset) // block_q, 0, num_q)
     zeros_kv = jnp.zeros((n, block_k, kh, w), f32)
-    dq, dk, dv = jax.lax.fori_loop(first, num_q, query_block, (dq, zeros_kv, zeros_kv))
+    dq, dk, dv = jax.lax.fori_loop(first_query_block(offset, k0, block_q, num_q), num_q,
+                                   query_block, (dq, zeros_kv, zeros_kv))
     return dq, (dk, dv)
 
   dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(q.shape, f32), jnp.arange(num_k))

@@ -1,19 +1,26 @@
 """The accelerator attention kernels: cuDNN flash attention (GPU) and Pallas splash (TPU).
 
-Both compute the square causal case only, query x over keys s <= x of the same row with a key
-mask of left padding (shape letters: ``types.py``); ``attention.self_attention`` sends every
-other case (cache prefill and decode, a non-square continuation) to ``flash.flash_attention``.
-Neither can run on a CPU: their parity with ``blocked`` is checked by
-``grpo_jax.bench.accelerator`` on the device (tests/test_attention.py skips it elsewhere).
+Both compute the square causal case only, query x over keys s <= x of the same row whose key
+mask is True (shape letters: ``types.py``); ``attention.self_attention`` sends every other case
+(cache prefill and decode, a non-square continuation) to ``flash.flash_attention``. Both return
+0 at every padded position (key mask False), as query and as key: output 0 and no gradient
+there, whatever the kernel computes for it (``blocked`` agrees on every other position, and at
+left padding, where a query sees no key, on that too). Neither can run on a CPU: their parity
+with ``blocked`` is checked by ``grpo_jax.bench.accelerator`` on the device (here
+tests/test_attention.py runs splash in Pallas' interpreter and the cuDNN wrapper on JAX's
+reference kernel).
 
 * ``cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")``, [N, S, H, W] layout,
   grouped-query heads native, bf16/fp16 only. cuDNN's padding mask takes per-row lengths of
-  *right*-padded rows, and it ignores segment ids (MaxText issue 4476), so each left-padded row
-  is rolled left by its padding first (query x' = x - pad sees key s' = s - pad <= x': the
-  causal order is unchanged, RoPE was applied before) and the output rolled back.
-* ``splash``: the Pallas TPU splash kernel (as tunix uses it), a causal mask, left padding as
-  segment ids (pad tokens segment 0, real tokens 1: a real query never sees a pad key), keys
-  and values repeated to all H heads, S padded to a multiple of 128.
+  *right*-padded rows, and it ignores segment ids (MaxText issue 4476), so each row's real
+  tokens, one contiguous run (left, right or both-sides padding), are rolled to the front first
+  (query x' = x - first sees key s' = s - first <= x': the causal order is unchanged, RoPE was
+  applied before) and the output rolled back. A mask with a hole in its run is not supported
+  (the mask is traced: nothing can refuse it).
+* ``splash``: the Pallas TPU splash kernel (as tunix uses it), a causal mask, the key mask as
+  segment ids (pad tokens segment 0, real tokens 1: a real query never sees a pad key, for any
+  mask), keys and values repeated to all H heads, S padded to a multiple of 128 and cut into
+  blocks of the largest of 512, 256, 128 that divides it (``splash_block``).
 
 Not yet done (no device has run these): under a mesh the splash call is not wrapped in
 ``shard_map``, so XLA cannot split the Pallas kernel over the batch and gathers its inputs
@@ -26,7 +33,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-_SPLASH_BLOCK = 128
+# Splash needs S padded to a multiple of 128 and a block that divides it; of the blocks that
+# divide it, the largest of these (fewer grid steps than splash's default of 128).
+_SPLASH_MULTIPLE = 128
+_SPLASH_BLOCKS = (512, 256, 128)
 
 
 def cudnn_supported(q_NxSxKxQxW) -> bool:
@@ -42,23 +52,53 @@ def _roll_rows(a_NxS, shift_N):
   return jnp.take_along_axis(a_NxS, idx.reshape(idx.shape + (1,) * (a_NxS.ndim - 2)), axis=1)
 
 
+def _real_run(key_mask_NxS):
+  """(first_N, length_N) int32: where each row's run of real tokens starts, and its length (a
+  row with none: 0, 0)."""
+  first_N = jnp.argmax(key_mask_NxS, axis=1).astype(jnp.int32)  # the first True, 0 if none
+  return first_N, jnp.sum(key_mask_NxS, axis=1, dtype=jnp.int32)
+
+
 def cudnn_attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS,
                     implementation: str = "cudnn"):
   """Square causal attention on cuDNN. Returns [N, S, K, Q, W] in the values' dtype.
+
+  Each row's real tokens (key mask True) must be one contiguous run, anywhere in the row.
+  Outputs and input gradients at padded positions are 0: cuDNN's at rows past a row's lengths
+  are not specified (its masked rows may be left unwritten), and one NaN there would reach the
+  next layer (0 x NaN) and the step's gradients. Zeroing costs four selects over [N, S, H, W].
 
   ``implementation="xla"`` runs the same call (rolls, lengths) on JAX's reference kernel: the
   CPU test of everything here but cuDNN itself.
   """
   n, s, kh, qh, w = q_NxSxKxQxW.shape
-  key_mask_NxS = key_mask_NxS.astype(bool)
-  lengths_N = jnp.sum(key_mask_NxS, axis=1, dtype=jnp.int32)
-  pad_N = s - lengths_N  # rows are left padded: the real tokens are the last ``lengths``
-  left = lambda a: _roll_rows(a, -pad_N)
+  real_NxS = key_mask_NxS.astype(bool)
+  first_N, lengths_N = _real_run(real_NxS)
+  # The inputs' padded positions as zeros: a select whose gradient is 0 there, whatever cuDNN's
+  # backward leaves at the rows past the lengths.
+  real = lambda a: jnp.where(real_NxS.reshape((n, s) + (1,) * (a.ndim - 2)), a, 0)
+  front = lambda a: _roll_rows(real(a), -first_N)  # the run at slots 0 .. length - 1
   out = jax.nn.dot_product_attention(
-      left(q_NxSxKxQxW.reshape(n, s, kh * qh, w)), left(k_NxSxKxW), left(v_NxSxKxW),
+      front(q_NxSxKxQxW).reshape(n, s, kh * qh, w), front(k_NxSxKxW), front(v_NxSxKxW),
       is_causal=True, query_seq_lengths=lengths_N, key_value_seq_lengths=lengths_N,
       implementation=implementation)
-  return _roll_rows(out, pad_N).reshape(n, s, kh, qh, w)
+  return real(_roll_rows(out, first_N)).reshape(n, s, kh, qh, w)
+
+
+def splash_length(s: int) -> int:
+  """The length splash runs S positions at: S padded to a multiple of 128."""
+  return -(-s // _SPLASH_MULTIPLE) * _SPLASH_MULTIPLE
+
+
+def splash_block(length: int) -> int:
+  """The block splash cuts ``length`` (a ``splash_length``) into, every kind of block alike: the
+  largest of 512, 256, 128 that divides it (splash refuses a block that does not divide the
+  length: 640, 1152 and 1280 take 128, 128 and 256).
+
+  Padding the length to a multiple of 512 instead would spend compute on up to 384 padded
+  positions, each a query over every key (1280 positions, the qwen3 presets' 256 + 1024: 1536,
+  and ~1.4x the causal work); a smaller block only adds grid steps."""
+  return next(b for b in _SPLASH_BLOCKS if length % b == 0)
 
 
 def _splash_kernel(num_heads: int, length: int, interpret: bool):
@@ -67,7 +107,7 @@ def _splash_kernel(num_heads: int, length: int, interpret: bool):
   from jax.experimental.pallas.ops.tpu.splash_attention import (  # pylint: disable=g-import-not-at-top
       splash_attention_kernel as kernel, splash_attention_mask as mask_lib)
   mask = mask_lib.MultiHeadMask([mask_lib.CausalMask((length, length))] * num_heads)
-  block = min(_SPLASH_BLOCK * 4, length)
+  block = splash_block(length)
   sizes = kernel.BlockSizes(block_q=block, block_kv_compute=block, block_kv=block,
                             block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                             block_q_dq=block, block_kv_dq=block)
@@ -84,9 +124,8 @@ def splash_attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS, interpret:
     [N, S, K, Q, W] in the values' dtype.
   """
   n, s, kh, qh, w = q_NxSxKxQxW.shape
-  pad = -s % _SPLASH_BLOCK
-  padded = lambda a: jnp.pad(a, ((0, 0), (0, pad)) + ((0, 0),) * (a.ndim - 2))
-  length = s + pad
+  length = splash_length(s)
+  padded = lambda a: jnp.pad(a, ((0, 0), (0, length - s)) + ((0, 0),) * (a.ndim - 2))
   heads = lambda a: jnp.moveaxis(a, 2, 1)  # [N, S', H, W] -> [N, H, S', W]
   q = heads(padded(q_NxSxKxQxW * (w ** -0.5)).reshape(n, length, kh * qh, w))
   k = heads(jnp.repeat(padded(k_NxSxKxW), qh, axis=2))
@@ -95,4 +134,6 @@ def splash_attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS, interpret:
   kernel, segment_ids = _splash_kernel(kh * qh, length, interpret)
   out = jax.vmap(lambda q, k, v, seg: kernel(q, k, v, segment_ids=segment_ids(seg, seg)))(
       q, k, v, segments)
-  return jnp.moveaxis(out, 1, 2)[:, :s].reshape(n, s, kh, qh, w).astype(v_NxSxKxW.dtype)
+  out = jnp.moveaxis(out, 1, 2)[:, :s].reshape(n, s, kh, qh, w).astype(v_NxSxKxW.dtype)
+  # Padded queries (segment 0) attend to padded keys: finite, unused, zeroed as cuDNN's are.
+  return jnp.where(key_mask_NxS.astype(bool)[:, :, None, None, None], out, 0)
