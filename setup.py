@@ -40,8 +40,15 @@ setuptools.setup(
         # pytest-xdist: the suite runs on two workers (pyproject.toml's addopts;
         # tests/conftest.py caps the worker count).
         "test": ["pytest", "pytest-xdist>=3.5", "hypothesis"],
-        # TFDS needs TensorFlow to build or mock datasets (GSM8K); CI installs it.
+        # TFDS needs TensorFlow to build or mock datasets (GSM8K); CI installs it. The CPU
+        # build: TensorFlow only reads the data here, and its CUDA build would claim the GPU.
         "tfds": ["tensorflow-cpu"],
+        # Accelerators: JAX with its matching CUDA plugin or libtpu, pinned together by JAX's
+        # own extras (installed separately, a later upgrade of jax could leave the plugin
+        # behind, and JAX then falls back to the CPU). docs/scaling.md: Accelerators.
+        "cuda12": ["jax[cuda12]"],
+        "cuda13": ["jax[cuda13]"],
+        "tpu": ["jax[tpu]"],
         # Kept for old install commands: matplotlib is now a dependency of the package.
         "bench": [],
     },

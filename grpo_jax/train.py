@@ -16,6 +16,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from grpo_jax import compilation_cache
 from grpo_jax import configuration
 from grpo_jax import console
 from grpo_jax import loop
@@ -48,6 +49,7 @@ def main(argv):
       config_flags.get_config_filename(flags.FLAGS["config"])))[0]
   workdir = flags.FLAGS.workdir or os.path.join("runs", name)
   console.quiet_unless_verbose()
+  compilation_cache.enable()  # a restart (a resume, a sweep's next cell) compiles nothing
   try:
     train_and_evaluate(config, workdir)
   except (configuration.ConfigError, CheckpointError, OSError,

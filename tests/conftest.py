@@ -40,11 +40,18 @@ if _OWN_CACHE:
 for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
   if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), _flag]))
+# On an accelerator: float32 matmuls at full precision (Hopper's default is TF32, ~1e-3
+# relative, and the suite's float32 tolerances are 1e-5; on a CPU this changes nothing), and no
+# worker preallocating 75% of the device (two xdist workers and their subprocesses share it).
+# Tests that fake CPU devices pin their subprocesses to the CPU (JAX_PLATFORMS=cpu).
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # Cache every compilation, however small: the tests' steps are small and compiled many times.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 if "jax" in sys.modules:  # a plugin imported JAX before this file: set its config directly
   import jax
+  jax.config.update("jax_default_matmul_precision", os.environ["JAX_DEFAULT_MATMUL_PRECISION"])
   jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -22,6 +22,7 @@ import time
 if __name__ == "__main__":
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_force_host_platform_device_count=8")
+  os.environ["JAX_PLATFORMS"] = "cpu"  # the 8 devices are fake CPU ones, on any machine
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 import jax.numpy as jnp  # noqa: E402

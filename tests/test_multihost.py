@@ -30,7 +30,7 @@ SMOKE = ["--config=configs/popo.py:smoke", "--config.rollout.batch_prompts=4",
 
 def _env(devices: int) -> dict:
   flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
-  return {**os.environ, "XLA_FLAGS": flags.strip(),
+  return {**os.environ, "XLA_FLAGS": flags.strip(), "JAX_PLATFORMS": "cpu",  # fake CPU devices
           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 

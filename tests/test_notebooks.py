@@ -79,7 +79,7 @@ def test_tpu_vm_notebook_runs_on_eight_fake_cpu_devices(tmp_path):
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
            if not f.startswith("--xla_force_host_platform_device_count")]
   proc = _run_notebook(tmp_path, "tpu_vm", code, timeout=900,
-                       env_set={"XLA_FLAGS": " ".join(flags)})
+                       env_set={"XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"})
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "8 devices" in proc.stdout
   assert "Mesh('data': 2, 'fsdp': 2, 'tensor': 2" in proc.stdout

@@ -63,6 +63,7 @@ if __name__ == "__main__" and any(a.startswith("--config") for a in sys.argv):
   _flags = [os.environ.get("XLA_FLAGS", ""), CPU_MEMORY_SCHEDULER]
   if _fake_devices(sys.argv):
     _flags.append(f"--xla_force_host_platform_device_count={_fake_devices(sys.argv)}")
+    os.environ["JAX_PLATFORMS"] = "cpu"  # fake devices are CPU ones, on a GPU machine too
   os.environ["XLA_FLAGS"] = " ".join(f for f in _flags if f)
 
 import time  # noqa: E402  (after XLA_FLAGS)
