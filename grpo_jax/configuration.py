@@ -270,6 +270,18 @@ def check_backend(config) -> None:
          f"{jax.default_backend()!r}: use auto or blocked")
 
 
+def backend_notes(config, backend: str) -> list[str]:
+  """One-line notes on running ``config`` on ``backend`` ("cpu", "gpu", "tpu"): today, a
+  float32 compute dtype on an accelerator (cuDNN's attention takes bf16 / fp16 only, so
+  ``auto`` falls back to the slower ``blocked`` kernel, and a GPU runs float32 matmuls at
+  TF32 unless told otherwise)."""
+  if backend in ("gpu", "tpu") and config.model.dtype == "float32":
+    return [f"grpo_jax: model.dtype=float32 on a {backend.upper()}: matmuls and attention run "
+            "off their fast paths (cuDNN / splash take bfloat16); add the :bf16 preset or "
+            "--config.model.dtype=bfloat16 (float32 master weights are kept)"]
+  return []
+
+
 def _lora(m) -> None:
   """``model.lora``: rank, alpha, dropout and the targets' regular expression."""
   lo = m.get("lora")

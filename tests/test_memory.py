@@ -3,6 +3,7 @@ weights under bfloat16 matmuls, and the per-device memory benchmark's command li
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -182,7 +183,9 @@ def test_memory_benchmark_compiles_a_config_on_fake_devices():
   assert 0 <= step["output"] - step["alias"] < 4096
   assert step["temp"] > 0 and sampler["temp"] > 0
   assert step["total"] == step["argument"] + step["output"] - step["alias"] + step["temp"]
-  assert "fits: H100 80GB yes, H200 141GB yes, v5e 16GiB yes" in out
+  assert re.search(r"fits \(against the memory JAX gets: [\d.]+ of a GPU, .*\): H100 80GB "
+                   r"\([\d.]+ GiB\) yes, H200 141GB \([\d.]+ GiB\) yes, v5e 16GiB \(16.0 GiB\) yes",
+                   out), out
   # --json: the last line, the same per-device figures, and the arithmetic beside them.
   result = json.loads(out.strip().splitlines()[-1])
   assert result["step_peak_bytes"] == step["total"]
@@ -243,3 +246,17 @@ def test_memory_arithmetic_by_hand():
   blocked = popo.get_config("smoke")
   blocked.model.attention = "blocked"
   assert memory.arithmetic(blocked, devices=1)["block_backward"] == 786_432
+
+
+def test_fits_is_judged_against_the_memory_jax_gets():
+  """JAX's allocator takes 75% of a GPU unless XLA_CLIENT_MEM_FRACTION (or its older name)
+  says otherwise, and a TPU's whole memory: an H200's 143,771 MiB is 140.4 GiB, of which
+  0.75 x 140.4 = 105.3 GiB are JAX's by default and 0.95 x 140.4 = 133.4 with 0.95."""
+  from grpo_jax.bench import memory  # pylint: disable=g-import-not-at-top
+  assert memory.gpu_memory_fraction({}) == 0.75
+  assert memory.gpu_memory_fraction({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".95"}) == 0.95
+  assert memory.gpu_memory_fraction({"XLA_CLIENT_MEM_FRACTION": "0.9"}) == 0.9
+  assert memory.pools(0.75)["H200 141GB"] == pytest.approx(105.3, abs=0.05)
+  assert memory.pools(0.95)["H200 141GB"] == pytest.approx(133.4, abs=0.05)
+  assert memory.pools(0.75)["H100 80GB"] == pytest.approx(0.75 * 81_559 / 1024)
+  assert memory.pools(0.5)["v5e 16GiB"] == 16.0  # a TPU: no fraction

@@ -180,6 +180,28 @@ def main(argv):
 # Memory per chip (GiB): an H100's 80 GB as CUDA reports it (81,559 MiB), an H200's 141 GB
 # (143,771 MiB), a TPU v5e's 16 GiB.
 CHIPS = {"H100 80GB": 81_559 / 1024, "H200 141GB": 143_771 / 1024, "v5e 16GiB": 16.0}
+GPU_CHIPS = ("H100 80GB", "H200 141GB")
+# JAX's share of a GPU when neither XLA_CLIENT_MEM_FRACTION nor its older name
+# XLA_PYTHON_CLIENT_MEM_FRACTION is set (docs.jax.dev: GPU memory allocation); on a TPU it
+# takes the whole chip.
+DEFAULT_GPU_FRACTION = 0.75
+
+
+def gpu_memory_fraction(environ=None) -> float:
+  """The share of a GPU's memory JAX's allocator gets: ``XLA_CLIENT_MEM_FRACTION`` (or the
+  deprecated ``XLA_PYTHON_CLIENT_MEM_FRACTION``) as this process's environment sets it for
+  the run being judged, else JAX's default 0.75."""
+  env = os.environ if environ is None else environ
+  value = env.get("XLA_CLIENT_MEM_FRACTION") or env.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+  return float(value) if value else DEFAULT_GPU_FRACTION
+
+
+def pools(fraction: float | None = None) -> dict[str, float]:
+  """GiB JAX can allocate on each chip of ``CHIPS``: a GPU's memory times ``fraction``
+  (default ``gpu_memory_fraction()``), a TPU's whole memory. "Fits" is judged against these,
+  not the chip: at JAX's default a 141 GB H200 gives a process 105 GiB."""
+  fraction = gpu_memory_fraction() if fraction is None else fraction
+  return {chip: gib * fraction if chip in GPU_CHIPS else gib for chip, gib in CHIPS.items()}
 
 
 def architecture_of(config) -> ModelConfig:
@@ -249,7 +271,13 @@ def config_memory(config) -> dict:
   replay = jax.eval_shape(lambda: replay_lib.init_replay(
       config.replay.capacity, method.entry_size(r.group_size), r.prompt_len, r.completion_len))
   replay = _with_shardings(replay, sharding.replay_shardings(mesh, replay))
-  ref = params if config.rl.kl_coef > 0 and not adapters else None  # LoRA: the base is it
+  # The KL reference as the run keeps it (loop.frozen_reference: the compute dtype); under
+  # LoRA the base is the reference, no copy.
+  compute = jnp.dtype(config.model.dtype)
+  ref = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, compute if jnp.issubdtype(x.dtype, jnp.floating)
+                                     else x.dtype, sharding=x.sharding),
+      params) if config.rl.kl_coef > 0 and not adapters else None
   n, p, t = r.batch_prompts * r.group_size, r.prompt_len, r.completion_len
   rows = sharding.rows_sharding(mesh)
   s = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows)
@@ -367,8 +395,11 @@ def config_main(config):
   print(f"peak per device: train step {out['step']['total'] / GIB:.2f} GiB, while sampling "
         f"{out['sampling_peak'] / GIB:.2f} GiB (state, buffer and reference + sampler temp "
         "and output)")
-  print("fits: " + ", ".join(f"{chip} {'yes' if peak / GIB <= gib else 'no'}"
-                             for chip, gib in CHIPS.items()))
+  pool = pools()
+  print(f"fits (against the memory JAX gets: {gpu_memory_fraction():.2f} of a GPU, set by "
+        "XLA_CLIENT_MEM_FRACTION; a TPU's whole memory): " + ", ".join(
+            f"{chip} ({gib:.1f} GiB) {'yes' if peak / GIB <= gib else 'no'}"
+            for chip, gib in pool.items()))
   print("by arithmetic (GiB per device): " + ", ".join(
       f"{k} {v / GIB:.2f}" for k, v in counted.items()))
   print("bytes: " + json.dumps({k: out[k] for k in ("step", "sampler", "sampling_peak")}),
@@ -384,10 +415,12 @@ def config_main(config):
         "sampler_peak_bytes": out["sampler"]["total"],
         "sampling_peak_bytes": out["sampling_peak"],
         "step": out["step"], "sampler": out["sampler"], "arithmetic_bytes": counted,
+        "gpu_memory_fraction": gpu_memory_fraction(),
+        "pool_gib": pool,
         "fits": {chip: max(out["step"]["total"], out["sampling_peak"]) / GIB <= gib
-                 for chip, gib in CHIPS.items()},
+                 for chip, gib in pool.items()},
         "fits_by_arithmetic": {chip: max(counted["step"], counted["sampling"]) / GIB <= gib
-                               for chip, gib in CHIPS.items()}}), flush=True)
+                               for chip, gib in pool.items()}}), flush=True)
 
 
 if __name__ == "__main__":
