@@ -80,6 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.temperature = 1.0  # sampling temperature (log-probs are computed at it too)
   c.rollout.top_k = 0  # must stay 0 for RL: the loss's log-probs are of the full softmax
   c.rollout.top_p = 1.0  # must stay 1.0 for RL (same reason)
+  c.rollout.sampler_rows = 0  # rows one sampler pass holds a KV cache for (0 = all B x G); a multiple of G dividing B x G
 
   c.rl = ml_collections.ConfigDict()
   c.rl.estimator = "grpo"  # grpo | drgrpo | rloo

@@ -71,6 +71,12 @@ def validate(config, *, weights: bool = True) -> None:
          "prompt_len and completion_len must be >= 1")
   _check(r.temperature > 0, "rollout.temperature",
          f"{r.temperature}: RL needs stochastic rollouts (temperature > 0)")
+  rows = r.get("sampler_rows", 0)
+  _check(isinstance(rows, int) and rows >= 0 and (
+      not rows or (rows % r.group_size == 0 and (r.batch_prompts * r.group_size) % rows == 0)),
+         "rollout.sampler_rows", f"{rows!r} must be 0 (all rows at once) or a multiple of "
+         f"rollout.group_size ({r.group_size}) that divides the {r.batch_prompts * r.group_size} "
+         "rows of a step")
   # The train step's log-probs are of the full softmax at the temperature; a top-k / top-p
   # filter in the sampler would make mu a different (truncated) distribution, so fresh rows
   # would start with rho != 1 and replayed rows' behaviour weights would be biased.
@@ -244,6 +250,10 @@ def check_mesh(config, mesh) -> None:
   _check(rows % shards == 0, "rollout.batch_prompts",
          f"{r.batch_prompts} prompts x {r.group_size} rollouts = {rows} rows per step must be a "
          f"multiple of mesh data x fsdp = {shards} (the rows are split over those devices)")
+  blocks = r.get("sampler_rows", 0)
+  _check(not blocks or (blocks // r.group_size) % shards == 0, "rollout.sampler_rows",
+         f"{blocks} rows = {blocks // r.group_size} groups per sampler pass must be a multiple "
+         f"of mesh data x fsdp = {shards} (each pass's rows are split over those devices)")
   _check(config.replay.capacity % shards == 0, "replay.capacity",
          f"{config.replay.capacity} entries must be a multiple of mesh data x fsdp = {shards} "
          "(buffer entries are split like the batch)")

@@ -146,7 +146,8 @@ def setup(config, workdir: str) -> Run:
   sample_fn = sampler_lib.make_sampler(graphdef, sampler_lib.sampling_config_for(
       tokenizer, r.completion_len, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
       model_path=config.model.path,
-      prompt_group=r.group_size if config.rl.get("shared_prompts", True) else 1), mesh)
+      prompt_group=r.group_size if config.rl.get("shared_prompts", True) else 1,
+      row_block=r.get("sampler_rows", 0)), mesh)
   timer = metrics_lib.PhaseTimer()  # this step's phases; the allocator times its own on it
   scorer = scoring.make_scorer(config, task)  # the user's reward functions load here
   allocator = allocation.make_allocator(config, sample_fn, tokenizer, task, stream, timer, scorer)

@@ -47,6 +47,13 @@ class SamplingConfig:
       prompt, group-major). When every run really is one prompt repeated (checked on the
       device at each call) the prefill runs once per prompt and its cache is repeated;
       otherwise, or with 1, every row is prefilled. Same tokens either way.
+    row_block: most rows one prefill + decode holds at a time (0: all N). With N rows in
+      blocks of ``row_block`` (a multiple of ``prompt_group`` dividing N), the blocks run one
+      after another (``lax.map``), each with its own KV cache of ``row_block`` rows and its own
+      decode loop (it stops when its rows are done): the cache's memory is that of one block.
+      Block b holds every (N / row_block)-th group from group b on (strided, so that under a
+      mesh each device keeps its own rows), and draws the uniforms the unblocked call would
+      give its rows: the same tokens, up to the matmuls' rounding at another row count.
   """
 
   max_new_tokens: int
@@ -56,10 +63,14 @@ class SamplingConfig:
   top_k: int = 0
   top_p: float = 1.0
   prompt_group: int = 1
+  row_block: int = 0
 
   def __post_init__(self):
     if self.prompt_group < 1:
       raise ValueError(f"prompt_group must be >= 1, got {self.prompt_group}")
+    if self.row_block < 0 or self.row_block % self.prompt_group:
+      raise ValueError(f"row_block must be 0 or a positive multiple of prompt_group "
+                       f"({self.prompt_group}), got {self.row_block}")
     if self.max_new_tokens < 1:
       raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
     if self.temperature < 0:
@@ -92,8 +103,13 @@ def filter_logits(logits_NxV: jax.Array, config: SamplingConfig) -> jax.Array:
   return logits
 
 
-def _inverse_cdf_sample(key, logp_NxV):
-  """One draw per row from softmax probabilities by inverting the CDF.
+def uniforms(key, n: int) -> jax.Array:
+  """The [n, 1] uniforms in (0, 1) one token's draw of n rows uses (``_inverse_cdf_sample``)."""
+  return jax.random.uniform(key, (n, 1), minval=jnp.finfo(jnp.float32).tiny)
+
+
+def _inverse_cdf_sample(u_Nx1, logp_NxV):
+  """One draw per row from softmax probabilities by inverting the CDF at ``u_Nx1``.
 
   Exactly the categorical distribution, from N uniforms instead of the N * V Gumbel variates
   of ``jax.random.categorical``: generating those was a quarter of a decode step on CPU.
@@ -101,19 +117,20 @@ def _inverse_cdf_sample(key, logp_NxV):
   where it reaches u, since u > 0.
   """
   cdf_NxV = jnp.cumsum(jnp.exp(logp_NxV), axis=-1)
-  u_Nx1 = jax.random.uniform(key, (cdf_NxV.shape[0], 1), minval=jnp.finfo(jnp.float32).tiny)
   return jnp.argmax(cdf_NxV >= u_Nx1 * cdf_NxV[:, -1:], axis=-1)
 
 
-def _choose(logits_NxV, key, config: SamplingConfig):
-  """Draws one token per row; returns (tokens [N], behaviour log-probs [N])."""
+def _choose(logits_NxV, key, config: SamplingConfig, draw=None):
+  """Draws one token per row; returns (tokens [N], behaviour log-probs [N]). ``draw(key)``
+  gives the rows' uniforms (default ``uniforms(key, N)``)."""
   if config.temperature == 0:
     tokens_N = jnp.argmax(logits_NxV, axis=-1)
     logp_NxV = jax.nn.log_softmax(logits_NxV.astype(jnp.float32), axis=-1)
   else:
     filtered_NxV = filter_logits(logits_NxV, config)
     logp_NxV = jax.nn.log_softmax(filtered_NxV, axis=-1)
-    tokens_N = _inverse_cdf_sample(key, logp_NxV)
+    u_Nx1 = (draw or (lambda k: uniforms(k, logits_NxV.shape[0])))(key)
+    tokens_N = _inverse_cdf_sample(u_Nx1, logp_NxV)
   logp_N = jnp.take_along_axis(logp_NxV, tokens_N[:, None], axis=-1)[:, 0]
   return tokens_N.astype(jnp.int32), logp_N
 
@@ -170,15 +187,47 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
     prompt_ids_NxP: int32 prompts, left padded (every row has at least one real token).
     prompt_mask_NxP: True for real prompt tokens.
     rng: PRNG key; token t of every row uses ``fold_in(rng, t)``.
-    config: static sampling settings.
+    config: static sampling settings (``row_block``: the rows in blocks, one at a time).
 
   Returns:
     A Rollout of the N rows: the prompts, [N, T] completion tokens, mask and behaviour
     log-probs, the truncation flags; scores, success, prompt_id and version unset (0, False,
     -1, 0) for the host to fill.
+
+  Raises:
+    ValueError: ``config.row_block`` does not divide N (at trace time).
   """
   dtype = jnp.dtype(nnx.merge(graphdef, params).config.dtype)
   model: CausalLM = nnx.merge(graphdef, _in_compute_dtype(params, dtype))
+  n = prompt_ids_NxP.shape[0]
+  rows = config.row_block
+  if not rows or rows >= n:
+    return _sample_rows(model, prompt_ids_NxP, prompt_mask_NxP, rng, config)
+  if n % rows:
+    raise ValueError(f"sampler row_block {rows} does not divide the {n} rows")
+  blocks, group = n // rows, config.prompt_group
+  # Row i = (j * blocks + b) * group + g is row j * group + g of block b: [N] -> [blocks, rows].
+  to_blocks = lambda x: jnp.swapaxes(
+      x.reshape((rows // group, blocks, group) + x.shape[1:]), 0, 1).reshape(
+          (blocks, rows) + x.shape[1:])
+  from_blocks = lambda x: jnp.swapaxes(
+      x.reshape((blocks, rows // group, group) + x.shape[2:]), 0, 1).reshape(
+          (n,) + x.shape[2:])
+
+  def block(inputs):
+    ids_RxP, mask_RxP, b = inputs
+    draw = lambda key: to_blocks(uniforms(key, n))[b]  # the unblocked call's uniforms
+    return _sample_rows(model, ids_RxP, mask_RxP, rng, config, draw)
+
+  out = jax.lax.map(block, (to_blocks(prompt_ids_NxP), to_blocks(prompt_mask_NxP),
+                            jnp.arange(blocks)))
+  return jax.tree.map(from_blocks, out)
+
+
+def _sample_rows(model: CausalLM, prompt_ids_NxP, prompt_mask_NxP, rng,
+                 config: SamplingConfig, draw=None) -> Rollout:
+  """``sample`` of N rows in one prefill and one decode loop; ``draw(key)`` gives the rows'
+  uniforms of a token (``_choose``)."""
   n, p = prompt_ids_NxP.shape
   t_max = config.max_new_tokens
   prompt_mask_NxP = prompt_mask_NxP.astype(bool)
@@ -189,7 +238,7 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
 
   def emit(t, logits_NxV, tokens_NxT, logp_NxT, done_N, lengths_N):
     """Draws token t of every unfinished row and records it."""
-    token_N, logp_N = _choose(logits_NxV, jax.random.fold_in(rng, t), config)
+    token_N, logp_N = _choose(logits_NxV, jax.random.fold_in(rng, t), config, draw)
     token_N = jnp.where(done_N, config.pad_id, token_N)
     logp_N = jnp.where(done_N, 0.0, logp_N)
     tokens_NxT = jax.lax.dynamic_update_slice(tokens_NxT, token_N[:, None], (0, t))
@@ -289,7 +338,7 @@ def sampling_config_for(tokenizer, max_new_tokens: int, *, temperature: float = 
                         top_k: int = 0, top_p: float = 1.0,
                         extra_eos_ids: Sequence[int] = (),
                         model_path: str | None = None,
-                        prompt_group: int = 1) -> SamplingConfig:
+                        prompt_group: int = 1, row_block: int = 0) -> SamplingConfig:
   """SamplingConfig whose EOS / pad ids come from a transformers tokenizer.
 
   The EOS ids are ``stop_token_ids(tokenizer, model_path)`` followed by ``extra_eos_ids``.
@@ -301,4 +350,4 @@ def sampling_config_for(tokenizer, max_new_tokens: int, *, temperature: float = 
     pad = eos[0] if eos else 0  # no EOS at all: SamplingConfig says so
   return SamplingConfig(max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=int(pad),
                         temperature=temperature, top_k=top_k, top_p=top_p,
-                        prompt_group=prompt_group)
+                        prompt_group=prompt_group, row_block=row_block)

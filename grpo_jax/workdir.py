@@ -42,7 +42,9 @@ def check_same_run(config, workdir: str) -> None:
                               | {kk: vv for k, v in d.items() if isinstance(v, dict)
                                  for kk, vv in flat(v, f"{pre}{k}.").items()})
     a, b = flat(saved), flat(current)
-    differ = sorted(key for key in set(a) | set(b) if a.get(key) != b.get(key)
+    # A key the saved config lacks is a field added since the run started; new fields default
+    # to the behaviour from before them, so its absence is no change.
+    differ = sorted(key for key in a if a.get(key) != b.get(key)
                     and not key.startswith(_RESUMABLE_CHANGES))
     if differ:
       shown = ", ".join(f"{key} ({a.get(key)!r} -> {b.get(key)!r})" for key in differ[:6])

@@ -531,3 +531,24 @@ def test_unusable_data_file_is_named_and_nothing_is_written(tmp_path, task, name
     train.train_and_evaluate(c, os.fspath(tmp_path / "run"))
   assert str(e.value) == f"config.task.data_path: {data}: {message}"
   assert not (tmp_path / "run").exists()
+
+
+def test_a_field_added_since_the_run_started_is_no_change(tmp_path):
+  """A run's config.json from before a field existed (here rollout.sampler_rows) resumes: the
+  new field's default is the old behaviour. A changed value still refuses, as does a field the
+  code no longer has."""
+  import json  # pylint: disable=g-import-not-at-top
+  from grpo_jax import configuration, workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  c = _config()
+  workdir_lib.check_same_run(c, os.fspath(tmp_path))  # writes config.json
+  path = tmp_path / "config.json"
+  saved = json.loads(path.read_text())
+  del saved["rollout"]["sampler_rows"]
+  path.write_text(json.dumps(saved))
+  workdir_lib.check_same_run(c, os.fspath(tmp_path))
+  saved["rollout"]["gone_field"] = 1
+  saved["seed"] = 7
+  path.write_text(json.dumps(saved))
+  with pytest.raises(configuration.ConfigError,
+                     match=r"rollout.gone_field \(1 -> None\), seed \(7 -> 0\)"):
+    workdir_lib.check_same_run(c, os.fspath(tmp_path))

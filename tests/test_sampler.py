@@ -205,11 +205,35 @@ def test_sampling_config_validation():
     SamplingConfig(max_new_tokens=1, eos_ids=(), pad_id=0)
 
 
+@pytest.mark.parametrize("group,block", [(1, 2), (2, 4), (2, 2)])
+def test_rows_in_blocks_give_the_unblocked_tokens(split, group, block):
+  """8 rows (4 prompts, each twice in a row with group 2) sampled in blocks of ``block`` rows,
+  one block's cache at a time: block b takes every (8 / block)-th group from b on and draws
+  the uniforms the unblocked call gives those rows, so the tokens are the same (the log-probs
+  up to the matmuls' rounding at another row count)."""
+  rng = np.random.RandomState(3)
+  ids = np.repeat(rng.randint(6, 128, (8 // group, P)).astype(np.int32), group, axis=0)
+  mask = np.ones(ids.shape, bool)
+  mask[:group, :2] = False  # the first prompt left padded
+  ids[~mask] = PAD
+  args = (split[1], jnp.asarray(ids), jnp.asarray(mask), jax.random.key(4))
+  cfg = dict(max_new_tokens=T, eos_ids=(EOS,), pad_id=PAD, prompt_group=group)
+  whole = sampler_lib.make_sampler(split[0], SamplingConfig(**cfg))(*args)
+  blocked = sampler_lib.make_sampler(split[0], SamplingConfig(**cfg, row_block=block))(*args)
+  for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated"):
+    np.testing.assert_array_equal(getattr(blocked, name), getattr(whole, name), err_msg=name)
+  np.testing.assert_allclose(blocked.behaviour_logp, whole.behaviour_logp, atol=1e-5)
+  assert len({tuple(r) for r in np.asarray(whole.completion_ids).tolist()}) > 1
+  with pytest.raises(ValueError, match="row_block must be 0 or a positive multiple"):
+    SamplingConfig(**{**cfg, "prompt_group": 2}, row_block=3)
+
+
 def test_inverse_cdf_draws_follow_the_distribution():
   probs = np.array([0.5, 0.3, 0.15, 0.05, 0.0])
   n = 20_000
   logp = jnp.log(jnp.asarray(np.tile(probs, (n, 1)), jnp.float32))
-  draws = np.asarray(sampler_lib._inverse_cdf_sample(jax.random.key(0), logp))
+  u = sampler_lib.uniforms(jax.random.key(0), n)
+  draws = np.asarray(sampler_lib._inverse_cdf_sample(u, logp))
   freq = np.bincount(draws, minlength=5) / n
   # Binomial std of a frequency: sqrt(p (1 - p) / n) <= sqrt(0.25 / 20000) = 0.0035; allow 5 std.
   np.testing.assert_allclose(freq, probs, atol=5 * 0.0036)

@@ -245,6 +245,9 @@ def test_rollout_budget_ends_the_run_and_a_rerun_says_it_is_complete(tmp_path, c
   c.eval.greedy = False
   c.total_steps, c.total_rollouts = 50, 6
   c.eval.every_rollouts = 4
+  # The sampler in blocks of one group (2 of the round's 4 rows at a time): SARA's rounds mix
+  # prompts with other counts than G, and blocks must still sample them all.
+  c.rollout.sampler_rows = 2
   workdir = os.fspath(tmp_path / "budget")
   train.train_and_evaluate(c, workdir)
   steps = [r for r in metrics.read_metrics(workdir) if "loss" in r]
@@ -296,6 +299,10 @@ def _refused(c, field, value, message):
     ("opt.schedule", "linear", "opt.schedule"),
     ("rollout.top_k", 20, "rollout.top_k: 20: RL rollouts must sample the full distribution"),
     ("rollout.top_p", 0.95, "rollout.top_p"),
+    ("rollout.sampler_rows", 12, "rollout.sampler_rows: 12 must be 0 .* a multiple of "
+     "rollout.group_size \\(8\\) that divides the 256 rows"),
+    ("rollout.sampler_rows", 512, "rollout.sampler_rows"),
+    ("rollout.sampler_rows", -8, "rollout.sampler_rows"),
     ("rl.effective_signal", "reward", "rl.effective_signal"),
     ("rl.prox_pass", "fresh", "rl.prox_pass"),
     ("rl.logprob_chunk", -1, "rl.logprob_chunk"),

@@ -295,8 +295,10 @@ def config_memory(config) -> dict:
   t0 = time.perf_counter()
   out["step"] = {**_stats(fn.lower(state, replay, rollout, ref, key).compile()),
                  "compile_s": time.perf_counter() - t0}
-  sampling = sampler_lib.SamplingConfig(max_new_tokens=t, eos_ids=(0,), pad_id=0,
-                                        temperature=r.temperature)
+  sampling = sampler_lib.SamplingConfig(
+      max_new_tokens=t, eos_ids=(0,), pad_id=0, temperature=r.temperature,
+      prompt_group=r.group_size if config.rl.get("shared_prompts", True) else 1,
+      row_block=r.get("sampler_rows", 0))
   sample = sampler_lib.make_sampler(graphdef, sampling, mesh)
   t0 = time.perf_counter()
   compiled = sample.lower(params, rollout.prompt_ids, rollout.prompt_mask, key).compile()
