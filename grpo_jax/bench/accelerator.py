@@ -1,293 +1,502 @@
 """The accelerator check: one command for the first minutes on a GPU or TPU.
 
-    python -m grpo_jax.bench.accelerator --out_dir=/tmp/accel          # on the device, < 8 min
-    python -m grpo_jax.bench.accelerator --tiny --notests --out_dir=D  # anywhere (tests/ runs it)
+On the first device. The workplace's device tool lends one H200 for 15 minutes of device time
+a task (its start, 1 to 2 minutes, included) and at most 10 minutes a command; its image has
+JAX with the CUDA plugin and every package this imports but ``ml_collections``, which travels
+as a wheel (pure Python; made once here with ``pip download --no-deps --only-binary=:all:
+-d .whl ml-collections==1.1.0``, ``.whl/`` ignored through ``.git/info/exclude``). One call of
+the tool's ``run`` with ``carry=[".whl"]`` and ``timeout_s=480``, from the repository root:
 
-In order, each part timed and stopped early when ``--budget_s`` is spent (what was skipped is
-said in the output):
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=/tmp/site || exit; \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 \
+      python3 -m grpo_jax.bench.accelerator --expect=gpu --out_dir=$OUT
 
-1. **tests**: ``pytest`` of the files that exercise the device paths (``--test_files``: the
-   attention kernels, the model against transformers' logits, the sampler), pass/fail counts.
-2. **parity**: the backend's fused kernels against ``blocked`` (``flash``), bf16, head width 128:
-   ``cudnn`` on a GPU, ``splash`` on a TPU (in Pallas' interpreter elsewhere, at the tiny
-   shape), rows padded left, right, both sides and not at all: largest output and gradient
-   differences over every position, and what the kernel leaves at padded ones (0 expected).
-3. **steps**: a random Qwen3-0.6B-shaped model (``--tiny``: a 1-layer toy) in bfloat16 matmuls
-   with float32 master weights, per completion length in ``--lengths`` and attention kernel in
-   ``--attention``: the sampler (N rows, EOS disabled: every completion T tokens) and a GRPO
-   train step on its rollouts, then a POPO step (replay, the decoupled objective) with ``auto``.
-   Generation and training tokens/s, model-FLOP utilisation against the chip's specification
-   (``peak.chip_peak``; NaN for unknown chips and CPUs), the compiled step's planned peak
-   (``memory_analysis``, as ``bench.memory`` predicts it) and the device's real peak
-   (``memory_stats()['peak_bytes_in_use']``, cumulative over the process; None on a CPU).
+The command ends by itself within ``--budget_s`` (420 s) and a few seconds, so the tool's
+480 s is only a backstop; with the machine's start that leaves about 5 of the 15 minutes for
+one rerun while the machine is still warm (30 s after the reply): the same command with
+``--budget_s=240 --only=ID,...`` naming the points the first run did not finish (ids in its
+lines and table) and ``timeout_s=300``. The rerun finds the compilation cache the first run
+filled (``~/.cache/grpo_jax/jax`` on that machine), so what was compiled before costs nothing.
+The memory fraction: each point's process is alone on the device, so it may take more than
+JAX's default 75% (the preset's 512 rows decode with a 75 GB bf16 KV cache).
+Anywhere (tests/test_accelerator.py runs it on a CPU):
 
-Writes ``accelerator.json`` (everything) and ``accelerator.md`` (one table) into ``--out_dir``.
+    python -m grpo_jax.bench.accelerator --tiny --notests --out_dir=/tmp/accel
+
+It leaves in ``--out_dir`` three files: ``accelerator.json`` (everything: the environment,
+each point's status, seconds and results), ``accelerator.md`` (the tables, and what was not
+measured and why) and ``accelerator.log`` (every child's output: tracebacks, JAX's warnings).
+The first two are rewritten after every point (a temporary file renamed over the old one), so
+a kill at any moment leaves all that was measured; stdout gets one line per point as it ends,
+and the tables last (the end of the output is what the tool's reply shows).
+
+Every point runs in a child process of its own (``bench.accelerator_points``, started by
+``bench.bounded``), killed with everything it
+started when it outlives ``min(its cap, the budget left)`` (caps of 120 to 300 s: ``plan``); a
+point killed by the budget ends the check, one killed by its cap does not, and none starts
+with less than 20 s left. The parent never touches the
+device, so each point's peak memory (``memory_stats()['peak_bytes_in_use']``) is its own. The
+children share JAX's persistent compilation cache (``--cache_dir``, default
+``grpo_jax.compilation_cache``'s ``~/.cache/grpo_jax/jax``): a rerun of the same command
+compiles nothing that took over a second. The points, most important first:
+
+1. **env**: device kind and count, memory, jax / jaxlib / plugin / cuDNN versions, XLA flags and
+   the memory fraction, the chip's bf16 peak and HBM bandwidth by specification, and a
+   measured device-to-device copy (bytes read + written per second). A CPU backend without
+   ``--tiny`` stops here with one line (the full shapes would run for hours, and on a GPU
+   machine it means the CUDA plugin did not load); so does any backend other than ``--expect``.
+2. **parity**: the backend's fused kernel against ``blocked`` (``flash``): ``cudnn`` on a GPU,
+   ``splash`` on a TPU (in Pallas' interpreter elsewhere, at the tiny shape), bf16, head width
+   128, rows padded left, right, both sides and not at all: largest output and gradient
+   differences over every position, what the kernel leaves at padded positions (0 expected).
+3. **train**: the real bf16 configuration's GRPO train step (configs/grpo.py with the
+   ``qwen3_0p6b`` preset: bf16 matmuls, float32 master weights and Adam, layer remat, query
+   blocks of 256, 4 minibatches, attention ``auto`` = cudnn / splash, and so
+   ``rl.prox_pass="auto"`` resolved to "all": the extra no-grad pass a bf16 run makes) on a
+   random Qwen3-0.6B-shaped model, ``--rows`` rows of synthetic rollouts (P 256, T 1,024, no
+   EOS): tokens/s, model-FLOP utilisation against the chip's specification (the step is
+   compute-bound), the compiled step's planned peak and the point's own device peak.
+4. **decode**: the sampler at ``--decode_rows`` (256, then the preset's 512), P 256,
+   T 1,024, EOS disabled: tokens/s, seconds per token step, the bytes each step must move
+   (``hbm.decode_bytes``) and that rate as a fraction of the HBM bandwidth by specification and
+   of the measured copy: decoding is bound by memory bandwidth, so no MFU here.
+5. **larger**: the train step at the preset's 512 rows, at T 4,096, with the ``--attention``
+   kernels (xla, blocked) instead of auto, and POPO (replay, the decoupled objective).
+6. **tests**: ``pytest`` of the device-path test files, with whatever budget is left.
+
+Exit status: 0 when the plan ran (points that timed out or failed are recorded as such), 2 on
+a CPU without ``--tiny``, 3 when the backend is not ``--expect``'s, 4 when the environment
+could not be read, 5 when a package the points import is missing (nothing measured but the
+environment in these four cases).
 """
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
 import json
 import math
 import os
-import subprocess
+import signal
 import sys
+import tempfile
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
 from absl import app, flags
-from flax import nnx
 
-from grpo_jax import console, replay as replay_lib, sampler as sampler_lib
-from grpo_jax import step as step_lib
-from grpo_jax.bench import flops as flops_lib, growth, peak as peak_lib
-from grpo_jax.models import ModelConfig, Qwen3, attention as attn, flash, fused_attention
-from grpo_jax.types import Rollout
+from grpo_jax.bench import bounded
 
-_OUT = flags.DEFINE_string("out_dir", "", "where accelerator.json / accelerator.md go")
+_OUT = flags.DEFINE_string("out_dir", "runs/accelerator",
+                           "where accelerator.json / .md / .log go")
 _TINY = flags.DEFINE_bool("tiny", False, "toy shapes (a CPU check of the script itself)")
-_TESTS = flags.DEFINE_bool("tests", True, "run the device-path test files first")
+_EXPECT = flags.DEFINE_enum("expect", "", ["", "gpu", "tpu", "cpu"],
+                            "fail in one line unless JAX's backend is this one")
+_BUDGET = flags.DEFINE_float("budget_s", 420.0,
+                             "wall-clock bound of the whole check; each point gets at most what "
+                             "is left")
+_TESTS = flags.DEFINE_bool("tests", True, "run the device-path test files last")
 _TEST_FILES = flags.DEFINE_list(
     "test_files", ["tests/test_attention.py", "tests/test_models.py", "tests/test_sampler.py"],
-    "test files of part 1")
-_LENGTHS = flags.DEFINE_list("lengths", ["1024", "4096"], "completion lengths T of part 3")
-_ATTENTION = flags.DEFINE_list("attention", ["xla", "blocked", "auto"],
-                               "kernels of the GRPO steps (auto = cudnn / splash on a device)")
-_ROWS = flags.DEFINE_integer("rows", 8, "N rows per step (prompts x group size)")
-_GROUP = flags.DEFINE_integer("group_size", 4, "G")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 128, "P")
-_BUDGET = flags.DEFINE_float("budget_s", 420.0, "stop starting new measurements after this")
+    "test files of the last part")
+_ROWS = flags.DEFINE_integer("rows", 128, "N rows of the train steps (the larger part adds the "
+                             "preset's 512)")
+_DECODE_ROWS = flags.DEFINE_list("decode_rows", ["256", "512"], "N rows of the decode points")
+_LENGTHS = flags.DEFINE_list("lengths", ["1024", "4096"],
+                             "completion lengths T: the first for every part, the others for "
+                             "larger train steps")
+_ATTENTION = flags.DEFINE_list("attention", ["xla", "blocked"],
+                               "kernels of the larger part's train steps, against auto")
+_GROUP = flags.DEFINE_integer("group_size", 8, "G")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 256, "P")
+_ONLY = flags.DEFINE_list("only", [], "run only these point ids (env always runs)")
+_CACHE = flags.DEFINE_string("cache_dir", "", "JAX's compilation cache ('' = "
+                             "grpo_jax.compilation_cache's folder, 'none' = off)")
+_HANG = flags.DEFINE_string("simulate_hang", "", "tests: this point's child sleeps instead of "
+                            "measuring and is killed after 3 s, as a point that outlives "
+                            "its time would be")
 
 MIB = 2 ** 20
+GIB = 2 ** 30
+HANG_CAP_S = 3.0
+# configs/common.py's qwen3 presets: 64 prompts x 8 rollouts per step.
+PRESET_ROWS = 512
+# A point started with less than this left could not load, compile and run a 0.6B step.
+MIN_START_S = {False: 20.0, True: 0.0}
+# Package names whose versions the check records (and names when the backend is wrong).
+_PACKAGE_PREFIXES = ("jax", "libtpu", "flax", "optax", "nvidia-cudnn", "nvidia-cuda-runtime",
+                     "ml-collections", "ml_collections", "numpy")
+_ENV_VARS = ("XLA_FLAGS", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE",
+             "XLA_PYTHON_CLIENT_ALLOCATOR", "JAX_PLATFORMS", "JAX_DEFAULT_MATMUL_PRECISION",
+             "JAX_COMPILATION_CACHE_DIR", "CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS")
 
 
-def qwen3_0p6b_shape(tiny: bool) -> ModelConfig:
-  """Qwen3-0.6B's shape (28 layers, D 1024, 16 query / 8 key-value heads of 128), bf16 matmuls,
-  float32 parameters; ``tiny``: the same head layout at D 64, one layer, V 256."""
+# --- the plan -------------------------------------------------------------------------------
+
+def _train(part, method, attention, n, g, p, t, cap):
+  return {"id": f"train_{method}_{attention}_n{n}_t{t}", "part": part, "cap_s": cap,
+          "spec": {"kind": "train", "method": method, "attention": attention, "rows": n,
+                   "group": g, "prompt_len": p, "completion_len": t}}
+
+
+def _decode(n, g, p, t, cap):
+  return {"id": f"decode_n{n}_t{t}", "part": "decode", "cap_s": cap,
+          "spec": {"kind": "decode", "attention": "auto", "rows": n, "group": g,
+                   "prompt_len": p, "completion_len": t}}
+
+
+def plan(tiny: bool, rows: int, decode_rows, lengths, kernels, g: int, p: int,
+         tests: bool) -> list[dict]:
+  """The points in the order they run, most important first: {"id", "part", "cap_s", "spec"}.
+
+  Caps (seconds) bound each point on its own, so that no single shape can take the whole
+  budget (a point never gets more than the budget left either). At the full shapes they are
+  guesses, generous ones, until a device has run the check: a child's start and CUDA
+  initialisation, a jitted init, the compiles (tens of seconds each for the 0.6B step) and two
+  calls."""
+  points = [{"id": "env", "part": "env", "cap_s": 120.0, "spec": {"kind": "env"}},
+            {"id": "parity", "part": "parity", "cap_s": 150.0, "spec": {"kind": "parity"}}]
   if tiny:
-    return ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=1,
-                       num_heads=4, num_kv_heads=2, head_dim=32, tie_word_embeddings=True,
-                       dtype="bfloat16")
-  return ModelConfig(vocab_size=151_936, hidden_size=1024, intermediate_size=3072,
-                     num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
-                     tie_word_embeddings=True, dtype="bfloat16")
+    n, g, p, t = 8, 2, 8, 16
+    points += [_train("train", "grpo", "auto", n, g, p, t, 120.0),
+               _decode(n, g, p, t, 60.0), _decode(n // 2, g, p, t, 60.0),
+               _train("larger", "popo", "auto", n, g, p, t, 120.0)]
+  else:
+    t = lengths[0]
+    points.append(_train("train", "grpo", "auto", rows, g, p, t, 240.0))
+    points += [_decode(n, g, p, t, 180.0) for n in decode_rows]
+    if PRESET_ROWS != rows:
+      points.append(_train("larger", "grpo", "auto", PRESET_ROWS, g, p, t, 300.0))
+    points += [_train("larger", "grpo", "auto", rows, g, p, longer, 300.0)
+               for longer in lengths[1:]]
+    points += [_train("larger", "grpo", k, rows, g, p, t, 200.0) for k in kernels]
+    points.append(_train("larger", "popo", "auto", rows, g, p, t, 200.0))
+  if tests:
+    points.append({"id": "tests", "part": "tests", "cap_s": 1e9, "spec": {"kind": "tests"}})
+  return points
 
 
-def run_tests(files) -> dict:
-  """pytest of ``files`` in a subprocess: {"returncode", "summary", "seconds"}."""
-  t0 = time.perf_counter()
-  proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "-n", "0",
-                         *files], capture_output=True, text=True, check=False)
-  lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
-  return {"returncode": proc.returncode, "summary": lines[-1] if lines else "",
-          "seconds": time.perf_counter() - t0}
+def package_versions() -> dict:
+  """{distribution: version} of JAX, its plugins (jax-cuda*-plugin / -pjrt, libtpu) and the
+  libraries a step needs, from the installed metadata (no import)."""
+  found = {}
+  for dist in importlib.metadata.distributions():
+    name = (dist.metadata["Name"] or "").lower()
+    if name.startswith(_PACKAGE_PREFIXES):
+      found[name] = dist.version
+  return dict(sorted(found.items()))
 
 
-def _padded_rows(n: int, s: int):
-  """[N, S] key mask of rows padded every way a fused kernel must take: on the left, on the
-  right, on both sides, not at all (repeated for N > 4)."""
-  first = jnp.array([s // 8, 0, s // 16, 0])[jnp.arange(n) % 4]
-  end = jnp.array([s, s - s // 4, s - s // 8, s])[jnp.arange(n) % 4]
-  pos = jnp.arange(s)[None]
-  return (pos >= first[:, None]) & (pos < end[:, None])
+def env_problem(env: dict, expect: str, tiny: bool, versions: dict) -> tuple[int, str, str]:
+  """(exit status, status, one line) when the check must not go on in the environment the
+  first child read, else (0, "", "")."""
+  backend = env["backend"]
+  jaxes = ", ".join(f"{k} {v}" for k, v in versions.items()
+                    if k.startswith(("jax", "libtpu"))) or "no jax distribution found"
+  plugins = [k for k in versions
+             if (k.startswith("jax") and ("cuda" in k or "rocm" in k)) or k.startswith("libtpu")]
+  cause = (f"installed: {jaxes}; " + ("no CUDA / TPU plugin is installed" if not plugins else
+           "the plugin did not load: its version must match jaxlib's, and its import warning "
+           "in accelerator.log says why"))
+  if expect and backend != expect:
+    return 3, "wrong backend", f"expected the {expect} backend, JAX runs on {backend} ({cause})"
+  if backend == "cpu" and not tiny:
+    return 2, "refused", (f"refusing the full shapes on a CPU (hours; pass --tiny for the "
+                          f"script's CPU check). If this machine has an accelerator: {cause}")
+  if env["missing_packages"]:
+    return 5, "missing packages", (
+        f"missing on this machine: {', '.join(env['missing_packages'])}; every point imports "
+        "it (pip install it, or carry its wheel)")
+  return 0, "", ""
 
 
-def parity(tiny: bool) -> list[dict]:
-  """Each fused kernel this backend has (splash interpreted off a TPU, tiny only) against
-  ``flash.flash_attention`` with its non-real queries' outputs zeroed: bf16 inputs, rows padded
-  on the left, the right, both sides or not at all, a random cotangent on every position. Max
-  |difference| of outputs and of the three input gradients over every position, the largest
-  magnitude the kernel leaves at padded positions (outputs and gradients; 0 expected) and
-  whether everything it returned is finite."""
-  backend = jax.default_backend()
-  kernels = []
-  if backend == "gpu":
-    kernels.append(("cudnn", fused_attention.cudnn_attention))
-  if backend == "tpu":
-    kernels.append(("splash", fused_attention.splash_attention))
-  elif tiny:
-    kernels.append(("splash (interpreted)",
-                    lambda *a: fused_attention.splash_attention(*a, interpret=True)))
-  # S = 1280: the qwen3 presets' prompt + completion, not a multiple of splash's 512 block.
-  n, s, kh, qh, w = (4, 128, 2, 2, 128) if tiny else (4, 1280, 8, 2, 128)
-  ks = jax.random.split(jax.random.key(0), 4)
-  bf = lambda a: a.astype(jnp.bfloat16)
-  q = bf(jax.random.normal(ks[0], (n, s, kh, qh, w)))
-  k, v = (bf(jax.random.normal(kk, (n, s, kh, w))) for kk in ks[1:3])
-  key_mask = _padded_rows(n, s)
-  real_q = key_mask[:, :, None, None, None]
-  cot = bf(jax.random.normal(ks[3], q.shape))
-  f32 = lambda a: a.astype(jnp.float32)
+# --- the parent -----------------------------------------------------------------------------
 
-  def value_and_grads(fn):
-    """fn's outputs and input gradients, compiled with the inputs as arguments (not constants
-    XLA would fold on the host)."""
-    def run(q, k, v, key_mask, cot):
-      out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, key_mask), q, k, v)
-      return (out, *vjp(cot))
-    return jax.jit(run)(q, k, v, key_mask, cot)
-
-  ref = value_and_grads(lambda q, k, v, key_mask: jnp.where(
-      key_mask[:, :, None, None, None], flash.flash_attention(q, k, v, key_mask, 0), 0))
-  diff = lambda a, b: float(jnp.max(jnp.abs(f32(a) - f32(b))))
-  pads = (~real_q, ~real_q, ~key_mask[:, :, None, None], ~key_mask[:, :, None, None])
-  results = []
-  for name, kernel in kernels:
-    got = value_and_grads(kernel)
-    results.append({"kernel": name, "shape": [n, s, kh * qh, w],
-                    "max_out_diff": diff(got[0], ref[0]),
-                    "max_grad_diff": max(diff(a, b) for a, b in zip(got[1:], ref[1:])),
-                    "max_at_padding": max(float(jnp.max(jnp.abs(jnp.where(p, f32(a), 0))))
-                                          for a, p in zip(got, pads)),
-                    "finite": all(bool(jnp.all(jnp.isfinite(a))) for a in got),
-                    "ref_out_scale": float(jnp.max(jnp.abs(f32(ref[0])))),
-                    "ref_grad_scale": max(float(jnp.max(jnp.abs(f32(a)))) for a in ref[1:])})
-  return results
+def _fmt(v, spec: str, scale: float = 1.0, none: str = "n/a") -> str:
+  """``v / scale`` formatted, or ``none`` for a missing or non-finite value."""
+  if v is None or (isinstance(v, float) and not math.isfinite(v)):
+    return none
+  return format(v if scale == 1 else v / scale, spec)
 
 
-def _device_peak() -> float | None:
-  stats = jax.devices()[0].memory_stats()
-  return None if not stats else float(stats.get("peak_bytes_in_use", float("nan")))
-
-
-def _method(name: str, g: int, p: int, t: int, n: int):
-  """(StepConfig, empty replay buffer) of configs/{name}.py at these shapes: no KL, layer
-  remat, LM-head chunks of 1,024 positions."""
-  import importlib  # pylint: disable=g-import-not-at-top
-  from grpo_jax import configuration  # pylint: disable=g-import-not-at-top
-  config = importlib.import_module(f"configs.{name}").get_config()
-  config.rollout.update(batch_prompts=n // g, group_size=g, prompt_len=p, completion_len=t)
-  config.rl.update(kl_coef=0.0, logprob_chunk=1024)
-  config.model.remat = "layer"
-  method = configuration.replay_config(config)
-  capacity = config.replay.capacity if name != "grpo" else 0
-  return (configuration.step_config(config),
-          replay_lib.init_replay(capacity, method.entry_size(g), p, t))
-
-
-def step_point(cfg: ModelConfig, impl: str, method: str, n: int, g: int, p: int, t: int) -> dict:
-  """Sampler then one train step (compiled first, then timed once) at one shape and kernel."""
-  model = Qwen3(cfg.replace(attention=impl), rngs=nnx.Rngs(0))
-  graphdef, params = nnx.split(model)
-  rng = np.random.RandomState(0)
-  ids = jnp.asarray(np.repeat(rng.randint(1, cfg.vocab_size, (n // g, p)), g, 0), jnp.int32)
-  mask = jnp.ones((n, p), bool)
-  sample = sampler_lib.make_sampler(graphdef, sampler_lib.SamplingConfig(
-      max_new_tokens=t, eos_ids=(-1,), pad_id=0, temperature=1.0, prompt_group=g))
-  t0 = time.perf_counter()
-  sampler = sample.lower(params, ids, mask, jax.random.key(0)).compile()
-  compile_gen = time.perf_counter() - t0
-  jax.block_until_ready(sampler(params, ids, mask, jax.random.key(0)))  # warm
-  t0 = time.perf_counter()
-  out = jax.block_until_ready(sampler(params, ids, mask, jax.random.key(1)))
-  gen_s = time.perf_counter() - t0
-  scores = jnp.asarray(rng.randint(0, 2, n), jnp.float32)
-  rollout = Rollout(prompt_ids=ids, prompt_mask=mask, completion_ids=out.completion_ids,
-                    completion_mask=out.completion_mask, behaviour_logp=out.behaviour_logp,
-                    scores=scores, truncated=out.truncated, success=scores > 0,
-                    prompt_id=jnp.arange(n, dtype=jnp.int32) // g,
-                    version=jnp.zeros(n, jnp.int32))
-  tx = optax.adamw(1e-6)
-  step_config, replay = _method(method, g, p, t, n)
-  state = step_lib.init_train_state(params, tx)
-  fn = step_lib.make_train_step(graphdef, tx, step_config)
-  t0 = time.perf_counter()
-  step = fn.lower(state, replay, rollout, None, jax.random.key(0)).compile()
-  compile_step = time.perf_counter() - t0
-  planned = growth.peak_bytes(step)
-  state, replay, _ = step(state, replay, rollout, None, jax.random.key(0))  # warm
-  jax.block_until_ready(state)
-  t0 = time.perf_counter()
-  state, replay, _ = step(state, replay, rollout, None, jax.random.key(1))
-  jax.block_until_ready(state)
-  train_s = time.perf_counter() - t0
-  phases = flops_lib.step_phases(cfg, n, p, t, kl=False, prox_pass=False, prompt_group=g)
-  chip = peak_lib.chip_peak(jax.devices()[0].device_kind, cfg.dtype)
-  mfu = lambda flop, s: float("nan") if chip is None else flop / s / chip
-  return {"method": method, "attention": impl, "resolved": attn.resolve(impl, p + t),
-          "rows": n, "P": p, "T": t, "gen_s": gen_s, "gen_tokens_per_s": n * t / gen_s,
-          "gen_mfu": mfu(phases["generation"], gen_s), "train_s": train_s,
-          "train_tokens_per_s": n * (p + t) / train_s,
-          "train_mfu": mfu(phases["forward_backward"], train_s),
-          "planned_step_bytes": planned, "device_peak_bytes": _device_peak(),
-          "compile_s": compile_gen + compile_step}
+def point_line(pt: dict) -> str:
+  """One line for a point that just ended (or was not started)."""
+  head = f"[{pt.get('ended_s', 0):5.0f} s] {pt['id']}"
+  r = pt.get("result") or {}
+  if pt["status"] != "ok":
+    why = {"timeout": f"timed out after {pt.get('seconds', 0):.0f} s "
+                      f"({'budget' if pt.get('limit') == 'budget' else 'its cap'})",
+           "failed": f"failed: {pt.get('error', '')}"}.get(pt["status"], pt["status"])
+    return f"{head}: {why}"
+  kind = pt["spec"]["kind"]
+  if kind == "env":
+    return (f"{head}: {r['device_kind']} ({r['backend']}, {r['device_count']} device(s)), "
+            f"{_fmt(r['memory_bytes_limit'], '.1f', GIB)} GiB, jax {r['jax']}, HBM "
+            f"{_fmt(r['hbm_bytes_per_s'], '.0f', 1e9)} GB/s, copy "
+            f"{_fmt(r['copy_bytes_per_s'], '.0f', 1e9)} GB/s")
+  if kind == "parity":
+    return f"{head}: " + ("; ".join(
+        f"{x['kernel']} vs blocked: out {x['max_out_diff']:.3g} grad {x['max_grad_diff']:.3g} "
+        f"at padding {x['max_at_padding']:.3g} finite {x['finite']}" for x in r["parity"])
+                          or "no fused kernel on this backend")
+  if kind == "train":
+    return (f"{head}: {r['train_tokens_per_s']:.0f} tok/s, step {r['train_s']:.2f} s, MFU "
+            f"{_fmt(r['train_mfu'], '.1%')}, prox {r['prox_pass']}, peak "
+            f"{_fmt(r['device_peak_bytes'], '.0f', MIB)} MiB, compile {r['compile_s']:.0f} s")
+  if kind == "decode":
+    return (f"{head}: {r['tokens_per_s']:.0f} tok/s, {1e3 * r['step_s']:.2f} ms/step, "
+            f"{r['bytes_per_step'] / 1e9:.3g} GB/step, {_fmt(r['hbm_fraction'], '.1%')} of HBM, "
+            f"peak {_fmt(r['device_peak_bytes'], '.0f', MIB)} MiB, compile "
+            f"{r['compile_s']:.0f} s")
+  return f"{head}: {r.get('summary', '')}"
 
 
 def markdown(result: dict) -> str:
-  """The one table of accelerator.md, with the tests' and parity lines above it."""
-  lines = [f"Accelerator check: {result['device']} ({result['backend']}), {result['model']}.", ""]
-  if result.get("tests"):
-    lines.append(f"tests: {result['tests']['summary']} ({result['tests']['seconds']:.0f} s)")
-  for pr in result["parity"]:
-    lines.append(f"parity {pr['kernel']} vs blocked {pr['shape']}: output "
-                 f"{pr['max_out_diff']:.3g}, gradients {pr['max_grad_diff']:.3g} (bf16; scales "
-                 f"{pr['ref_out_scale']:.3g}, {pr['ref_grad_scale']:.3g}); at padding "
-                 f"{pr['max_at_padding']:.3g} (0 expected), finite {pr['finite']}")
-  lines += ["", "| method | attention (ran) | T | gen tokens/s | gen MFU | train tokens/s "
-            "| train MFU | planned step MiB | device peak MiB | compile s |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
-  pct = lambda v: "n/a" if not math.isfinite(v) else f"{100 * v:.1f}%"
-  mib = lambda v: "n/a" if v is None or not math.isfinite(v) else f"{v / MIB:.0f}"
-  for pt in result["steps"]:
-    lines.append(f"| {pt['method']} | {pt['attention']} ({pt['resolved']}) | {pt['T']} | "
-                 f"{pt['gen_tokens_per_s']:.0f} | {pct(pt['gen_mfu'])} | "
-                 f"{pt['train_tokens_per_s']:.0f} | {pct(pt['train_mfu'])} | "
-                 f"{mib(pt['planned_step_bytes'])} | {mib(pt['device_peak_bytes'])} | "
-                 f"{pt['compile_s']:.0f} |")
-  for what in result["skipped"]:
-    lines.append(f"\nskipped (time budget): {what}")
+  """accelerator.md: the environment, parity, then one table per part and what was not
+  measured."""
+  env = result.get("env") or {}
+  lines = ["# Accelerator check", "",
+           f"Status: {result['status']} after {result['elapsed_s']:.3g} s of a "
+           f"{result['budget_s']:.3g} s budget. {result.get('message', '')}".rstrip(), ""]
+  if env:
+    lines.append(f"{env['device_kind']} ({env['backend']}, {env['device_count']} device(s)), "
+                 f"memory limit {_fmt(env['memory_bytes_limit'], '.1f', GIB)} GiB; jax "
+                 f"{env['jax']}, jaxlib {env['jaxlib']}, cuDNN {_fmt(env['cudnn'], 'd')}; "
+                 f"bf16 peak {_fmt(env['bf16_peak_flops'], '.0f', 1e12)} TFLOP/s, HBM "
+                 f"{_fmt(env['hbm_bytes_per_s'], '.0f', 1e9)} GB/s (specification), copy "
+                 f"{_fmt(env['copy_bytes_per_s'], '.0f', 1e9)} GB/s (measured: bytes read + "
+                 "written).")
+  lines.append("Packages: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()))
+  lines.append("Environment: " + (", ".join(f"{k}={v}" for k, v in result["environ"].items())
+                                  or "no XLA / JAX variables set"))
+  cache = result["compilation_cache"]
+  lines += [f"Compilation cache: {cache['dir'] or 'off'} ({cache['entries_before']} entries "
+            f"before, {cache.get('entries_after', '?')} after).", ""]
+  done = [pt for pt in result["points"] if pt["status"] == "ok"]
+  for pt in done:
+    if pt["spec"]["kind"] == "parity":
+      for x in pt["result"]["parity"]:
+        lines.append(f"Parity {x['kernel']} vs blocked {x['shape']}: output "
+                     f"{x['max_out_diff']:.3g}, gradients {x['max_grad_diff']:.3g} (bf16; scales "
+                     f"{x['ref_out_scale']:.3g}, {x['ref_grad_scale']:.3g}); at padding "
+                     f"{x['max_at_padding']:.3g} (0 expected), finite {x['finite']}.")
+      if not pt["result"]["parity"]:
+        lines.append("Parity: no fused kernel on this backend.")
+  trains = [pt["result"] for pt in done if pt["spec"]["kind"] == "train"]
+  if trains:
+    lines += ["", "Train steps (bf16 matmuls, float32 master weights, layer remat; synthetic "
+              "rollouts of T tokens; MFU: model FLOPs of the step, prox pass included, over "
+              "the chip's bf16 specification):", "",
+              "| method | attention (ran) | N | P | T | prox pass | step s | tokens/s | MFU "
+              "| planned MiB | device peak MiB | compile s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['method']} | {r['attention']} ({r['resolved']}) | {r['rows']} | {r['P']} | "
+              f"{r['T']} | {r['prox_pass']} | {r['train_s']:.3g} | "
+              f"{r['train_tokens_per_s']:.0f} | {_fmt(r['train_mfu'], '.1%')} | "
+              f"{_fmt(r['planned_step_bytes'], '.0f', MIB)} | "
+              f"{_fmt(r['device_peak_bytes'], '.0f', MIB)} | {r['compile_s']:.0f} |"
+              for r in trains]
+  decodes = [pt["result"] for pt in done if pt["spec"]["kind"] == "decode"]
+  if decodes:
+    lines += ["", "Decode (the sampler, EOS off; bytes: hbm.decode_bytes' floor, weights once "
+              "per step + the filled KV slots; fractions of the HBM specification and of the "
+              "measured copy, lower bounds):", "",
+              "| N | P | T | attention (ran) | tokens/s | ms / step | GB / step | of HBM "
+              "| of copy | planned MiB | device peak MiB | compile s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['rows']} | {r['P']} | {r['T']} | {r['attention']} ({r['resolved']}) | "
+              f"{r['tokens_per_s']:.0f} | {1e3 * r['step_s']:.3g} | "
+              f"{r['bytes_per_step'] / 1e9:.3g} | {_fmt(r['hbm_fraction'], '.1%')} | "
+              f"{_fmt(r['copy_fraction'], '.1%')} | {_fmt(r['planned_bytes'], '.0f', MIB)} | "
+              f"{_fmt(r['device_peak_bytes'], '.0f', MIB)} | {r['compile_s']:.0f} |"
+              for r in decodes]
+  tests = [pt for pt in done if pt["spec"]["kind"] == "tests"]
+  for pt in tests:
+    lines += ["", f"Tests: {pt['result']['summary']} ({pt['seconds']:.0f} s)."]
+  rest = [pt for pt in result["points"] if pt["status"] != "ok"]
+  if rest:
+    lines += ["", "Not measured:", ""]
+    lines += [f"- {point_line(pt).split('] ', 1)[1]}" for pt in rest]
   return "\n".join(lines) + "\n"
+
+
+class Check:
+  """The parent: runs the plan point by point, rewriting the JSON and the table after each.
+
+  Args:
+    out_dir: where accelerator.json / .md / .log go.
+    points: ``plan``'s.
+    budget_s: the wall-clock bound of the whole check.
+    tiny: the toy shapes (a CPU is then allowed).
+    cache_dir: JAX's compilation cache folder of the children ('' = off).
+    expect: the backend JAX must run on ('' = any).
+    test_files: pytest's files of the tests point.
+    hang: a point id whose child sleeps until it is killed at ``HANG_CAP_S`` (tests).
+  """
+
+  def __init__(self, out_dir: str, points: list[dict], budget_s: float, tiny: bool,
+               cache_dir: str, expect: str = "", test_files=(), hang: str = ""):
+    self.out_dir, self.tiny, self.budget_s = out_dir, tiny, budget_s
+    self.expect, self.test_files, self.hang = expect, list(test_files), hang
+    os.makedirs(out_dir, exist_ok=True)
+    self.log = os.path.join(out_dir, "accelerator.log")
+    self.start = time.monotonic()
+    cache = cache_dir
+    self.result = {
+        "check": "grpo_jax.bench.accelerator", "argv": sys.argv, "tiny": tiny,
+        "started": datetime.datetime.now().isoformat(timespec="seconds"),
+        "budget_s": budget_s, "elapsed_s": 0.0, "status": "running", "message": "",
+        "versions": package_versions(),
+        "environ": {k: os.environ[k] for k in _ENV_VARS if k in os.environ},
+        "compilation_cache": {"dir": cache, "entries_before": _entries(cache)},
+        "env": None,
+        "points": [{**pt, "status": "pending"} for pt in points]}
+    self.child_env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache}
+    with open(self.log, "w", encoding="utf-8") as f:
+      f.write(f"accelerator check {self.result['started']}: {' '.join(sys.argv)}\n")
+    self.save()
+
+  def elapsed(self) -> float:
+    return time.monotonic() - self.start
+
+  def save(self) -> None:
+    """accelerator.json and accelerator.md, each replaced whole."""
+    self.result["elapsed_s"] = self.elapsed()
+    cache = self.result["compilation_cache"]
+    cache["entries_after"] = _entries(cache["dir"])
+    bounded.write_atomic(os.path.join(self.out_dir, "accelerator.json"),
+                         json.dumps(self.result, indent=1))
+    bounded.write_atomic(os.path.join(self.out_dir, "accelerator.md"), markdown(self.result))
+
+  def finish(self, status: str, message: str = "") -> None:
+    for pt in self.result["points"]:
+      if pt["status"] in ("pending", "running"):
+        pt["status"] = "not started" if pt["status"] == "pending" else "terminated"
+    self.result.update(status=status, message=message)
+    self.save()
+
+  def run_one(self, pt: dict, timeout_s: float, limit: str) -> None:
+    """One point in a child bounded by ``timeout_s``; its result (or why none) into ``pt``."""
+    pt.update(status="running", timeout_s=timeout_s, limit=limit)
+    self.save()
+    spec = dict(pt["spec"])
+    with tempfile.TemporaryDirectory(prefix="grpo_jax_point_") as tmp:
+      result_path = os.path.join(tmp, "result.json")
+      if spec["kind"] == "tests":
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "-n", "0",
+                "-p", "no:cacheprovider", *self.test_files]
+      else:
+        spec["tiny"] = self.tiny
+        if pt["id"] == self.hang:
+          spec["hang"] = True
+        argv = [sys.executable, "-m", "grpo_jax.bench.accelerator_points", json.dumps(spec),
+                result_path, str(time.time() + timeout_s + 5.0)]
+      env = {**self.child_env,
+             "GRPO_JAX_ACCELERATOR_ENV": json.dumps({
+                 k: v for k, v in (self.result["env"] or {}).items()
+                 if k in ("copy_bytes_per_s", "hbm_bytes_per_s")})}
+      outcome = bounded.run_point(argv, timeout_s, self.log, env=env, title=pt["id"])
+      pt.update(status=outcome["status"], seconds=outcome["seconds"], ended_s=self.elapsed())
+      if outcome["status"] == "failed":
+        pt["error"] = outcome["last_line"]
+      if spec["kind"] == "tests" and outcome["status"] != "timeout":
+        pt.update(status="ok", result={"summary": outcome["last_line"],
+                                       "returncode": outcome["returncode"]})
+      elif outcome["status"] == "ok":
+        with open(result_path, encoding="utf-8") as f:
+          pt["result"] = json.load(f)
+    if pt["id"] == "env" and pt["status"] == "ok":
+      self.result["env"] = pt["result"]
+    self.save()
+    print(point_line(pt), flush=True)
+
+  def run(self, only: list[str]) -> int:
+    """Runs the plan within the budget; returns the exit status."""
+    min_start = MIN_START_S[self.tiny]
+    for pt in self.result["points"]:
+      if only and pt["id"] != "env" and pt["id"] not in only:
+        pt["status"] = "not selected"
+        continue
+      left = self.budget_s - self.elapsed()
+      if left < max(min_start, 0.01):
+        self.finish("budget spent", f"budget spent: {self._count('pending')} point(s) not "
+                                    "started")
+        print(f"accelerator check: {self.result['message']}", flush=True)
+        return 0
+      cap = HANG_CAP_S if pt["id"] == self.hang else pt["cap_s"]
+      self.run_one(pt, min(cap, left), "cap" if cap <= left else "budget")
+      if pt["id"] == "env":
+        code = self._check_env(pt)
+        if code:
+          return code
+      if pt["status"] == "timeout" and pt["limit"] == "budget":
+        self.finish("budget spent", f"budget spent in {pt['id']}: "
+                                    f"{self._count('pending')} point(s) not started")
+        print(f"accelerator check: {self.result['message']}", flush=True)
+        return 0
+    self.finish("done", f"{self._count('ok')} point(s) measured, "
+                        f"{len(self.result['points']) - self._count('ok')} not")
+    return 0
+
+  def _count(self, status: str) -> int:
+    return sum(pt["status"] == status for pt in self.result["points"])
+
+  def _check_env(self, pt: dict) -> int:
+    """The exit status (and its one line on stderr) when the check cannot go on."""
+    if pt["status"] != "ok":
+      why = (f"not read within {pt['seconds']:.1f} s ({pt['limit']})"
+             if pt["status"] == "timeout" else f"not read: {pt.get('error', '')}")
+      code, line = 4, f"the environment was {why}; nothing measured (see {self.log})"
+      status = "no environment"
+    else:
+      code, status, line = env_problem(pt["result"], self.expect, self.tiny,
+                                       self.result["versions"])
+    if code:
+      self.finish(status, line)
+      print(f"accelerator check: {line}", file=sys.stderr, flush=True)
+    return code
+
+
+def _cache_dir(flag: str) -> str:
+  """The compilation cache folder the children use ('' = off)."""
+  if flag == "none":
+    return ""
+  if flag:
+    return os.path.abspath(flag)
+  from grpo_jax import compilation_cache  # pylint: disable=g-import-not-at-top
+  path = os.environ.get(compilation_cache.ENV)
+  return compilation_cache.default_dir() if path is None else path
+
+
+def _entries(path: str) -> int:
+  """Files in the cache folder (0 when off or absent)."""
+  if not path or not os.path.isdir(path):
+    return 0
+  return sum(len(files) for _, _, files in os.walk(path))
 
 
 def main(argv):
   del argv
-  console.quiet_unless_verbose()
-  start = time.perf_counter()
   tiny = _TINY.value
-  cfg = qwen3_0p6b_shape(tiny)
-  result = {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
-            "model": ("toy Qwen3 (tiny)" if tiny else
-                      f"random Qwen3-0.6B shape ({cfg.num_params / 1e6:.0f}M params)")
-                     + ", bf16 matmuls, float32 weights, layer remat",
-            "tests": None, "parity": [], "steps": [], "skipped": []}
-  if _TESTS.value:
-    result["tests"] = run_tests(_TEST_FILES.value)
-    print(f"tests: {result['tests']['summary']}", flush=True)
-  result["parity"] = parity(tiny)
-  for pr in result["parity"]:
-    print(f"parity {pr['kernel']}: out {pr['max_out_diff']:.3g} grad "
-          f"{pr['max_grad_diff']:.3g} at padding {pr['max_at_padding']:.3g} finite "
-          f"{pr['finite']}", flush=True)
-  lengths = [int(x) for x in _LENGTHS.value] if not tiny else [16]
-  n, g, p = (_ROWS.value, _GROUP.value, _PROMPT_LEN.value) if not tiny else (4, 2, 8)
-  plan = [("grpo", impl, t) for t in lengths for impl in _ATTENTION.value]
-  plan += [("popo", "auto", t) for t in lengths]
-  for method, impl, t in plan:
-    if time.perf_counter() - start > _BUDGET.value:
-      result["skipped"].append(f"{method} {impl} T={t}")
-      continue
-    try:
-      pt = step_point(cfg, impl, method, n, g, p, t)
-    except Exception as e:  # pylint: disable=broad-except
-      # An out-of-memory or unsupported shape on a device: recorded, the check goes on.
-      result["skipped"].append(f"{method} {impl} T={t}: {type(e).__name__}: {str(e)[:200]}")
-      print(f"{method} {impl} T={t}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
-      continue
-    result["steps"].append(pt)
-    print(f"{method} {impl} T={t}: gen {pt['gen_tokens_per_s']:.0f} tok/s, train "
-          f"{pt['train_tokens_per_s']:.0f} tok/s, planned {pt['planned_step_bytes'] / MIB:.0f} "
-          f"MiB", flush=True)
-  result["seconds"] = time.perf_counter() - start
-  table = markdown(result)
-  print(table, flush=True)
-  if _OUT.value:
-    os.makedirs(_OUT.value, exist_ok=True)
-    with open(os.path.join(_OUT.value, "accelerator.json"), "w") as f:
-      json.dump(result, f, indent=1)
-    with open(os.path.join(_OUT.value, "accelerator.md"), "w") as f:
-      f.write(table)
+  points = plan(tiny, _ROWS.value, [int(x) for x in _DECODE_ROWS.value],
+                [int(x) for x in _LENGTHS.value], _ATTENTION.value, _GROUP.value,
+                _PROMPT_LEN.value, _TESTS.value)
+  check = Check(_OUT.value, points, _BUDGET.value, tiny, _cache_dir(_CACHE.value),
+                expect=_EXPECT.value, test_files=_TEST_FILES.value, hang=_HANG.value)
+
+  def stop(signum, frame):
+    """Killed from outside (a tool's timeout): the child first, then the files, then out."""
+    del frame
+    bounded.kill_running()
+    check.finish("terminated", f"stopped by signal {signum}")
+    sys.exit(128 + signum)
+
+  signal.signal(signal.SIGTERM, stop)
+  signal.signal(signal.SIGINT, stop)
+  code = check.run(_ONLY.value)
+  if code == 0:
+    print(markdown(check.result), flush=True)
+  return code
 
 
 if __name__ == "__main__":
