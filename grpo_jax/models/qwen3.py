@@ -26,6 +26,7 @@ from grpo_jax.models.attention import (
 # prompts_repeat is re-exported: step.py and update.py import it from here.
 from grpo_jax.models.causal_lm import positions_from_mask, prompts_repeat  # noqa: F401
 from grpo_jax.models.kv_cache import KVCache
+from grpo_jax.models import lm_head as head_lib
 from grpo_jax.models.layers import INIT, Dense, RMSNorm, fused_dense, rope
 from grpo_jax.sharding import ambient_tensor_shards, constrain
 
@@ -440,15 +441,14 @@ class Qwen3(nnx.Module):
     return jnp.take(constrain(table_VxD, ("vocab", None)), input_ids_NxX, axis=0)
 
   def logits(self, hidden_xD: jax.Array) -> jax.Array:
-    """float32 logits [..., V] from final hidden states [..., D]."""
+    """float32 logits [..., V] from final hidden states [..., D]; their backward GEMMs run in
+    the compute dtype (``models/lm_head.py``)."""
     dtype = jnp.dtype(self.config.dtype)
     if self.config.tie_word_embeddings:
       w_VxD = self.embed_tokens.embedding[...].astype(dtype)
-      return jnp.einsum("...d,vd->...v", hidden_xD.astype(dtype), w_VxD,
-                        preferred_element_type=jnp.float32)
+      return head_lib.logits(hidden_xD.astype(dtype), w_VxD, True)
     w_DxV = self.lm_head.kernel[...].astype(dtype)
-    logits = jnp.einsum("...d,dv->...v", hidden_xD.astype(dtype), w_DxV,
-                        preferred_element_type=jnp.float32)
+    logits = head_lib.logits(hidden_xD.astype(dtype), w_DxV, False)
     if self.lm_head.lora is None:
       return logits
     # An adapted LM head (``lora.attach`` with a target matching lm_head).
