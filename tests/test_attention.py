@@ -2,9 +2,12 @@
 
 Kernel level: ``flash.flash_attention`` and its custom VJP against the dense ``attention`` at
 several block sizes, with left padding and a query offset (forward <= 1e-5, gradients <= 1e-4,
-float32, on every query that sees a key); no [X, S] array anywhere in its gradient's jaxpr;
-its loops visit only the causally reachable blocks (read back with NaN-poisoned blocks); the
-cache kernel reads no slot past the filled blocks. The fused kernels against ``blocked`` on
+float32, on every query that sees a key), also with a traced offset; no [X, S] array anywhere
+in its gradient's jaxpr; its static schedules visit only the causally reachable blocks (read
+back with NaN-poisoned blocks); the cache kernel against the dense one. The GPU decode kernel
+(``decode_attention``, Pallas) in Pallas' interpreter against the dense one, reading no slot
+past the filled blocks, per shard under a mesh of fake devices, and lowered to Triton for a
+GPU (compiled and run only on one). The fused kernels against ``blocked`` on
 every position (0 at padded ones): ``splash`` in Pallas' interpreter across several blocks,
 the ``cudnn`` wrapper on JAX's reference kernel with left, right and both-sides padding and
 with NaN where cuDNN's results are unspecified (cuDNN itself needs a GPU; bench/accelerator.py
@@ -13,7 +16,10 @@ their gradients, the remat'd pass, and the sampler, with ``blocked`` against ``x
 tiny Qwen3.
 """
 import functools
+import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +31,7 @@ from grpo_jax import configuration, errors
 from grpo_jax import sampler as sampler_lib
 from grpo_jax.logprobs import completion_logprobs_and_entropy
 from grpo_jax.models import attention as attn
+from grpo_jax.models import decode_attention as decode_kernel
 from grpo_jax.models import flash, from_pretrained, fused_attention
 from tests import jaxpr_shapes
 
@@ -64,6 +71,24 @@ def test_flash_equals_dense_forward_and_gradients(block_q, block_k):
     np.testing.assert_allclose(g, w_, atol=GRAD, rtol=0)
 
 
+def test_flash_with_a_traced_offset_visits_every_pair_and_equals_dense():
+  """No call site traces the offset; if one did, the schedule is every block pair (the mask
+  alone skips) and the values and gradients are the same."""
+  q, k, v, key_mask, key = _inputs()
+  offset = S - X
+  seen = attn.causal_mask(key_mask, X, offset).any(-1)
+  cot = jax.random.normal(key, (N, X, KH, QH, W)) * seen[:, :, None, None, None]
+  run = lambda f: jax.jit(jax.value_and_grad(lambda q, k, v, o: jnp.sum(f(q, k, v, o) * cot),
+                                             argnums=(0, 1, 2)))(q, k, v, offset)
+  got = run(lambda q, k, v, o: flash.flash_attention(q, k, v, key_mask, o, block_q=4,
+                                                     block_k=5))
+  want = run(lambda q, k, v, o: attn.attention(q, k, v, attn.causal_mask(key_mask, X, o)))
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+  for g, w_ in zip(got[1], want[1]):
+    np.testing.assert_allclose(g, w_, atol=GRAD, rtol=0)
+  assert len(flash.block_pairs(None, 4, 5, 4, 5)[0]) == 20
+
+
 def test_fully_masked_queries_give_zero_and_no_gradient():
   q, k, v, key_mask, _ = _inputs(x=S)
   out = flash.flash_attention(q, k, v, key_mask, 0, block_q=4, block_k=4)
@@ -95,28 +120,163 @@ def _cache(k, v, key_mask, size):
           jnp.pad(key_mask, ((0, 0), (0, size - key_mask.shape[1]))))
 
 
-@pytest.mark.parametrize("index,x,block", [(0, 13, 8), (10, 1, 8), (20, 1, 8), (5, 4, 8),
-                                           (15, 1, 8), (20, 1, 7), (38, 2, 7), (39, 1, 40)])
-def test_cache_kernel_equals_dense_and_reads_only_filled_blocks(index, x, block):
+CACHE_CASES = [(0, 13, 8), (10, 1, 8), (20, 1, 8), (5, 4, 8), (15, 1, 8), (20, 1, 7), (38, 2, 7),
+               (39, 1, 40)]
+
+
+def _poisoned_past_filled(k_c, v_c, index, x, block):
+  """The cache with every block past the queries' last one NaN (keys and values), and the slot
+  they start from. Blocks of ``block`` slots: the queries' last slot index + x - 1 lies in
+  block (index + x - 1) // block. A kernel that read one of them would return NaN (0 * NaN in
+  the product with the values), as the dense kernel does."""
+  nan_from = min(40, -(-(index + x) // block) * block)
+  poison = lambda a, axis: jnp.where(
+      jnp.expand_dims(jnp.arange(40) >= nan_from, [d for d in range(4) if d != axis]), np.nan, a)
+  return poison(k_c, 3), poison(v_c, 2), nan_from
+
+
+@pytest.mark.parametrize("index,x,block", CACHE_CASES)
+def test_blocked_cache_kernel_equals_dense(index, x, block):
+  """Prefills (X > 1) block by block, decode steps (X = 1) in one pass, both over every slot
+  (unwritten ones masked). Blocks of 7 do not divide the 40 slots: the last one is read from
+  slot 33 with 33..34 masked."""
   q, k, v, key_mask, _ = _inputs()
   q = q[:, :x]
   k_c, v_c, mask_c = _cache(k, v, key_mask, 40)
   dense = attn.cache_attention(q, k_c, v_c, mask_c, index, "xla")
-  # Blocks of ``block`` slots: the queries' last slot index + x - 1 lies in block
-  # (index + x - 1) // block; every block after it is NaN. A kernel that read one of them would
-  # return NaN (0 * NaN in the product with the values), as the dense kernel does. Blocks of 7
-  # do not divide the 40 slots: the last one is read from slot 33 with 33..34 masked.
-  nan_from = min(40, -(-(index + x) // block) * block)
-  poison = lambda a, axis: jnp.where(
-      jnp.expand_dims(jnp.arange(40) >= nan_from, [d for d in range(4) if d != axis]), np.nan, a)
-  k_nan, v_nan = poison(k_c, 3), poison(v_c, 2)
-  got = jax.jit(lambda q, i: attn.cache_attention(q, k_nan, v_nan, mask_c, i, "blocked",
-                                                   block=block))(q, index)
   seen = attn.causal_mask(mask_c, x, index).any(-1)
-  assert np.all(np.isfinite(got))
+  got = jax.jit(lambda q, i: attn.cache_attention(q, k_c, v_c, mask_c, i, "blocked",
+                                                  block=block))(q, index)
   assert _max_err(got, dense, seen) <= FWD
-  if nan_from < 40:
+
+
+# The Pallas GPU decode kernel in Pallas' interpreter: (index, block_k, dtype). 40 slots in
+# blocks of 16 or 32 (a partial tail block, several splits), the query before, inside and at
+# the end of the filled blocks.
+PALLAS_CASES = [(3, 16, "float32"), (20, 16, "float32"), (39, 16, "float32"),
+                (31, 32, "float32"), (26, 16, "bfloat16")]
+
+
+@pytest.mark.parametrize("index,block,dtype", PALLAS_CASES)
+def test_pallas_decode_equals_dense_and_reads_only_filled_blocks(index, block, dtype):
+  """``decode_attention``'s kernel, interpreted, against the dense kernel: row 2 has a hole
+  in its key mask (slots 9-10 False), which a [start, length) range could not express; the
+  key mask is True past ``index`` (the kernel's causal bound alone must stop there); and every
+  block past the filled ones is NaN (the loop never reads it)."""
+  w, dt = 16, jnp.dtype(dtype)
+  ks = jax.random.split(jax.random.key(7), 3)
+  q = jax.random.normal(ks[0], (N, 1, KH, QH, w)).astype(dt)
+  k_c = jax.random.normal(ks[1], (N, KH, w, 40)).astype(dt)
+  v_c = jax.random.normal(ks[2], (N, KH, 40, w)).astype(dt)
+  mask_c = (jnp.arange(40)[None] >= jnp.array([0, 3, 7])[:, None]).at[2, 9:11].set(False)
+  dense = attn.cache_attention(q, k_c, v_c, mask_c, index, "xla")
+  k_nan, v_nan, nan_from = _poisoned_past_filled(k_c, v_c, index, 1, block)
+  if nan_from < 40:  # the guard sees: the dense kernel reads the NaN blocks
     assert not np.all(np.isfinite(attn.cache_attention(q, k_nan, v_nan, mask_c, index, "xla")))
+  got = decode_kernel.decode_attention(q, k_nan, v_nan, mask_c, jnp.int32(index), block_k=block,
+                                       interpret=True)
+  assert got.shape == dense.shape and got.dtype == dense.dtype
+  assert np.all(np.isfinite(np.asarray(got, np.float32)))
+  # bf16: the two round the probabilities at different points (unnormalised / normalised).
+  tol = FWD if dt == jnp.float32 else 2e-2
+  seen = attn.causal_mask(mask_c, 1, index).any(-1)  # at index 3 row 2 sees no key (unused)
+  assert _max_err(got.astype(jnp.float32), dense.astype(jnp.float32), seen) <= tol
+
+
+@pytest.mark.parametrize("dtype,w,qh,size,block", [("bfloat16", 128, 2, 1056, 128),
+                                                   ("float32", 64, 8, 300, 64)])
+def test_pallas_decode_lowers_to_one_triton_kernel(dtype, w, qh, size, block):
+  """The kernel's Triton lowering for a GPU, run on this machine (no GPU needed to lower):
+  Triton's shape rules (power-of-2 tiles, dots of at least 16) hold at model-like shapes, and
+  the step is one kernel call with no XLA loop. Compiling it to PTX and running it need a GPU
+  (``test_pallas_decode_equals_blocked_on_gpu``)."""
+  dt = jnp.dtype(dtype)
+  args = (jax.ShapeDtypeStruct((4, 1, 2, qh, w), dt), jax.ShapeDtypeStruct((4, 2, w, size), dt),
+          jax.ShapeDtypeStruct((4, 2, size, w), dt), jax.ShapeDtypeStruct((4, size), bool),
+          jax.ShapeDtypeStruct((), jnp.int32))
+  text = jax.jit(functools.partial(decode_kernel.decode_attention, block_k=block)).trace(
+      *args).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("xla.gpu.triton") == 1 and "stablehlo.while" not in text
+
+
+_PALLAS_UNDER_A_MESH = """
+import json, os, re
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=4")
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+from grpo_jax import sharding
+from grpo_jax.models import attention as attn, decode_attention as decode_kernel
+mesh = jax.make_mesh((2, 1, 2), sharding.MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3)
+n, kh, qh, w, size, index = 4, 2, 2, 16, 40, 29
+ks = jax.random.split(jax.random.key(9), 3)
+q = jax.random.normal(ks[0], (n, 1, kh, qh, w))
+k = jax.random.normal(ks[1], (n, kh, w, size))
+v = jax.random.normal(ks[2], (n, kh, size, w))
+mask = jnp.arange(size)[None] >= jnp.array([0, 3, 7, 1])[:, None]
+specs = (P(sharding.BATCH_AXES, None, "tensor"), P(sharding.BATCH_AXES, "tensor"),
+         P(sharding.BATCH_AXES, "tensor"), P(sharding.BATCH_AXES))
+args = [jax.device_put(a, NamedSharding(mesh, sp)) for a, sp in zip((q, k, v, mask), specs)]
+run = lambda interpret: jax.jit(sharding.use_mesh(
+    lambda q, k, v, m, i: decode_kernel.decode_attention(q, k, v, m, i, block_k=16,
+                                                         interpret=interpret), mesh))
+got = run(True)(*args, jnp.int32(index))
+want = attn.cache_attention(q, k, v, mask, index, "xla")
+text = run(False).trace(*args, jnp.int32(index)).lower(lowering_platforms=("cuda",)).as_text()
+calls = [line for line in text.splitlines() if "xla.gpu.triton" in line]
+print(json.dumps({"err": float(jnp.max(jnp.abs(got - want))), "calls": len(calls),
+                  "operands": re.findall(r"tensor<[0-9x]+x(?:f32|i32)>", calls[0].split("->")[0])}))
+"""
+
+
+def test_pallas_decode_runs_per_shard_under_a_mesh():
+  """On 4 fake CPU devices (rows over data=2, key/value heads over tensor=2): interpreted, the
+  kernel equals the dense one; lowered for a GPU, the one Triton call takes each device's own
+  rows and heads (XLA cannot partition a Triton call: without ``shard_map`` it would be given
+  the whole cache, gathered from every device at every token)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  proc = subprocess.run([sys.executable, "-c", _PALLAS_UNDER_A_MESH], capture_output=True,
+                        text=True, timeout=600, env=env, cwd=root)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  got = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert got["err"] <= FWD and got["calls"] == 1, got
+  # q [2 rows, 1 head, 16 padded query heads, W], keys [2, 1, W, 40], values, mask, lengths.
+  assert got["operands"] == ["tensor<2x1x16x16xf32>", "tensor<2x1x16x40xf32>",
+                             "tensor<2x1x40x16xf32>", "tensor<2x40xi32>", "tensor<2xi32>"], got
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the Triton kernel needs a GPU")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pallas_decode_equals_blocked_on_gpu(dtype):
+  """The compiled kernel against ``blocked`` at a model-like shape (several splits, a tail)."""
+  dt = jnp.dtype(dtype)
+  n, kh, qh, w, size = 4, 2, 4, 64, 1100
+  ks = jax.random.split(jax.random.key(8), 3)
+  q = jax.random.normal(ks[0], (n, 1, kh, qh, w)).astype(dt)
+  k_c = jax.random.normal(ks[1], (n, kh, w, size)).astype(dt)
+  v_c = jax.random.normal(ks[2], (n, kh, size, w)).astype(dt)
+  mask_c = jnp.arange(size)[None] >= jnp.array([0, 5, 50, 300])[:, None]
+  tol = FWD if dt == jnp.float32 else 2e-2
+  for index in (400, 700, 1099):
+    want = attn.cache_attention(q, k_c, v_c, mask_c, index, "blocked", block=128)
+    got = jax.jit(decode_kernel.decode_attention)(q, k_c, v_c, mask_c, jnp.int32(index))
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("name,x,keys,backend,want", [
+    ("xla", 1, 4096, "gpu", "xla"), ("blocked", 1, 4096, "gpu", "blocked"),
+    ("auto", 1, 4096, "gpu", "pallas"), ("cudnn", 1, 64, "gpu", "pallas"),
+    ("auto", 7, 4096, "gpu", "blocked"), ("auto", 1, 4096, "tpu", "blocked"),
+    ("splash", 1, 4096, "tpu", "blocked"), ("auto", 1, 4096, "cpu", "blocked"),
+    ("auto", 1, 64, "cpu", "xla")])
+def test_cache_kernel_per_backend(name, x, keys, backend, want):
+  """A GPU's decode step takes the Pallas kernel (``blocked`` where it does not take the
+  shape); nothing else reads only the filled blocks."""
+  assert attn.cache_kernel(name, x, keys, backend) == want
+  if want == "pallas":
+    assert attn.cache_kernel(name, x, keys, backend, pallas=False) == "blocked"
 
 
 def _grouped_inputs():

@@ -12,19 +12,28 @@ name       kernel
            with ``query_block`` > 0, ``blocked_attention``: X cut into rematerialised query
            blocks). Exact reference; memory quadratic in length in the backward pass.
 ``blocked`` ``flash.flash_attention``: keys and queries in blocks with an online softmax and a
-           custom VJP; no [X, S] array in either pass, causal block skipping; the sampler reads
-           only the filled cache blocks (``flash.cached_flash_attention``). Plain JAX, any
-           backend; the reference the accelerator kernels are tested against.
+           custom VJP; no [X, S] array in either pass, causal block skipping by a static
+           schedule of block pairs; the cache passes read every slot, the unwritten ones
+           masked (``flash.cached_flash_attention``). Plain JAX, any backend; the reference
+           the accelerator kernels are tested against.
 ``cudnn``  cuDNN flash attention (``fused_attention.cudnn_attention``; GPU, bf16/fp16).
 ``splash`` Pallas TPU splash attention (``fused_attention.splash_attention``; TPU).
 ``auto``   ``cudnn`` on a GPU, ``splash`` on a TPU, else ``blocked`` from
            ``BLOCKED_FROM_KEYS`` key slots on and ``xla`` below.
 =========  =================================================================================
 
-``cudnn`` and ``splash`` compute the square causal case; the cache passes, and any shape or
-dtype they do not take, run ``blocked``. All agree with ``xla`` on every real query (float32:
-outputs within 1e-5, gradients within 1e-4; tests/test_attention.py); a query that sees no key
-(left padding) is unused, and its output may differ (uniform average vs 0).
+``cudnn`` and ``splash`` compute the square causal case; the continuation of a shared prompt,
+and any shape or dtype they do not take, run ``blocked``. The cache passes (the sampler's
+prefill and decode) pick their kernel by ``cache_kernel``: on a GPU (``auto``, ``cudnn``) a
+decode step runs ``decode_attention``'s Pallas kernel, which reads only the filled cache blocks
+within one kernel; every other cache pass runs ``xla`` or ``blocked``, which read every slot.
+No kernel has a loop whose trip count is a traced value (XLA:GPU copies such a loop's predicate
+to the host and waits, every iteration): the train step has none, the sampler one, its decode
+loop (tests/test_hlo_loops.py counts them).
+
+All agree with ``xla`` on every real query (float32: outputs within 1e-5, gradients within
+1e-4; tests/test_attention.py); a query that sees no key (left padding) is unused, and its
+output may differ (uniform average vs 0).
 
 Shape letters: ``types.py``. N rows, X queries (a block of positions), S key slots, K key/value
 heads, Q query heads per key/value head, W head width; B prompts, P prompt and T continuation
@@ -38,6 +47,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.models import decode_attention as decode_kernel
 from grpo_jax.models import flash, fused_attention
 
 IMPLEMENTATIONS = ("auto", "xla", "blocked", "cudnn", "splash")
@@ -48,11 +58,12 @@ BLOCKED_FROM_KEYS = 1024
 BACKEND = {"cudnn": "gpu", "splash": "tpu"}
 
 
-def resolve(name: str, num_keys: int) -> str:
-  """The kernel ``name`` stands for at ``num_keys`` key slots on this process's backend."""
+def resolve(name: str, num_keys: int, backend: str | None = None) -> str:
+  """The kernel ``name`` stands for at ``num_keys`` key slots on ``backend`` (default: this
+  process's)."""
   if name != "auto":
     return name
-  backend = jax.default_backend()
+  backend = backend or jax.default_backend()
   if backend == "gpu":
     return "cudnn"
   if backend == "tpu":
@@ -97,17 +108,36 @@ def self_attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS, impl: str = 
   return attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, mask_NxSxS)
 
 
+def cache_kernel(name: str, num_queries: int, num_keys: int, backend: str | None = None,
+                 pallas: bool = True) -> str:
+  """The kernel of a cache pass of X = ``num_queries`` tokens over ``num_keys`` slots: ``xla``
+  or ``blocked`` (every slot), or ``pallas`` (``decode_attention``: a decode step, X = 1, on a
+  GPU, where ``pallas`` says the kernel takes the shape; only the filled blocks)."""
+  backend = backend or jax.default_backend()
+  impl = resolve(name, num_keys, backend)
+  if impl == "xla":
+    return "xla"
+  if impl == "cudnn" and backend == "gpu" and num_queries == 1 and pallas:
+    return "pallas"
+  return "blocked"
+
+
 def cache_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, index,
                     impl: str = "xla", block: int = 256):
   """X new tokens at slots ``index`` .. over a KV cache (``KVCache``'s layout): each sees the
-  real slots up to its own. ``xla`` reads every slot (``decode_attention`` for X = 1, else
-  ``cached_attention``); the others read only the filled blocks (``flash``).
+  real slots up to its own, by the kernel ``cache_kernel`` picks for ``impl``: ``xla`` reads
+  every slot (``decode_attention`` for X = 1, else ``cached_attention``), ``blocked`` too
+  (``flash.cached_flash_attention``: key blocks for X > 1), ``pallas`` only the filled blocks.
 
   Returns:
     [N, X, K, Q, W] in the values' dtype.
   """
   x, s = q_NxXxKxQxW.shape[1], key_mask_NxS.shape[1]
-  if resolve(impl, s) != "xla":
+  kernel = cache_kernel(impl, x, s, pallas=decode_kernel.supported(q_NxXxKxQxW, v_NxKxSxW))
+  if kernel == "pallas":
+    return decode_kernel.decode_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS,
+                                          index)
+  if kernel == "blocked":
     return flash.cached_flash_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, index,
                                         block_k=block)
   mask_NxXxS = causal_mask(key_mask_NxS, x, index)

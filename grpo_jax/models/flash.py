@@ -8,13 +8,23 @@ queries), the continuation of a shared prompt (keys = [prompt; own row], offset 
 prefill (offset = the cache index).
 
 ``flash_attention`` cuts queries into blocks of ``block_q`` and keys into blocks of
-``block_k``; each query block walks the key blocks it can see (causal block skipping: the loop
-stops at the diagonal) keeping a running maximum, normaliser and output (the online softmax of
-Milakov & Gimelshein, arXiv 1805.02867, as FlashAttention uses it: Dao et al., arXiv 2205.14135;
-the backward pass in FlashAttention-2's order, arXiv 2307.08691). Its custom VJP saves only the
-output and the per-query log-sum-exp and recomputes each [block_q, block_k] probability tile in
-the backward pass, so no [X, S] score or probability array exists in either pass: per layer,
-O(N * H * block_q * block_k) scratch plus the O(N * X * H * W) inputs and outputs.
+``block_k``; each query block walks the key blocks it can see (causal block skipping: no block
+past the diagonal is visited) keeping a running maximum, normaliser and output (the online
+softmax of Milakov & Gimelshein, arXiv 1805.02867, as FlashAttention uses it: Dao et al., arXiv
+2205.14135; the backward pass in FlashAttention-2's order, arXiv 2307.08691).
+
+Its custom VJP saves only the output and the per-query log-sum-exp and recomputes each
+[block_q, block_k] probability tile in the backward pass, so no [X, S] score or probability
+array exists in either pass: per layer, O(N * H * block_q * block_k) scratch plus the
+O(N * X * H * W) inputs and outputs.
+
+Which (query block, key block) pairs a pass visits is decided at trace time (``block_pairs``):
+one ``lax.scan`` over that static list, so every loop has a trip count XLA knows. A loop whose
+trip count is a traced value costs XLA:GPU a device-to-host copy of its predicate and a wait at
+every iteration (layers x blocks round trips per step); a known one runs its body with no such
+copy (tests/test_hlo_loops.py counts the unknown-trip-count loops of the compiled train step:
+none). The query offset is a Python int at every call site (0, or the prompt length P); a traced
+offset, which no call site passes, visits every pair and leaves the skipping to the mask.
 
 Scores, softmax statistics and every accumulation are float32; inputs may be bfloat16. A query
 that sees no key (left padding) gets output 0 (the dense kernel's is a uniform average, equally
@@ -27,6 +37,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _NEG = -1e30  # finite "minus infinity" for masked scores
 f32 = jnp.float32
@@ -56,70 +67,94 @@ def _scores(q_NxXxKxQxW, k_NxSxKxW, scale):
                     preferred_element_type=f32) * scale
 
 
-# The two loops' bounds (causal block skipping), pure functions of the block positions:
+# The schedule's bounds (causal block skipping), pure functions of static block positions:
 # tests/test_attention.py checks them against hand-worked tables and reads the real loops'
 # visits back. Query block i (queries q0 = i * block_q ..) and key block j (keys k0 =
 # j * block_k ..) meet iff some query of i may see some key of j: k0 <= offset + q0 +
 # block_q - 1, the block's last query's slot.
 
 
-def key_blocks_seen(offset, q0, block_q: int, block_k: int, num_k: int):
+def key_blocks_seen(offset: int, q0: int, block_q: int, block_k: int, num_k: int) -> int:
   """The forward's bound: query block q0.. visits key blocks 0 .. this - 1, up to the one that
-  holds its last query's slot (``offset`` and ``q0`` may be traced)."""
+  holds its last query's slot."""
   last = offset + q0 + block_q - 1
-  return jnp.clip(last // block_k + 1, 0, num_k)
+  return min(max(last // block_k + 1, 0), num_k)
 
 
-def first_query_block(offset, k0, block_q: int, num_q: int):
+def first_query_block(offset: int, k0: int, block_q: int, num_q: int) -> int:
   """The backward's bound: key block k0.. is visited by query blocks this .. num_q - 1, from the
   one that holds query x = k0 - offset, the first whose slot offset + x reaches k0."""
-  return jnp.clip((k0 - offset) // block_q, 0, num_q)
+  return min(max((k0 - offset) // block_q, 0), num_q)
 
 
-def _forward(q, k, v, key_mask, offset, block_q: int, block_k: int):
-  """Padded inputs -> (out [N, X, K, Q, W] in v's dtype, lse [N, K, Q, X] float32)."""
+def block_pairs(offset, num_q: int, num_k: int, block_q: int, block_k: int,
+                key_major: bool = False):
+  """The static schedule of a pass: (i [M], j [M]) int32 numpy arrays, the M (query block, key
+  block) pairs it visits, in the order it visits them.
+
+  Query-major (the forward): query block i's key blocks 0 .. ``key_blocks_seen`` - 1.
+  ``key_major`` (the backward, FlashAttention-2's order): key block j's query blocks
+  ``first_query_block`` .. num_q - 1. Both give the same set, about half of num_q * num_k for a
+  square causal pass. ``offset`` None (traced): all num_q * num_k pairs.
+  """
+  if offset is None:
+    pairs = [(i, j) for i in range(num_q) for j in range(num_k)]
+  elif key_major:
+    pairs = [(i, j) for j in range(num_k)
+             for i in range(first_query_block(offset, j * block_k, block_q, num_q), num_q)]
+  else:
+    pairs = [(i, j) for i in range(num_q)
+             for j in range(key_blocks_seen(offset, i * block_q, block_q, block_k, num_k))]
+  if key_major and offset is None:
+    pairs.sort(key=lambda ij: (ij[1], ij[0]))
+  ij = np.asarray(pairs, np.int32).reshape(-1, 2)
+  return ij[:, 0], ij[:, 1]
+
+
+def _forward(q, k, v, key_mask, offset, static_offset, block_q: int, block_k: int):
+  """Padded inputs -> (out [N, X, K, Q, W] in v's dtype, lse [N, K, Q, X] float32).
+
+  One scan over the schedule's pairs; each step updates its query block's running maximum,
+  normaliser and output, kept for all X queries ([N, K, Q, X] and [N, K, Q, X, W] float32: the
+  size of the output) and read and written back at the block.
+  """
   n, x, kh, qh, w = q.shape
-  s = k.shape[1]
   scale = w ** -0.5
-  num_q, num_k = x // block_q, s // block_k
+  num_q, num_k = x // block_q, k.shape[1] // block_k
 
-  def query_block(i):
-    q0 = i * block_q
+  def visit(carry, ij):
+    m, l, acc = carry
+    i, j = ij
+    q0, k0 = i * block_q, j * block_k
     qi = jax.lax.dynamic_slice_in_dim(q, q0, block_q, axis=1)
+    kj = jax.lax.dynamic_slice_in_dim(k, k0, block_k, axis=1)
+    vj = jax.lax.dynamic_slice_in_dim(v, k0, block_k, axis=1)
+    m_i, l_i, acc_i = (jax.lax.dynamic_slice_in_dim(a, q0, block_q, axis=3) for a in carry)
+    visible = _tile_mask(key_mask, offset, q0, k0, block_q, block_k)
+    sc = jnp.where(visible, _scores(qi, kj, scale), _NEG)
+    m_new = jnp.maximum(m_i, jnp.max(sc, axis=-1))
+    p = jnp.where(visible, jnp.exp(sc - m_new[..., None]), 0.0)
+    corr = jnp.exp(m_i - m_new)
+    l_i = l_i * corr + jnp.sum(p, axis=-1)
+    pv = jnp.einsum("nkqxs,nskw->nkqxw", p.astype(v.dtype), vj, preferred_element_type=f32)
+    acc_i = acc_i * corr[..., None] + pv
+    put = lambda a, a_i: jax.lax.dynamic_update_slice_in_dim(a, a_i, q0, axis=3)
+    return (put(m, m_new), put(l, l_i), put(acc, acc_i)), None
 
-    def key_block(j, carry):
-      m, l, acc = carry
-      k0 = j * block_k
-      kj = jax.lax.dynamic_slice_in_dim(k, k0, block_k, axis=1)
-      vj = jax.lax.dynamic_slice_in_dim(v, k0, block_k, axis=1)
-      visible = _tile_mask(key_mask, offset, q0, k0, block_q, block_k)
-      sc = jnp.where(visible, _scores(qi, kj, scale), _NEG)
-      m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
-      p = jnp.where(visible, jnp.exp(sc - m_new[..., None]), 0.0)
-      corr = jnp.exp(m - m_new)
-      l = l * corr + jnp.sum(p, axis=-1)
-      pv = jnp.einsum("nkqxs,nskw->nkqxw", p.astype(v.dtype), vj, preferred_element_type=f32)
-      return m_new, l, acc * corr[..., None] + pv
-
-    init = (jnp.full((n, kh, qh, block_q), _NEG, f32), jnp.zeros((n, kh, qh, block_q), f32),
-            jnp.zeros((n, kh, qh, block_q, w), f32))
-    m, l, acc = jax.lax.fori_loop(
-        0, key_blocks_seen(offset, q0, block_q, block_k, num_k), key_block, init)
-    seen = l > 0
-    out = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0)
-    lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
-    return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(v.dtype), lse
-
-  out, lse = jax.lax.map(query_block, jnp.arange(num_q))
-  # [num_q, N, block_q, K, Q, W] -> [N, X, K, Q, W]; [num_q, N, K, Q, block_q] -> [N, K, Q, X]
-  out = jnp.moveaxis(out, 0, 1).reshape(n, x, kh, qh, w)
-  lse = jnp.moveaxis(lse, 0, 3).reshape(n, kh, qh, x)
-  return out, lse
+  init = (jnp.full((n, kh, qh, x), _NEG, f32), jnp.zeros((n, kh, qh, x), f32),
+          jnp.zeros((n, kh, qh, x, w), f32))
+  pairs = block_pairs(static_offset, num_q, num_k, block_q, block_k)
+  (m, l, acc), _ = jax.lax.scan(visit, init, pairs)
+  seen = l > 0
+  out = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0)
+  lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+  return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(v.dtype), lse
 
 
-def _backward(q, k, v, key_mask, offset, out, lse, dout, block_q: int, block_k: int):
-  """Padded inputs -> (dq, dk, dv): one pass over key blocks, each over the query blocks that
-  see it, with dq accumulated in float32 across key blocks."""
+def _backward(q, k, v, key_mask, offset, static_offset, out, lse, dout, block_q: int,
+              block_k: int):
+  """Padded inputs -> (dq, dk, dv): one scan over the schedule's pairs, key-major, with dq, dk
+  and dv accumulated in float32 at the pair's blocks."""
   n, x, kh, qh, w = q.shape
   s = k.shape[1]
   scale = w ** -0.5
@@ -127,53 +162,48 @@ def _backward(q, k, v, key_mask, offset, out, lse, dout, block_q: int, block_k: 
   # D_x = sum_w dout * out: the softmax Jacobian's correction term, [N, K, Q, X].
   delta = jnp.einsum("nxkqw,nxkqw->nkqx", dout.astype(f32), out.astype(f32))
 
-  def key_block(dq, j):
-    k0 = j * block_k
+  def visit(carry, ij):
+    dq, dk, dv = carry
+    i, j = ij
+    q0, k0 = i * block_q, j * block_k
     kj = jax.lax.dynamic_slice_in_dim(k, k0, block_k, axis=1)
     vj = jax.lax.dynamic_slice_in_dim(v, k0, block_k, axis=1)
+    qi = jax.lax.dynamic_slice_in_dim(q, q0, block_q, axis=1)
+    doi = jax.lax.dynamic_slice_in_dim(dout, q0, block_q, axis=1)
+    lse_i = jax.lax.dynamic_slice_in_dim(lse, q0, block_q, axis=3)
+    delta_i = jax.lax.dynamic_slice_in_dim(delta, q0, block_q, axis=3)
+    visible = _tile_mask(key_mask, offset, q0, k0, block_q, block_k)
+    p = jnp.where(visible, jnp.exp(_scores(qi, kj, scale) - lse_i[..., None]), 0.0)
+    dv_j = jnp.einsum("nkqxs,nxkqw->nskw", p.astype(doi.dtype), doi, preferred_element_type=f32)
+    dp = jnp.einsum("nxkqw,nskw->nkqxs", doi, vj, preferred_element_type=f32)
+    ds = p * (dp - delta_i[..., None]) * scale
+    dq_i = jnp.einsum("nkqxs,nskw->nxkqw", ds, kj.astype(f32))
+    dk_j = jnp.einsum("nkqxs,nxkqw->nskw", ds, qi.astype(f32))
+    add = lambda a, a_b, at, size: jax.lax.dynamic_update_slice_in_dim(
+        a, jax.lax.dynamic_slice_in_dim(a, at, size, axis=1) + a_b, at, axis=1)
+    return (add(dq, dq_i, q0, block_q), add(dk, dk_j, k0, block_k),
+            add(dv, dv_j, k0, block_k)), None
 
-    def query_block(i, carry):
-      dq, dk, dv = carry
-      q0 = i * block_q
-      qi = jax.lax.dynamic_slice_in_dim(q, q0, block_q, axis=1)
-      doi = jax.lax.dynamic_slice_in_dim(dout, q0, block_q, axis=1)
-      lse_i = jax.lax.dynamic_slice_in_dim(lse, q0, block_q, axis=3)
-      delta_i = jax.lax.dynamic_slice_in_dim(delta, q0, block_q, axis=3)
-      visible = _tile_mask(key_mask, offset, q0, k0, block_q, block_k)
-      p = jnp.where(visible, jnp.exp(_scores(qi, kj, scale) - lse_i[..., None]), 0.0)
-      dv = dv + jnp.einsum("nkqxs,nxkqw->nskw", p.astype(doi.dtype), doi,
-                           preferred_element_type=f32)
-      dp = jnp.einsum("nxkqw,nskw->nkqxs", doi, vj, preferred_element_type=f32)
-      ds = p * (dp - delta_i[..., None]) * scale
-      dq_i = jnp.einsum("nkqxs,nskw->nxkqw", ds, kj.astype(f32))
-      dq = jax.lax.dynamic_update_slice_in_dim(
-          dq, jax.lax.dynamic_slice_in_dim(dq, q0, block_q, axis=1) + dq_i, q0, axis=1)
-      dk = dk + jnp.einsum("nkqxs,nxkqw->nskw", ds, qi.astype(f32))
-      return dq, dk, dv
-
-    zeros_kv = jnp.zeros((n, block_k, kh, w), f32)
-    dq, dk, dv = jax.lax.fori_loop(first_query_block(offset, k0, block_q, num_q), num_q,
-                                   query_block, (dq, zeros_kv, zeros_kv))
-    return dq, (dk, dv)
-
-  dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(q.shape, f32), jnp.arange(num_k))
-  to_keys = lambda a: jnp.moveaxis(a, 0, 1).reshape(n, s, kh, w)
-  return dq.astype(q.dtype), to_keys(dk).astype(k.dtype), to_keys(dv).astype(v.dtype)
+  init = (jnp.zeros(q.shape, f32), jnp.zeros(k.shape, f32), jnp.zeros(v.shape, f32))
+  pairs = block_pairs(static_offset, num_q, num_k, block_q, block_k, key_major=True)
+  (dq, dk, dv), _ = jax.lax.scan(visit, init, pairs)
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _flash(q, k, v, key_mask, offset, block_q, block_k):
-  return _forward(q, k, v, key_mask, offset, block_q, block_k)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _flash(q, k, v, key_mask, offset, static_offset, block_q, block_k):
+  return _forward(q, k, v, key_mask, offset, static_offset, block_q, block_k)[0]
 
 
-def _flash_fwd(q, k, v, key_mask, offset, block_q, block_k):
-  out, lse = _forward(q, k, v, key_mask, offset, block_q, block_k)
+def _flash_fwd(q, k, v, key_mask, offset, static_offset, block_q, block_k):
+  out, lse = _forward(q, k, v, key_mask, offset, static_offset, block_q, block_k)
   return out, (q, k, v, key_mask, offset, out, lse)
 
 
-def _flash_bwd(block_q, block_k, residuals, dout):
+def _flash_bwd(static_offset, block_q, block_k, residuals, dout):
   q, k, v, key_mask, offset, out, lse = residuals
-  dq, dk, dv = _backward(q, k, v, key_mask, offset, out, lse, dout, block_q, block_k)
+  dq, dk, dv = _backward(q, k, v, key_mask, offset, static_offset, out, lse, dout, block_q,
+                         block_k)
   return dq, dk, dv, None, None
 
 
@@ -188,7 +218,8 @@ def flash_attention(q_NxXxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS, offset=0, *
     q_NxXxKxQxW: queries (query x sits at slot ``offset + x``).
     k_NxSxKxW: keys; v_NxSxKxW: values.
     key_mask_NxS: bool, True for real keys.
-    offset: int (or int32 scalar) slot of query 0.
+    offset: int slot of query 0 (the blocks past the diagonal are never visited), or an int32
+      scalar (traced: every block pair is visited, the mask skips).
     block_q: queries per block (X is padded up to a multiple; the padding is dropped).
     block_k: keys per block (S padded likewise with masked keys).
 
@@ -201,24 +232,50 @@ def flash_attention(q_NxXxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS, offset=0, *
   q = _pad_to(q_NxXxKxQxW, 1, block_q)
   k, v = _pad_to(k_NxSxKxW, 1, block_k), _pad_to(v_NxSxKxW, 1, block_k)
   key_mask = _pad_to(key_mask_NxS.astype(bool), 1, block_k)
-  out = _flash(q, k, v, key_mask, jnp.asarray(offset, jnp.int32), block_q, block_k)
+  static_offset = None if isinstance(offset, jax.core.Tracer) else int(offset)
+  out = _flash(q, k, v, key_mask, jnp.asarray(offset, jnp.int32), static_offset, block_q,
+               block_k)
   return out[:, :x]
+
+
+def _decode_every_slot(q_NxKxQxW, k_NxKxWxS, v_NxKxSxW, visible_NxS):
+  """One query per row over every cache slot in one pass, no loop: ``cached_flash_attention``'s
+  math (float32 scores, the unnormalised probabilities rounded to the values' dtype) in
+  ``attention.decode_attention``'s form (broadcast multiplies and reductions over the cache as
+  stored, fast on XLA:CPU). Its scratch is [N, K, Q, S] float32, a cache row's worth."""
+  sc = jnp.sum(q_NxKxQxW[..., None] * k_NxKxWxS.astype(f32)[:, :, None], axis=3)
+  visible = visible_NxS[:, None, None]
+  sc = jnp.where(visible, sc, _NEG)
+  m = jnp.max(sc, axis=-1, keepdims=True)
+  p = jnp.where(visible, jnp.exp(sc - m), 0.0).astype(v_NxKxSxW.dtype).astype(f32)
+  l = jnp.sum(p, axis=-1)
+  out = jnp.sum(p[..., None] * v_NxKxSxW.astype(f32)[:, :, None], axis=3)
+  return out / jnp.where(l > 0, l, 1.0)[..., None]  # [N, K, Q, W]
 
 
 def cached_flash_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, index,
                            block_k: int = 256):
-  """X new tokens (at slots ``index`` ..) over the filled blocks of a KV cache (``KVCache``'s
-  layout), with an online softmax; no gradient (the sampler's prefill and decode).
+  """X new tokens (at slots ``index`` ..) over a KV cache (``KVCache``'s layout); no gradient
+  (the sampler's prefill and decode).
 
-  Only the ceil((index + X) / block_k) key blocks that hold a written slot are read: a decode
-  step at slot s costs O(s), not O(cache size). Keys and queries are read as float32 (as
-  ``attention.cached_attention``); the unnormalised probabilities are rounded to the values'
-  dtype before the product (bf16: not bit-equal to the dense kernel, which rounds the
-  normalised ones). For X = 1 both products are broadcast multiplies and reductions over the
-  block (``attention.decode_attention``'s form, fast on XLA:CPU): in a decode loop on this
-  project's CPU, 1.3 / 7.2 / 11.3 ms a step at slots 256 / 2,048 / 4,000 of a 4,128-slot cache
-  (16 rows, 2 key/value heads of 64) against 9-10 ms for the dense kernel at every slot; a
-  ``lax.switch`` over prefix lengths of the dense kernel was slower (2.4 / 11.8 / 10.8 ms).
+  Every slot is read, those past ``index + X - 1`` masked, with no loop whose trip count
+  depends on the (traced) index: X > 1 (a prefill) key block by key block with an online
+  softmax in a ``lax.scan`` over all ceil(S / block_k) blocks, [N, K, Q, X, block_k] scores at
+  a time; X = 1 (a decode step) in one pass over the cache (``_decode_every_slot``). Reading
+  only the filled blocks would take a loop whose trip count is the traced index, which on a GPU
+  copies its predicate to the host and waits at every iteration, per layer and token (a GPU's
+  decode step runs ``decode_attention``'s Pallas kernel, which reads only those, instead); on
+  this project's CPU it was not faster either. A decode step (16 rows, 2 key/value heads of 64,
+  a 4,128-slot float32 cache): filled blocks only, a ``fori_loop``, 1.2 / 3.1 / 6.9 / 16.6 ms
+  at slots 256 / 1,024 / 2,048 / 4,000; every slot in one pass 7.4 ms at any slot (the dense
+  kernel 7-9 ms); every slot block by block, a scan, 16-17 ms. Sampling on growth's reference
+  model (16 rows, P = 32), against the filled-blocks loop this replaced, in interleaved pairs:
+  T = 1,024 0.69-1.05x the wall time (median 0.73x, six pairs), T = 4,096 0.90-0.94x the CPU
+  time (two pairs).
+
+  Keys and queries are read as float32 (as ``attention.cached_attention``); the unnormalised
+  probabilities are rounded to the values' dtype before the product (bf16: not bit-equal to the
+  dense kernel, which rounds the normalised ones).
 
   Returns:
     [N, X, K, Q, W] in the values' dtype.
@@ -227,9 +284,13 @@ def cached_flash_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, inde
   size = k_NxKxWxS.shape[-1]
   block_k = max(1, min(block_k, size))
   q = q_NxXxKxQxW.astype(f32) * (w ** -0.5)
+  if x == 1:
+    visible_NxS = key_mask_NxS & (jnp.arange(size) <= index)[None, :]
+    out = _decode_every_slot(q[:, 0], k_NxKxWxS, v_NxKxSxW, visible_NxS)
+    return out[:, None].astype(v_NxKxSxW.dtype)
   qpos = index + jnp.arange(x)
 
-  def key_block(j, carry):
+  def key_block(carry, j):
     m, l, acc = carry
     # Block j covers slots j * block_k ..; the last one, where block_k does not divide the
     # cache, is read from size - block_k on with the slots before j * block_k (already seen)
@@ -237,30 +298,22 @@ def cached_flash_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, inde
     start = j * block_k
     k0 = jnp.minimum(start, size - block_k)
     kj = jax.lax.dynamic_slice_in_dim(k_NxKxWxS, k0, block_k, axis=3).astype(f32)
-    vj = jax.lax.dynamic_slice_in_dim(v_NxKxSxW, k0, block_k, axis=2)
+    vj = jax.lax.dynamic_slice_in_dim(v_NxKxSxW, k0, block_k, axis=2).astype(f32)
     keys = jax.lax.dynamic_slice_in_dim(key_mask_NxS, k0, block_k, axis=1)
     slots = k0 + jnp.arange(block_k)
     keys = keys & (slots >= start)[None, :]
     visible = (slots[None, :] <= qpos[:, None])[None] & keys[:, None, :]
     visible = visible[:, None, None]  # [N, 1, 1, X, block_k]
-    if x == 1:  # decoding: broadcast multiplies and reductions (``attention.decode_attention``)
-      sc = jnp.sum(jnp.moveaxis(q, 1, -1)[..., None] * kj[:, :, None, :, None, :], axis=3)
-    else:
-      sc = jnp.einsum("nxkqw,nkws->nkqxs", q, kj)
-    sc = jnp.where(visible, sc, _NEG)
+    sc = jnp.where(visible, jnp.einsum("nxkqw,nkws->nkqxs", q, kj), _NEG)
     m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
     p = jnp.where(visible, jnp.exp(sc - m_new[..., None]), 0.0)
     corr = jnp.exp(m - m_new)
-    p = p.astype(vj.dtype).astype(f32)
-    if x == 1:
-      pv = jnp.sum(p[..., None] * vj.astype(f32)[:, :, None, None], axis=4)
-    else:
-      pv = jnp.einsum("nkqxs,nksw->nkqxw", p, vj.astype(f32))
-    return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
+    p = p.astype(v_NxKxSxW.dtype).astype(f32)
+    pv = jnp.einsum("nkqxs,nksw->nkqxw", p, vj)
+    return (m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv), None
 
   init = (jnp.full((n, kh, qh, x), _NEG, f32), jnp.zeros((n, kh, qh, x), f32),
           jnp.zeros((n, kh, qh, x, w), f32))
-  filled = jnp.clip((index + x + block_k - 1) // block_k, 1, -(-size // block_k))
-  _, l, acc = jax.lax.fori_loop(0, filled, key_block, init)
+  (_, l, acc), _ = jax.lax.scan(key_block, init, jnp.arange(-(-size // block_k)))
   out = acc / jnp.where(l > 0, l, 1.0)[..., None]
   return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(v_NxKxSxW.dtype)
