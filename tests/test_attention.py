@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -498,6 +499,31 @@ def test_cudnn_call_on_the_reference_kernel_equals_blocked(padding):
   front (cuDNN's right padding) and back, per-row lengths, grouped heads, run on
   ``jax.nn.dot_product_attention``'s xla implementation (float32 here)."""
   _check_cudnn_against_blocked(_run_mask(PADDINGS[padding]), jnp.float32, "xla", GRAD)
+
+
+def _primitives(jaxpr) -> set[str]:
+  """Every primitive of a jaxpr, nested ones included."""
+  names = set()
+  for eqn in jaxpr.eqns:
+    names.add(eqn.primitive.name)
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      names |= _primitives(sub)
+  return names
+
+
+def test_the_cudnn_wrappers_roll_has_a_gather_for_its_gradient():
+  """A roll is a permutation: its gradient is the inverse roll (rows 0, 2, 4 rolled by 0, 2, 4
+  and back), a gather; autodiff of the gather would scatter-add the cotangent."""
+  a = jnp.asarray(np.random.default_rng(0).normal(size=(3, 5, 2)), jnp.float32)
+  shift = jnp.asarray([0, 2, 4], jnp.int32)
+  weights = jnp.arange(30.0).reshape(3, 5, 2)
+  loss = lambda f: lambda a: jnp.sum(f(a, shift) * weights)
+  grad = jax.grad(loss(fused_attention._roll_rows))
+  np.testing.assert_array_equal(grad(a), jax.grad(loss(fused_attention._gather_roll))(a))
+  # d/da of sum(roll(a) * w) = roll^-1(w): row n of w rolled back by shift[n].
+  np.testing.assert_array_equal(grad(a)[1], np.roll(np.asarray(weights[1]), -2, axis=0))
+  primitives = _primitives(jax.make_jaxpr(grad)(a).jaxpr)
+  assert "gather" in primitives and not any(p.startswith("scatter") for p in primitives)
 
 
 def test_cudnn_wrapper_zeroes_padded_positions_and_passes_lengths(monkeypatch):

@@ -45,11 +45,32 @@ def cudnn_supported(q_NxSxKxQxW) -> bool:
           and q_NxSxKxQxW.shape[-1] <= 128)
 
 
-def _roll_rows(a_NxS, shift_N):
-  """Row n of a [N, S, ...] array rolled by shift_N[n] along S (a gather)."""
+def _gather_roll(a_NxS, shift_N):
   s = a_NxS.shape[1]
   idx = (jnp.arange(s)[None, :] - shift_N[:, None]) % s
   return jnp.take_along_axis(a_NxS, idx.reshape(idx.shape + (1,) * (a_NxS.ndim - 2)), axis=1)
+
+
+@jax.custom_vjp
+def _roll_rows(a_NxS, shift_N):
+  """Row n of a [N, S, ...] array rolled by shift_N[n] along S (a gather).
+
+  A roll is a permutation, so its gradient is the inverse roll: another gather, where
+  autodiff of the gather would scatter-add the cotangent (slow on GPUs, serialised on
+  colliding indices it cannot rule out).
+  """
+  return _gather_roll(a_NxS, shift_N)
+
+
+def _roll_forward(a_NxS, shift_N):
+  return _gather_roll(a_NxS, shift_N), shift_N
+
+
+def _roll_backward(shift_N, g_NxS):
+  return _gather_roll(g_NxS, -shift_N), None
+
+
+_roll_rows.defvjp(_roll_forward, _roll_backward)
 
 
 def _real_run(key_mask_NxS):
