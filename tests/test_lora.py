@@ -74,6 +74,93 @@ def test_targets_select_layers_and_a_target_matching_nothing_is_refused():
     _adapted(targets="attention_typo")
 
 
+def _merged_logits(model):
+  """Logits of ``model``'s adapters folded into the kernels per layer, by numpy in float64:
+  W + scale A B for each adapted site, from its own rank's factors (no padding)."""
+  plain = from_pretrained(TINY)
+  for site, target in zip(lora.dense_layers(model), lora.dense_layers(plain)):
+    if site.rank:
+      a, b = (np.asarray(f, np.float64) for f in site.factors())
+      kernel = np.asarray(target.dense.kernel[...])[site.index]  # every site here is stacked
+      target.set_kernel(kernel + site.scale * (a @ b))
+  return _logits(plain)
+
+
+def _adapter_updates(model):
+  """(gradients of a loss in the adapters, the adapters after one AdamW step with decay)."""
+  graphdef, params = nnx.split(model)
+  adapters, base = lora.split(params)
+  loss = lambda a: jnp.sum(nnx.merge(graphdef, lora.combine(a, base))(jnp.asarray(IDS)) ** 2)
+  grads = jax.grad(loss)(adapters)
+  tx = optax.adamw(1e-2, weight_decay=0.1)
+  updates, _ = tx.update(grads, tx.init(adapters), adapters)
+  return grads, optax.apply_updates(adapters, updates)
+
+
+def test_per_layer_targets_leave_the_other_layers_inert():
+  """Targets match per layer: ``layers.1`` adapts layer 1 only; layer 0's slice of the stacked
+  adapters has rank 0, scale 0 and zero factors, which neither change the output nor train."""
+  model = _adapted(seed_b=6, rank=3, alpha=6.0, targets=r"layers\.1\..*_proj$")
+  q = model.layers.self_attn.q_proj.lora
+  assert q.ranks == (0, 3) and q.lora_a.shape == (2, 64, 3)
+  np.testing.assert_array_equal(np.asarray(q.scale[...]), [0.0, 2.0])
+  assert [site.path for site in lora.dense_layers(model) if site.rank] == [
+      f"layers.1.{m}" for m in ("mlp.down_proj", "mlp.gate_proj", "mlp.up_proj",
+                                "self_attn.k_proj", "self_attn.o_proj", "self_attn.q_proj",
+                                "self_attn.v_proj")]
+  np.testing.assert_allclose(_logits(model), _merged_logits(model), atol=1e-5, rtol=0)
+  grads, stepped = _adapter_updates(model)
+  for tree in (grads, stepped):
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+      assert not np.any(np.asarray(x)[0]), jax.tree_util.keystr(path)  # layer 0: zero
+  assert all(np.any(np.asarray(x)[1]) for x in jax.tree.leaves(grads))  # layer 1 trains
+
+
+def test_mixed_ranks_pad_inertly_and_round_trip_exactly(tmp_path):
+  """Layers of one stack with different ranks (as PEFT's rank_pattern gives) are padded to the
+  largest with zero columns of A and rows of B: the function is each layer's own W + scale A B,
+  the padding gets zero gradients and stays zero, and an adapter folder keeps each module's
+  rank and alpha through save -> load -> save."""
+  model = from_pretrained(TINY)
+  plans = {"layers.0.self_attn.q_proj": lora.Plan(2, 1.5),
+           "layers.1.self_attn.q_proj": lora.Plan(4, 0.75),
+           "layers.1.mlp.down_proj": lora.Plan(3, 4.0 / 3.0)}
+  lora.adapt(model, plans, nnx.Rngs(0))
+  sites = {site.path: site for site in lora.dense_layers(model)}
+  for i, path in enumerate(plans):
+    sites[path].set_factors(b=0.1 * jax.random.normal(jax.random.key(i),
+                                                      (plans[path].rank, sites[path].shape[1])))
+  q = model.layers.self_attn.q_proj.lora
+  assert q.ranks == (2, 4) and q.lora_a.shape == (2, 64, 4) and q.lora_b.shape == (2, 4, 128)
+  assert not np.any(np.asarray(q.lora_a[...])[0, :, 2:]) and not np.any(q.lora_b[...][0, 2:])
+  logits = _logits(model)
+  np.testing.assert_allclose(logits, _merged_logits(model), atol=1e-5, rtol=0)
+  grads, stepped = _adapter_updates(model)
+  for tree in (grads, stepped):
+    factors = tree["layers"]["self_attn"]["q_proj"]["lora"]
+    a, b = (np.asarray(factors[name][...]) for name in ("lora_a", "lora_b"))
+    assert not np.any(a[0, :, 2:]) and not np.any(b[0, 2:])  # layer 0's padding: rank 2 of 4
+  assert np.any(np.asarray(grads["layers"]["self_attn"]["q_proj"]["lora"]["lora_b"][...])[0, :2])
+  out, again = os.fspath(tmp_path / "adapter"), os.fspath(tmp_path / "again")
+  adapter_folder.save_adapter(model, out, base_model=TINY)
+  config = json.load(open(os.path.join(out, adapter_folder.CONFIG)))
+  assert sorted(config["target_modules"]) == sorted(f"model.{p}" for p in plans)
+  # r: the most common rank, the first met on a tie; the others by their escaped full names.
+  assert config["r"] == 2 and config["rank_pattern"] == {
+      re.escape("model.layers.1.mlp.down_proj"): 3,
+      re.escape("model.layers.1.self_attn.q_proj"): 4}
+  back = from_pretrained(out)
+  np.testing.assert_array_equal(_logits(back), logits)
+  for site in lora.dense_layers(back):
+    if site.rank:
+      ours = sites[site.path]
+      assert (site.rank, site.scale) == (ours.rank, ours.scale), site.path
+      for x, y in zip(site.factors(), ours.factors()):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  adapter_folder.save_adapter(back, again, base_model=TINY)
+  assert json.load(open(os.path.join(again, adapter_folder.CONFIG))) == config
+
+
 def test_reference_is_the_base_model_exactly(base_logits):
   model = _adapted(seed_b=1)
   graphdef, params = nnx.split(model)
