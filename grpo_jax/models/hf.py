@@ -214,7 +214,7 @@ def _read_parameter(sources: list, transpose: bool, shape: tuple, stacked: bool,
     CheckpointError: a tensor has another shape, or cannot be read (names it and the file).
   """
   tensor_shape = tuple(shape[1:]) if stacked else tuple(shape)
-  slices = []
+  tensors = []
   for file, f, name in sources:
     try:
       stored = f.get_slice(name)
@@ -226,7 +226,7 @@ def _read_parameter(sources: list, transpose: bool, shape: tuple, stacked: bool,
     if loaded_shape != tensor_shape:
       raise CheckpointError(f"tensor {name} in {file} has shape {loaded_shape}, "
                             f"expected {tensor_shape}")
-    slices.append((file, name, stored))
+    tensors.append((file, name, stored))
 
   def read(source, index: tuple) -> np.ndarray:
     """The [index] block of one tensor (laid out as ours: kernels [in, out])."""
@@ -244,8 +244,8 @@ def _read_parameter(sources: list, transpose: bool, shape: tuple, stacked: bool,
     array (no list of copies beside it)."""
     index = tuple(index)
     if not stacked:
-      return read(slices[0], index)
-    layers = slices[index[0] if index else slice(None)]
+      return read(tensors[0], index)
+    layers = tensors[index[0] if index else slice(None)]
     first = read(layers[0], index[1:])
     out = np.empty((len(layers),) + first.shape, first.dtype)
     out[0] = first

@@ -441,8 +441,8 @@ class Qwen3(nnx.Module):
     slice is the scan's own input); without, the outputs of its matmuls, the elementwise ops
     between them being recomputed from those (as XLA fuses them into the backward pass of an
     unrolled graph). Keeping every intermediate instead, a scan's default, stacks them all:
-    1.2x the time of the unrolled layers' gradient on CPU and 2.1x its memory (the reference
-    model of docs/performance.md; 1.04x and 0.75x this way).
+    1.2x the time of the unrolled layers' gradient on CPU and 1.3-1.6x its memory (the
+    reference model of docs/performance.md; 1.04x and 0.56-0.75x this way).
     """
     graphdef, stacked = nnx.split(self.layers)
 
