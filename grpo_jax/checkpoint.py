@@ -24,6 +24,7 @@ import gc
 import glob
 import logging
 import os
+import pathlib
 import shutil
 import sys
 import threading
@@ -259,14 +260,39 @@ class Checkpointer:
 
   def restore(self, step: int, state, replay):
     """Restores into the structure, shapes and dtypes of the given (template) pytrees; under
-    LoRA the template's base weights are kept."""
+    LoRA the template's base weights are kept.
+
+    Raises:
+      CheckpointError: the checkpoint holds one set of parameters per decoder layer, as
+        written before the layers were stacked (this version cannot read it).
+    """
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self._tree(state, replay))
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
+    except Exception:
+      if self._per_layer(step):
+        raise CheckpointError(
+            f"checkpoint {step} in {self.directory} holds its parameters layer by layer "
+            "(params/layers/0, params/layers/1, ...): it was written before grpo_jax stacked "
+            "the decoder layers into one array per parameter ([L, ...]), and this version "
+            "cannot restore it; export it with the version that wrote it "
+            "(python -m grpo_jax.export), or start the run in a new workdir") from None
+      raise
     train = restored.state["train"]
     # The saved adapters joined to the template's base weights (as they were loaded).
     train = train.replace(params=lora.join(train.params, lora.trainable(state.params)[1]))
     return train, restored.state.get("replay", replay), dict(restored.host)
+
+  def _per_layer(self, step: int) -> bool:
+    """Whether checkpoint ``step`` keeps a subtree per decoder layer (``layers/0/...``)."""
+    try:
+      tree = ocp.StandardCheckpointHandler().metadata(
+          pathlib.Path(self.directory, str(step), "state"))
+      layers = tree["train"]["params"]["layers"]
+    except Exception:  # pylint: disable=broad-except
+      return False  # unreadable, or without a decoder: not this case
+    return any(str(key).isdigit() for key in layers)
 
   def host(self, step: int) -> dict:
     """The host record of one checkpoint alone (no device arrays are read)."""

@@ -57,6 +57,9 @@ def restored_policy(config, workdir: str, step: int | None = None):
     step = max(steps) if step is None else step
     try:
       state, _, _ = ckpt.restore(step, state, loop.init_replay(config, None))
+    except CheckpointError as e:  # one written before the decoder layers were stacked
+      raise CheckpointError(f"checkpoint {step} of {workdir} does not fit this config: "
+                            f"{e}") from None
     except Exception as e:  # pylint: disable=broad-except
       raise CheckpointError(f"checkpoint {step} of {workdir} does not fit this config (is it "
                             f"the run's config, LoRA included?): {type(e).__name__}: "

@@ -44,6 +44,7 @@ LOGICAL_RULES = {
     "heads": ("tensor",),  # H * Dh: query heads (q_proj out, o_proj in)
     "kv_heads": ("tensor",),  # K * Dh: key/value heads; K in the KV cache
     "mlp": ("tensor",),  # F: SwiGLU width
+    "layers": (),  # L: the stacked decoder layers; never split (the scan reads one at a time)
 }
 
 class MeshError(ValueError):
@@ -152,7 +153,7 @@ def check_divisible(name: str, shape: Sequence[int], spec: PartitionSpec,
   """Raises MeshError when a dimension of ``shape`` is not a multiple of its shard count.
 
   Args:
-    name: what the array is, for the message (e.g. ``layers.0.mlp.up_proj.kernel``).
+    name: what the array is, for the message (e.g. ``layers.mlp.up_proj.kernel``).
     shape: the array's global shape.
     spec: its PartitionSpec.
     axis_sizes: mesh axis name -> size (``dict(mesh.shape)``).
@@ -190,8 +191,8 @@ def param_logical_axes(names: Sequence, ndim: int,
   """Logical axes of the array at a parameter path (optimiser state uses the same path).
 
   Args:
-    names: the path, e.g. ``('layers', 0, 'mlp', 'up_proj', 'kernel')``, or that path inside
-      an optimiser state (``(..., 'mu', 'layers', '0', 'mlp', 'up_proj', 'kernel')``).
+    names: the path, e.g. ``('layers', 'mlp', 'up_proj', 'kernel')``, or that path inside an
+      optimiser state (``(..., 'mu', 'layers', 'mlp', 'up_proj', 'kernel')``).
     ndim: the array's rank.
     param_axes: (module, parameter) -> logical axes, a model family's ``param_axes``
       (default: every registered family's, ``family_param_axes``).

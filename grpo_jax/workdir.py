@@ -89,6 +89,8 @@ def restore_newest_readable(ckpt, state, replay):
   for step in sorted(ckpt.manager.all_steps(), reverse=True):
     try:
       restored = ckpt.restore(step, state, replay)
+    except CheckpointError:
+      raise  # written in another layout (Checkpointer.restore says which): not damaged
     except Exception as e:  # pylint: disable=broad-except
       # Moved aside, not deleted (nothing is lost), so that the run can save that step again.
       aside = os.path.join(os.path.dirname(ckpt.directory), "checkpoints_unreadable",

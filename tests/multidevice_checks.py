@@ -191,9 +191,9 @@ def with_adapters(model):
   """(graphdef, params) of ``model`` with rank-4 adapters on every projection, B ~ 0.05 N(0, 1)
   (the same draws on every call)."""
   lora.attach(model, lora.LoraConfig(rank=4, alpha=8.0), nnx.Rngs(0))
-  for i, (_, dense) in enumerate(lora.dense_layers(model)):
-    if dense.lora is not None:
-      dense.lora.lora_b[...] = 0.05 * jax.random.normal(jax.random.key(i), dense.lora.lora_b.shape)
+  for i, site in enumerate(lora.dense_layers(model)):
+    if site.rank:
+      site.set_factors(b=0.05 * jax.random.normal(jax.random.key(i), (site.rank, site.shape[1])))
   return nnx.split(model)
 
 

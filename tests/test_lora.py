@@ -37,10 +37,10 @@ def _adapted(seed_b=None, rank=2, alpha=4.0, targets=lora.DEFAULT_TARGETS):
   model = from_pretrained(TINY)
   lora.attach(model, lora.LoraConfig(rank, alpha, targets), nnx.Rngs(0))
   if seed_b is not None:
-    for i, (_, dense) in enumerate(lora.dense_layers(model)):
-      if dense.lora is not None:
-        dense.lora.lora_b[...] = 0.1 * jax.random.normal(jax.random.key(seed_b + i),
-                                                         dense.lora.lora_b.shape)
+    for i, site in enumerate(lora.dense_layers(model)):
+      if site.rank:
+        site.set_factors(b=0.1 * jax.random.normal(jax.random.key(seed_b + i),
+                                                   (site.rank, site.shape[1])))
   return model
 
 
@@ -55,23 +55,110 @@ def base_logits():
 
 def test_adapters_start_as_a_no_op_and_cover_the_projections(base_logits):
   model = _adapted()
-  adapted = [p for p, d in lora.dense_layers(model) if d.lora is not None]
+  adapted = [site.path for site in lora.dense_layers(model) if site.rank]
   # 2 layers x (q, k, v, o, gate, up, down); the tied LM head is no dense layer.
   assert len(adapted) == 2 * 7 and all(p.split(".")[-1].endswith("proj") for p in adapted)
   np.testing.assert_array_equal(_logits(model), base_logits)
-  a = model.layers[0].self_attn.q_proj.lora.lora_a
-  assert a.dtype == jnp.float32 and isinstance(a, nnx.LoRAParam)
+  a = model.layers.self_attn.q_proj.lora.lora_a  # stacked like the layers: [L, in, r]
+  assert a.dtype == jnp.float32 and isinstance(a, nnx.LoRAParam) and a.shape == (2, 64, 2)
   # PEFT's A: uniform in +-1 / sqrt(in); the tiny model's width is 64 -> +-0.125.
   assert 0.1 < float(jnp.abs(a[...]).max()) <= 0.125
 
 
 def test_targets_select_layers_and_a_target_matching_nothing_is_refused():
   model = _adapted(targets=r"self_attn\.(q|v)_proj$")
-  assert [p for p, d in lora.dense_layers(model) if d.lora is not None] == [
+  assert [site.path for site in lora.dense_layers(model) if site.rank] == [
       "layers.0.self_attn.q_proj", "layers.0.self_attn.v_proj",
       "layers.1.self_attn.q_proj", "layers.1.self_attn.v_proj"]
   with pytest.raises(ValueError, match="matches none of the dense layers"):
     _adapted(targets="attention_typo")
+
+
+def _merged_logits(model):
+  """Logits of ``model``'s adapters folded into the kernels per layer, by numpy in float64:
+  W + scale A B for each adapted site, from its own rank's factors (no padding)."""
+  plain = from_pretrained(TINY)
+  for site, target in zip(lora.dense_layers(model), lora.dense_layers(plain)):
+    if site.rank:
+      a, b = (np.asarray(f, np.float64) for f in site.factors())
+      kernel = np.asarray(target.dense.kernel[...])[site.index]  # every site here is stacked
+      target.set_kernel(kernel + site.scale * (a @ b))
+  return _logits(plain)
+
+
+def _adapter_updates(model):
+  """(gradients of a loss in the adapters, the adapters after one AdamW step with decay)."""
+  graphdef, params = nnx.split(model)
+  adapters, base = lora.split(params)
+  loss = lambda a: jnp.sum(nnx.merge(graphdef, lora.combine(a, base))(jnp.asarray(IDS)) ** 2)
+  grads = jax.grad(loss)(adapters)
+  tx = optax.adamw(1e-2, weight_decay=0.1)
+  updates, _ = tx.update(grads, tx.init(adapters), adapters)
+  return grads, optax.apply_updates(adapters, updates)
+
+
+def test_per_layer_targets_leave_the_other_layers_inert():
+  """Targets match per layer: ``layers.1`` adapts layer 1 only; layer 0's slice of the stacked
+  adapters has rank 0, scale 0 and zero factors, which neither change the output nor train."""
+  model = _adapted(seed_b=6, rank=3, alpha=6.0, targets=r"layers\.1\..*_proj$")
+  q = model.layers.self_attn.q_proj.lora
+  assert q.ranks == (0, 3) and q.lora_a.shape == (2, 64, 3)
+  np.testing.assert_array_equal(np.asarray(q.scale[...]), [0.0, 2.0])
+  assert [site.path for site in lora.dense_layers(model) if site.rank] == [
+      f"layers.1.{m}" for m in ("mlp.down_proj", "mlp.gate_proj", "mlp.up_proj",
+                                "self_attn.k_proj", "self_attn.o_proj", "self_attn.q_proj",
+                                "self_attn.v_proj")]
+  np.testing.assert_allclose(_logits(model), _merged_logits(model), atol=1e-5, rtol=0)
+  grads, stepped = _adapter_updates(model)
+  for tree in (grads, stepped):
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+      assert not np.any(np.asarray(x)[0]), jax.tree_util.keystr(path)  # layer 0: zero
+  assert all(np.any(np.asarray(x)[1]) for x in jax.tree.leaves(grads))  # layer 1 trains
+
+
+def test_mixed_ranks_pad_inertly_and_round_trip_exactly(tmp_path):
+  """Layers of one stack with different ranks (as PEFT's rank_pattern gives) are padded to the
+  largest with zero columns of A and rows of B: the function is each layer's own W + scale A B,
+  the padding gets zero gradients and stays zero, and an adapter folder keeps each module's
+  rank and alpha through save -> load -> save."""
+  model = from_pretrained(TINY)
+  plans = {"layers.0.self_attn.q_proj": lora.Plan(2, 1.5),
+           "layers.1.self_attn.q_proj": lora.Plan(4, 0.75),
+           "layers.1.mlp.down_proj": lora.Plan(3, 4.0 / 3.0)}
+  lora.adapt(model, plans, nnx.Rngs(0))
+  sites = {site.path: site for site in lora.dense_layers(model)}
+  for i, path in enumerate(plans):
+    sites[path].set_factors(b=0.1 * jax.random.normal(jax.random.key(i),
+                                                      (plans[path].rank, sites[path].shape[1])))
+  q = model.layers.self_attn.q_proj.lora
+  assert q.ranks == (2, 4) and q.lora_a.shape == (2, 64, 4) and q.lora_b.shape == (2, 4, 128)
+  assert not np.any(np.asarray(q.lora_a[...])[0, :, 2:]) and not np.any(q.lora_b[...][0, 2:])
+  logits = _logits(model)
+  np.testing.assert_allclose(logits, _merged_logits(model), atol=1e-5, rtol=0)
+  grads, stepped = _adapter_updates(model)
+  for tree in (grads, stepped):
+    factors = tree["layers"]["self_attn"]["q_proj"]["lora"]
+    a, b = (np.asarray(factors[name][...]) for name in ("lora_a", "lora_b"))
+    assert not np.any(a[0, :, 2:]) and not np.any(b[0, 2:])  # layer 0's padding: rank 2 of 4
+  assert np.any(np.asarray(grads["layers"]["self_attn"]["q_proj"]["lora"]["lora_b"][...])[0, :2])
+  out, again = os.fspath(tmp_path / "adapter"), os.fspath(tmp_path / "again")
+  adapter_folder.save_adapter(model, out, base_model=TINY)
+  config = json.load(open(os.path.join(out, adapter_folder.CONFIG)))
+  assert sorted(config["target_modules"]) == sorted(f"model.{p}" for p in plans)
+  # r: the most common rank, the first met on a tie; the others by their escaped full names.
+  assert config["r"] == 2 and config["rank_pattern"] == {
+      re.escape("model.layers.1.mlp.down_proj"): 3,
+      re.escape("model.layers.1.self_attn.q_proj"): 4}
+  back = from_pretrained(out)
+  np.testing.assert_array_equal(_logits(back), logits)
+  for site in lora.dense_layers(back):
+    if site.rank:
+      ours = sites[site.path]
+      assert (site.rank, site.scale) == (ours.rank, ours.scale), site.path
+      for x, y in zip(site.factors(), ours.factors()):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  adapter_folder.save_adapter(back, again, base_model=TINY)
+  assert json.load(open(os.path.join(again, adapter_folder.CONFIG))) == config
 
 
 def test_reference_is_the_base_model_exactly(base_logits):
@@ -99,8 +186,8 @@ def test_a_step_trains_only_the_adapters_with_the_base_as_reference():
   rollout = _rollout((full_graphdef, full_params), MIXED)
   tx, fn = _step(graphdef, kl_coef=0.1)
   state = step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx)
-  # The optimiser state is of the adapters only: Adam's mu and nu of 14 x (A, B).
-  assert len(jax.tree.leaves(state.opt_state)) == 1 + 2 * 28
+  # The optimiser state is of the adapters only: Adam's mu and nu of 7 stacked x (A, B).
+  assert len(jax.tree.leaves(state.opt_state)) == 1 + 2 * 14
   new, _, m = fn(state, init_replay(0, G, P, T), rollout, None, jax.random.key(0))
   adapters0, base0 = lora.split(params)
   adapters1, base1 = lora.split(new.params)
@@ -155,10 +242,10 @@ def test_merged_export_loads_in_transformers(tmp_path):
   np.testing.assert_allclose(theirs, _logits(model), atol=1e-4, rtol=0)
   # The merged folder is a plain model: loading it gives no adapters and the same logits.
   plain = from_pretrained(os.fspath(tmp_path))
-  assert all(d.lora is None for _, d in lora.dense_layers(plain))
+  assert not any(site.rank for site in lora.dense_layers(plain))
   np.testing.assert_allclose(_logits(plain), _logits(model), atol=1e-5, rtol=0)
   # The model that was saved keeps its adapters.
-  assert any(d.lora is not None for _, d in lora.dense_layers(model))
+  assert any(site.rank for site in lora.dense_layers(model))
 
 
 def test_adapter_folder_loads_back_and_in_peft(tmp_path):
@@ -246,13 +333,13 @@ def test_adapter_folder_alpha_pattern_and_rslora_set_each_layers_scale(tmp_path,
   contains; "" for the rest), and its logits are those of the same adapters at those scales."""
   model = from_pretrained(_edited_folder(tmp_path, **changes))
   reference = _adapted(seed_b=5)
-  for (path, dense), (_, ref) in zip(lora.dense_layers(model), lora.dense_layers(reference)):
-    if dense.lora is None:  # lm_head
-      assert ref.lora is None
+  for site, ref in zip(lora.dense_layers(model), lora.dense_layers(reference)):
+    assert (site.path, site.rank) == (ref.path, ref.rank)
+    if not site.rank:  # lm_head
       continue
-    scale = next(v for k, v in expected.items() if k in path)
-    assert dense.lora_scale == pytest.approx(scale, rel=1e-12), path
-    ref.lora_scale = dense.lora_scale
+    scale = next(v for k, v in expected.items() if k in site.path)
+    assert site.scale == np.float32(scale), site.path  # PEFT's scale, stored in float32
+    ref.dense.lora.scale[...] = site.dense.lora.scale[...]
   np.testing.assert_array_equal(_logits(model), _logits(reference))
 
 
@@ -378,8 +465,8 @@ def test_a_lora_run_exports_merged_and_as_an_adapter_folder(tmp_path):
   a, b = from_pretrained(merged)(ids), from_pretrained(adapter)(ids)
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
   trained = from_pretrained(adapter)
-  assert max(float(jnp.abs(d.lora.lora_b[...]).max())
-             for _, d in lora.dense_layers(trained) if d.lora is not None) > 0  # it trained
+  assert max(float(jnp.abs(site.factors()[1]).max())
+             for site in lora.dense_layers(trained) if site.rank) > 0  # it trained
   with pytest.raises(CheckpointError, match="does not fit this config"):
     export.export(popo.get_config("smoke"), workdir, os.fspath(tmp_path / "x"))
   with pytest.raises(configuration.ConfigError, match="needs a LoRA run"):

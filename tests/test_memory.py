@@ -116,8 +116,8 @@ def test_float32_master_weights_under_bfloat16_matmuls():
   # weight (8 significant bits) loses it wherever half its spacing exceeds 2e-5: for
   # |w| >= 2^-6 the spacing is >= 2^-13 ~ 1.2e-4 (and 6.1e-5 just below 2^-6, should a step
   # cross), so such a weight rounds back to itself; over half of this model's are that large.
-  old = split[1]["layers"][0]["mlp"]["up_proj"]["kernel"][...]
-  new = state.params["layers"][0]["mlp"]["up_proj"]["kernel"][...]
+  old = split[1]["layers"]["mlp"]["up_proj"]["kernel"][...]
+  new = state.params["layers"]["mlp"]["up_proj"]["kernel"][...]
   assert float(jnp.mean(new != old)) > 0.9
   stored = old.astype(jnp.bfloat16)
   in_bf16 = (stored.astype(jnp.float32) + (new - old)).astype(jnp.bfloat16)
@@ -211,12 +211,13 @@ def test_memory_benchmark_under_lora_holds_adapter_optimiser_state_only():
   _, _, _, adapted = memory.abstract_state(popo.get_config("smoke,lora=4"), mesh)
   # The embedded model: 927,104 parameters; rank-4 adapters on its 28 projections add
   # 4 x (sum of in + out) = 38,912. Full state: 3 x 4 bytes per parameter (params, mu, nu)
-  # plus Adam's step count; LoRA: 4 bytes per base parameter + 3 x 4 per adapter parameter.
-  base, extra = count(full_params), 38_912
+  # plus Adam's step count; LoRA: 4 bytes per base parameter + 3 x 4 per adapter parameter,
+  # and the adapters' scales (not trained): one float32 per layer of the 7 stacked projections.
+  base, extra, scales = count(full_params), 38_912, 7 * 4
   assert base == 927_104
   counts = nbytes(full.opt_state) - 8 * base  # the scalars (step counts, learning rate)
   assert nbytes(full) == 12 * base + counts + 4
-  assert nbytes(adapted) == 4 * base + 12 * extra + counts + 4
+  assert nbytes(adapted) == 4 * base + 12 * extra + 4 * scales + counts + 4
 
 
 def test_memory_arithmetic_by_hand():

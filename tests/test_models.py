@@ -79,10 +79,14 @@ def test_live_parity_with_torch(tmp_path, data_dir):
 
 @pytest.mark.parametrize("shard", [None, 60_000])
 def test_save_load_round_trip_is_exact(tiny_qwen3, tmp_path, shard):
+  """Stacked parameters ([L, ...]) are written as one tensor per layer and read back from
+  them, also when a parameter's layers lie in different files of a sharded folder."""
+  assert tiny_qwen3.layers.mlp.up_proj.kernel.shape == (2, 64, 128)
   save_pretrained(tiny_qwen3, os.fspath(tmp_path), max_shard_bytes=shard)
   if shard:
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
+    assert len({index["weight_map"][f"model.layers.{i}.mlp.up_proj.weight"] for i in (0, 1)}) == 2
   loaded = from_pretrained(os.fspath(tmp_path))
   assert loaded.config == tiny_qwen3.config
   a = nnx.to_flat_state(nnx.state(tiny_qwen3, nnx.Param))
@@ -102,6 +106,52 @@ def test_saved_folder_has_transformers_names_and_config(tiny_qwen2, tmp_path, da
       assert ours.get_tensor(key).shape == ref.get_tensor(key).shape
   cfg = transformers.AutoConfig.from_pretrained(tmp_path)
   assert cfg.model_type == "qwen2" and cfg.architectures == ["Qwen2ForCausalLM"]
+
+
+def _sub_jaxprs(eqn):
+  """The jaxprs inside an equation's parameters (scan, checkpoint, pjit, cond bodies)."""
+  for param in eqn.params.values():
+    for sub in param if isinstance(param, (list, tuple)) else (param,):
+      if isinstance(sub, jax.extend.core.ClosedJaxpr):
+        yield sub.jaxpr
+      elif isinstance(sub, jax.extend.core.Jaxpr):
+        yield sub
+
+
+def _projections(jaxpr) -> int:
+  """The 2-D matmuls (Dense layers and the LM head; attention's dots are batched) of a jaxpr,
+  through its sub-jaxprs."""
+  return sum((e.primitive.name == "dot_general" and e.outvars[0].aval.ndim == 2)
+             + sum(_projections(sub) for sub in _sub_jaxprs(e)) for e in jaxpr.eqns)
+
+
+def test_training_passes_scan_once_over_the_layers():
+  """Without a cache the L layers are one ``scan`` of length L over the stacked parameters,
+  whose body is one block (7 projections; in the grouped pass on prompts and continuations),
+  checkpointed under remat; with a cache (the sampler's passes) they are unrolled."""
+  cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3,
+                    num_heads=4, num_kv_heads=2, head_dim=8)
+  graphdef, params = nnx.split(Qwen3(cfg, rngs=nnx.Rngs(0)))
+  ids, mask = jnp.zeros((2, 5), jnp.int32), jnp.ones((2, 5), bool)
+  jaxpr = lambda fn: jax.make_jaxpr(lambda p: fn(nnx.merge(graphdef, p)))(params).jaxpr
+  passes = {"hidden_states": (lambda m, remat: m.hidden_states(ids, mask, remat=remat), 7),
+            "grouped": (lambda m, remat: m.grouped_hidden_states(ids[:1], mask[:1], ids, 2,
+                                                                 remat=remat), 14)}
+  for name, (fn, per_block) in passes.items():
+    for remat in (False, True):
+      top = jaxpr(lambda m: fn(m, remat))
+      scans = [e for e in top.eqns if e.primitive.name == "scan"]
+      assert len(scans) == 1 and scans[0].params["length"] == 3, name
+      body = scans[0].params["jaxpr"].jaxpr
+      assert _projections(top) == _projections(body) == per_block, name
+      # The step is one jax.checkpoint (``remat2``) of the block: under remat it saves nothing
+      # (only the step's inputs are kept), else the matmuls' outputs.
+      assert [e.primitive.name for e in body.eqns] == ["remat2"], name
+      policy = body.eqns[0].params["policy"]
+      assert policy is (None if remat else jax.checkpoint_policies.dots_saveable), name
+  cached = jaxpr(lambda m: m.hidden_states(ids, mask, cache=m.init_cache(2, 8)))
+  assert not any(e.primitive.name == "scan" for e in cached.eqns)
+  assert _projections(cached) == 3 * 7
 
 
 def test_hf_name_mapping():
@@ -200,6 +250,18 @@ def test_missing_tensor_is_named(tmp_path, tiny_qwen2):
   del tensors["model.layers.1.mlp.up_proj.weight"]
   save_file(tensors, os.fspath(tmp_path / "model.safetensors"))
   with pytest.raises(CheckpointError, match=r"missing 1 tensor.*model\.layers\.1\.mlp\.up_proj"):
+    from_pretrained(os.fspath(tmp_path))
+
+
+def test_misshaped_tensor_is_named(tmp_path, tiny_qwen2):
+  """A stacked parameter is checked layer by layer: the message names that layer's tensor."""
+  from safetensors.numpy import load_file, save_file
+  save_pretrained(tiny_qwen2, os.fspath(tmp_path))
+  tensors = load_file(os.fspath(tmp_path / "model.safetensors"))
+  tensors["model.layers.1.mlp.up_proj.weight"] = tensors["model.layers.1.mlp.up_proj.weight"][1:]
+  save_file(tensors, os.fspath(tmp_path / "model.safetensors"))
+  with pytest.raises(CheckpointError, match=(r"tensor model\.layers\.1\.mlp\.up_proj\.weight in "
+                                             r".* has shape \(64, 127\), expected \(64, 128\)")):
     from_pretrained(os.fspath(tmp_path))
 
 

@@ -40,21 +40,23 @@ def test_sharded_load_reads_each_device_block_only(report):
   # The same bytes read and cast the same way, block by block: exactly equal.
   assert load["max_abs_diff"] == 0.0
   specs = load["specs"]
-  layer = "['layers'][0]"
+  layers = "['layers']"  # stacked: the layer axis first, never split
   assert specs["['embed_tokens']['embedding'].value"] == "P('tensor', 'fsdp')"  # [V, D]
-  assert specs[f"{layer}['self_attn']['q_proj']['kernel'].value"] == "P('fsdp', 'tensor')"
-  assert specs[f"{layer}['self_attn']['k_proj']['kernel'].value"] == "P('fsdp', 'tensor')"
-  assert specs[f"{layer}['self_attn']['o_proj']['kernel'].value"] == "P('tensor', 'fsdp')"
-  assert specs[f"{layer}['mlp']['down_proj']['kernel'].value"] == "P('tensor', 'fsdp')"
-  assert specs[f"{layer}['self_attn']['q_norm']['scale'].value"] == "P(None,)"
-  # Every device's shard is a quarter of a 2-D weight (fsdp=2 x tensor=2; replicated over
-  # data=2): q_proj [D=128, H*Dh=128] -> [64, 64]; embedding [1088, 128] -> [544, 64].
+  assert specs[f"{layers}['self_attn']['q_proj']['kernel'].value"] == "P(None, 'fsdp', 'tensor')"
+  assert specs[f"{layers}['self_attn']['k_proj']['kernel'].value"] == "P(None, 'fsdp', 'tensor')"
+  assert specs[f"{layers}['self_attn']['o_proj']['kernel'].value"] == "P(None, 'tensor', 'fsdp')"
+  assert specs[f"{layers}['mlp']['down_proj']['kernel'].value"] == "P(None, 'tensor', 'fsdp')"
+  assert specs[f"{layers}['self_attn']['q_norm']['scale'].value"] == "P(None, None)"
+  # Every device's shard is a quarter of each layer's 2-D weight (fsdp=2 x tensor=2; replicated
+  # over data=2): q_proj [L=4, D=128, H*Dh=128] -> [4, 64, 64]; embedding [1088, 128] ->
+  # [544, 64].
   shards = load["shard_shapes"]
-  assert shards[f"{layer}['self_attn']['q_proj']['kernel'].value"] == [[64, 64]] * 8
+  assert shards[f"{layers}['self_attn']['q_proj']['kernel'].value"] == [[4, 64, 64]] * 8
   assert shards["['embed_tokens']['embedding'].value"] == [[544, 64]] * 8
-  # What was read from the files: one block per device, each exactly that device's shard
-  # (Hugging Face stores q_proj as [out, in], read as the transposed block); every 2-D weight
-  # is split 4 ways, so no read of one is more than a quarter of it.
+  # What was read from the files: one block of each layer's tensor per device, each exactly
+  # that layer's part of the device's shard (Hugging Face stores q_proj as [out, in], read as
+  # the transposed block); every 2-D weight is split 4 ways, so no read of one is more than a
+  # quarter of it.
   reads = load["reads"]
   blocks = lambda name: reads[name]["blocks"]
   assert blocks("model.layers.0.self_attn.q_proj.weight") == [[64, 64]] * 8
@@ -106,9 +108,12 @@ def test_sharded_lora_step_equals_single_device(report):
   assert r["metrics_rel_diff"][worst] <= 1e-5, worst
   assert r["metrics_sharded"][0]["kl_ref"] > 0  # the reference is not the adapted policy
   # The adapters and their momentum are replicated; the base keeps its FSDP x tensor layout.
-  replicated = lambda spec: set(spec.removeprefix("P(").rstrip(")").split(", ")) <= {"None", ""}
+  replicated = lambda spec: set(spec.removeprefix("P(").rstrip(")").replace(",", " ").split()) <= {
+      "None"}
   lora_specs = {k: v for k, v in r["param_specs"].items() if "lora" in k}
-  assert len(lora_specs) == 56 and all(map(replicated, lora_specs.values()))  # 28 x (A, B)
+  factors = [k for k in lora_specs if "lora_a" in k or "lora_b" in k]
+  assert len(factors) == 14  # 7 stacked projections x (A [L, in, r], B [L, r, out])
+  assert all(map(replicated, lora_specs.values()))  # the factors and their scales
   assert not all(replicated(v) for k, v in r["param_specs"].items() if "lora" not in k)
   assert all("lora" in k for k in r["opt_state_specs"])  # optimiser state of adapters only
   assert r["cache_size"] == 1

@@ -83,8 +83,8 @@ def test_tpu_vm_notebook_runs_on_eight_fake_cpu_devices(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "8 devices" in proc.stdout
   assert "Mesh('data': 2, 'fsdp': 2, 'tensor': 2" in proc.stdout
-  # q_proj [D=128, H*Dh=128] split fsdp x tensor: a [64, 64] block per device.
-  assert "laid out as P('fsdp', 'tensor'), (64, 64) per device" in proc.stdout
+  # q_proj [L=4, D=128, H*Dh=128] split fsdp x tensor: a [4, 64, 64] block per device.
+  assert "laid out as P(None, 'fsdp', 'tensor'), (4, 64, 64) per device" in proc.stdout
   assert proc.stdout.count("grpo_jax: run complete at step 2/2") == 2
   for method in ("grpo", "popo"):
     steps = [r for r in _records(tmp_path / "run" / method) if "loss" in r]

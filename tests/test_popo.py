@@ -61,16 +61,22 @@ def _buffer_with(split, scores, version=0, shift=0.0):
 POPO = popo.PopoConfig(fill="replay", max_uses=1)
 
 
-def test_popo_equals_grpo_exactly_when_no_slot_needs_filling(split):
+def test_popo_equals_grpo_when_no_slot_needs_filling(split):
   rollout = _rollout(split, ALL_EFFECTIVE)
   replay, _ = _buffer_with(split, ALL_EFFECTIVE)
   grpo_state, _, grpo_m = _run(split, method_lib.NoReplay(), rollout,
                                replay_lib.init_replay(0, G, P, T))
   popo_state, new_replay, popo_m = _run(split, POPO, rollout, replay)
+  # The loss and every metric the two steps share are equal bit for bit. The parameters agree
+  # to float32 rounding: the steps are two XLA programs, each compiling the layers' scan body
+  # in its own context, whose gradients differ in the last bits, and Adam's first step
+  # (lr * g / |g|) turns a last-bit difference of a small gradient entry into up to ~5e-6
+  # (measured) of its lr = 1e-2 step.
   for a, b in zip(jax.tree.leaves(grpo_state.params), jax.tree.leaves(popo_state.params)):
-    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-5)
   assert float(popo_m["replay_slots_filled"]) == 0.0
-  assert float(popo_m["loss"]) == float(grpo_m["loss"])
+  for key in set(grpo_m) & set(popo_m):
+    assert float(popo_m[key]) == float(grpo_m[key]), key
   # Both effective fresh groups were stored after the update: 2 old + 2 new entries.
   assert int(new_replay.num_inserted) == 4 and int(new_replay.valid.sum()) == 4
 

@@ -552,3 +552,29 @@ def test_a_field_added_since_the_run_started_is_no_change(tmp_path):
   with pytest.raises(configuration.ConfigError,
                      match=r"rollout.gone_field \(1 -> None\), seed \(7 -> 0\)"):
     workdir_lib.check_same_run(c, os.fspath(tmp_path))
+
+
+def test_checkpoint_with_per_layer_parameters_is_one_clear_error_and_kept(tmp_path):
+  """A checkpoint written before the decoder layers were stacked (``params/layers/0/...``, one
+  subtree per layer) is refused in one line saying so, and is not moved aside as damaged."""
+  import optax  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  from grpo_jax import assets, step as step_lib, workdir as workdir_lib
+  from grpo_jax.models import CheckpointError, from_pretrained
+  from grpo_jax.replay import init_replay
+  params = nnx.split(from_pretrained(assets.EMBEDDED_MODEL))[1]
+  num_layers = params["layers"]["mlp"]["up_proj"]["kernel"].shape[0]
+  per_layer = {i: jax.tree.map(lambda a, i=i: a[i], params["layers"]) for i in range(num_layers)}
+  tx = optax.adam(1e-3)
+  replay = init_replay(0, 2, 4, 4)
+  ckpt = checkpoint_lib.Checkpointer(os.fspath(tmp_path), keep=1)
+  ckpt.save(1, step_lib.init_train_state(nnx.State({**params, "layers": per_layer}), tx), replay,
+            {"data_position": 0})
+  with pytest.raises(CheckpointError, match=(
+      r"^checkpoint 1 in .* holds its parameters layer by layer \(params/layers/0, .*written "
+      r"before grpo_jax stacked the decoder layers.*start the run in a new workdir$")) as e:
+    workdir_lib.restore_newest_readable(ckpt, step_lib.init_train_state(params, tx), replay)
+  assert "\n" not in str(e.value)
+  assert ckpt.manager.all_steps() == [1] and not os.path.exists(tmp_path / "checkpoints_unreadable")
+  ckpt.close()

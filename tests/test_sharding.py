@@ -57,6 +57,7 @@ def test_one_device_runs_unsharded():
 
 def test_logical_rules():
   assert sharding.logical_spec(("batch",)) == P(("data", "fsdp"))
+  assert sharding.logical_spec(("layers", "embed", "mlp")) == P(None, "fsdp", "tensor")
   assert sharding.logical_spec(("vocab", "embed")) == P("tensor", "fsdp")
   assert sharding.logical_spec((None, "mlp")) == P(None, "tensor")
 
@@ -64,13 +65,15 @@ def test_logical_rules():
 @pytest.mark.parametrize("path,ndim,axes", [
     (("embed_tokens", "embedding"), 2, ("vocab", "embed")),
     (("lm_head", "kernel"), 2, ("embed", "vocab")),
-    (("layers", 3, "self_attn", "q_proj", "kernel"), 2, ("embed", "heads")),
-    (("layers", 3, "self_attn", "k_proj", "bias"), 1, ("kv_heads",)),
-    (("layers", 0, "self_attn", "o_proj", "kernel"), 2, ("heads", "embed")),
-    (("layers", 0, "mlp", "down_proj", "kernel"), 2, ("mlp", "embed")),
-    (("layers", 0, "self_attn", "q_norm", "scale"), 1, (None,)),  # norms replicated
+    (("norm", "scale"), 1, (None,)),  # norms replicated
+    # The stacked decoder layers: the layer axis first (never split), then the layer's own.
+    (("layers", "self_attn", "q_proj", "kernel"), 3, ("layers", "embed", "heads")),
+    (("layers", "self_attn", "k_proj", "bias"), 2, ("layers", "kv_heads")),
+    (("layers", "self_attn", "o_proj", "kernel"), 3, ("layers", "heads", "embed")),
+    (("layers", "mlp", "down_proj", "kernel"), 3, ("layers", "mlp", "embed")),
+    (("layers", "self_attn", "q_norm", "scale"), 2, ("layers", None)),
     # Optimiser state: the parameter's path inside it gives the parameter's axes ...
-    (("1", "0", "mu", "layers", "2", "mlp", "up_proj", "kernel"), 2, ("embed", "mlp")),
+    (("1", "0", "mu", "layers", "mlp", "up_proj", "kernel"), 3, ("layers", "embed", "mlp")),
     (("1", "0", "count"), 0, ()),  # ... and its scalars are replicated
     # A rank that does not match (a factored statistic) is replicated, never mis-split.
     (("v_row", "mlp", "up_proj", "kernel"), 1, (None,)),
@@ -114,7 +117,8 @@ def test_qwen3_presets_split_over_eight_devices():
       table = shardings.params["embed_tokens"]["embedding"].get_value().spec
       mu, nu = shardings.opt_state[0].mu, shardings.opt_state[0].nu
       assert mu["embed_tokens"]["embedding"].get_value().spec == table == P("tensor", "fsdp")
-      assert nu["layers"][5]["mlp"]["down_proj"]["kernel"].get_value().spec == P("tensor", "fsdp")
+      down = nu["layers"]["mlp"]["down_proj"]["kernel"].get_value().spec
+      assert down == P(None, "tensor", "fsdp")  # [L, F, D]: every layer split alike
       assert shardings.opt_state[0].count.spec == P()
 
 

@@ -359,8 +359,7 @@ def _lora_sizes(config):
   """Parameter counts of every adapter the config attaches (abstract model, nothing built)."""
   mesh = sharding.make_mesh(sharding.MeshConfig(data=1, fsdp=1, tensor=1))
   _, params, _, _ = abstract_state(config, mesh)
-  return [int(np.prod(x.shape)) for path, x in nnx.to_flat_state(params)
-          if any("lora" in str(part) for part in path)]
+  return [int(np.prod(x.shape)) for x in jax.tree.leaves(lora.split(params)[0])]
 
 
 def config_main(config):

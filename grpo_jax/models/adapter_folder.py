@@ -27,7 +27,6 @@ import os
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -107,12 +106,13 @@ def _read_config(path: str) -> dict:
 
 
 def _module_names(model, family) -> dict[str, str]:
-  """Our dotted dense-layer path -> its Hugging Face module name (``model.layers.0...q_proj``)."""
+  """Our per-layer dotted dense-layer path (``lora.Site.path``) -> its Hugging Face module name
+  (``layers.0.self_attn.q_proj`` -> ``model.layers.0.self_attn.q_proj``)."""
   out = {}
-  for path, _ in lora_lib.dense_layers(model):
-    parts = tuple(int(p) if p.isdigit() else p for p in path.split("."))
+  for site in lora_lib.dense_layers(model):
+    parts = tuple(int(p) if p.isdigit() else p for p in site.path.split("."))
     name, _ = family.hf_name(parts + ("kernel",))
-    out[path] = name.removesuffix(".weight")
+    out[site.path] = name.removesuffix(".weight")
   return out
 
 
@@ -120,9 +120,11 @@ def save_adapter(model, path: str, *, base_model: str = "") -> None:
   """Writes ``model``'s adapters as a PEFT LoRA folder.
 
   Args:
-    model: a model with adapters (``lora.attach`` or ``load_adapter``). ``r`` and
-      ``lora_alpha`` are the most common rank and alpha (scale x rank); layers that differ get
-      ``rank_pattern`` / ``alpha_pattern`` entries, keyed by their full escaped name.
+    model: a model with adapters (``lora.attach`` or ``load_adapter``), each layer written at
+      its own rank (a stack's zero padding left out). ``r`` and ``lora_alpha`` are the most
+      common rank and alpha (the layer's float32 scale x its rank, so that PEFT's alpha / r is
+      that scale); layers that differ get ``rank_pattern`` / ``alpha_pattern`` entries, keyed
+      by their full escaped name.
     path: the output folder (created if needed).
     base_model: recorded as ``base_model_name_or_path`` (the folder the base is loaded from).
 
@@ -135,15 +137,15 @@ def save_adapter(model, path: str, *, base_model: str = "") -> None:
   family = hf.family_for(model.config.model_type)
   names = _module_names(model, family)
   tensors, ranks, alphas = {}, {}, {}
-  for layer, dense in lora_lib.dense_layers(model):
-    if dense.lora is None:
+  for site in lora_lib.dense_layers(model):
+    if not site.rank:
       continue
-    a = np.asarray(jax.device_get(dense.lora.lora_a[...]), np.float32)
-    b = np.asarray(jax.device_get(dense.lora.lora_b[...]), np.float32)
-    tensors[f"{_PREFIX}{names[layer]}.lora_A.weight"] = np.ascontiguousarray(a.T)
-    tensors[f"{_PREFIX}{names[layer]}.lora_B.weight"] = np.ascontiguousarray(b.T)
-    ranks[names[layer]] = a.shape[1]
-    alphas[names[layer]] = dense.lora_scale * a.shape[1]
+    name = names[site.path]
+    a, b = (np.asarray(jax.device_get(f), np.float32) for f in site.factors())
+    tensors[f"{_PREFIX}{name}.lora_A.weight"] = np.ascontiguousarray(a.T)
+    tensors[f"{_PREFIX}{name}.lora_B.weight"] = np.ascontiguousarray(b.T)
+    ranks[name] = site.rank
+    alphas[name] = site.scale * site.rank
   if not tensors:
     raise ValueError("the model has no LoRA adapters to save")
   rank = collections.Counter(ranks.values()).most_common(1)[0][0]
@@ -307,30 +309,23 @@ def load_adapter(model, path: str) -> None:
     has = "has weights for" if odd in ours else "has no weights for"
     raise hf.CheckpointError(f"{path}: {has} {names[odd]}, which PEFT's reading of its "
                              f"{' / '.join(keys)} does {'not ' if odd in ours else ''}adapt")
-  dense_by_path = dict(lora_lib.dense_layers(model))
+  sites = {site.path: site for site in lora_lib.dense_layers(model)}
   plan = {p: _rank_and_alpha(config, names[p]) for p in ours}
-  factors, kernels = {}, {}
+  plans, kernels = {}, {}
   for p in ours:  # all checked before the model is changed
-    rank, (din, dout) = plan[p][0], dense_by_path[p].kernel.shape
+    (rank, alpha), (din, dout) = plan[p], sites[p].shape
     a, b = (tensors[f"{_PREFIX}{names[p]}.lora_{x}.weight"].T for x in "AB")
     if rank < 1 or a.shape != (din, rank) or b.shape != (rank, dout):
       raise hf.CheckpointError(f"{path}: {names[p]} has adapters {a.shape} x {b.shape}, "
                                f"expected {(din, rank)} x {(rank, dout)} (r / rank_pattern)")
-    factors[p] = a, b
+    scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    plans[p] = lora_lib.Plan(rank, scale, a, b)
     kernel = tensors[bases[p]].T if p in bases else None
     if kernel is not None and kernel.shape != (din, dout):
       raise hf.CheckpointError(f"{path}: {bases[p]} is {kernel.shape[::-1]}, expected "
                                f"{(dout, din)}")
     kernels[p] = kernel
-  for rank in sorted({r for r, _ in plan.values()}):
-    group = "|".join(re.escape(p) for p in ours if plan[p][0] == rank)
-    lora_lib.attach(model, lora_lib.LoraConfig(rank=rank, alpha=float(rank),
-                                               targets=f"^({group})$"), nnx.Rngs(0))
-  for p in ours:
-    dense, (rank, alpha), (a, b) = dense_by_path[p], plan[p], factors[p]
-    dense.lora_scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-    dense.lora.lora_a[...] = jnp.asarray(a, jnp.float32)
-    dense.lora.lora_b[...] = jnp.asarray(b, jnp.float32)
-    if kernels[p] is not None:
-      old = dense.kernel[...]
-      dense.kernel[...] = jax.device_put(jnp.asarray(kernels[p], old.dtype), old.sharding)
+  lora_lib.adapt(model, plans, nnx.Rngs(0))  # no draws: every factor is the folder's
+  for p, kernel in kernels.items():
+    if kernel is not None:
+      sites[p].set_kernel(kernel)

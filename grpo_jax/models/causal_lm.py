@@ -6,6 +6,12 @@ to know which family it holds. The sampler's prefill is ``hidden_states`` of the
 ``init_cache(N, P + T)``, its decode step ``hidden_states`` of one token per row (X = 1) with
 that cache; the teacher-forced log-prob pass is ``hidden_states`` (or
 ``grouped_hidden_states``) without a cache, then ``logits``.
+
+Every ``CausalLM`` keeps its decoder blocks in its attribute ``layers`` (``LAYERS``): one module
+whose parameters carry a leading layer axis L (``layers.self_attn.q_proj.kernel`` [L, D, H * W]),
+so that the passes without a cache scan over the blocks and compile one whatever the depth. One
+layer's parameter is named with its index after ``layers`` (``layers.3.self_attn.q_proj``):
+checkpoint tensors, LoRA targets and adapter folders are named per layer (``layer_path``).
 """
 
 from __future__ import annotations
@@ -14,6 +20,21 @@ from typing import Any, Optional, Protocol
 
 import jax
 import jax.numpy as jnp
+
+
+LAYERS = "layers"
+
+
+def is_stacked(path: tuple) -> bool:
+  """Whether the parameter at ``path`` (a tuple of names) belongs to the stacked ``layers``:
+  its leading axis is the layer."""
+  return bool(path) and str(path[0]) == LAYERS
+
+
+def layer_path(path: tuple, layer: int) -> tuple:
+  """The path of layer ``layer``'s slice of a stacked parameter (``is_stacked``):
+  ``('layers', 'mlp', 'up_proj', 'kernel')`` -> ``('layers', 3, 'mlp', 'up_proj', 'kernel')``."""
+  return (path[0], layer, *path[1:])
 
 
 class LMConfig(Protocol):

@@ -33,8 +33,11 @@ class Family:
     config_to_hf: ``config -> transformers config`` (``save_pretrained`` writes it).
     build: ``(config, *, rngs) -> CausalLM`` with random parameters.
     hf_name: ``parameter path -> (Hugging Face tensor name, transpose)``: the checkpoint
-      mapping both ways (``transpose`` when Hugging Face stores the array transposed).
-    param_axes: the logical axes of every parameter, by (module, parameter) name.
+      mapping both ways (``transpose`` when Hugging Face stores the array transposed). A
+      parameter of the stacked decoder layers is named per layer, by the path of its slice
+      (``causal_lm.layer_path``: ``('layers', 3, 'mlp', 'up_proj', 'kernel')``).
+    param_axes: the logical axes of every parameter, by (module, parameter) name; those of the
+      stacked decoder layers lead with the layer axis.
   """
 
   config_from_hf: Callable[..., Any]

@@ -2,7 +2,9 @@
 
 ``from_pretrained(path)`` reads ``config.json``, finds the model family of its ``model_type``
 (``family.FAMILIES``), and reads the weights the family's ``hf_name`` maps through safetensors
-(numpy, no torch), single-file or sharded with ``model.safetensors.index.json``.
+(numpy, no torch), single-file or sharded with ``model.safetensors.index.json``. A parameter of
+the stacked decoder layers (``causal_lm.LAYERS``) is read from, and written as, one tensor per
+layer (``model.layers.3.mlp.up_proj.weight`` is slice 3 of ``layers.mlp.up_proj.kernel``).
 ``save_pretrained(model, path)`` writes a folder that
 ``transformers.AutoModelForCausalLM.from_pretrained`` loads.
 """
@@ -20,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 from grpo_jax import sharding as sharding_lib
+from grpo_jax.models import causal_lm
 from grpo_jax.models import family as family_lib
 from grpo_jax.models.causal_lm import CausalLM
 
@@ -160,59 +163,95 @@ def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "fl
   graphdef, state = nnx.split(abstract)
   files = _weight_files(path)
 
-  wanted = {}
+  # (path, variable, transpose, the Hugging Face name of each layer, or the one name)
+  plan = []
   for p, var in nnx.to_flat_state(state):
-    name, transpose = family.hf_name(p)
-    wanted[name] = (p, transpose, var)
-  missing = sorted(n for n in wanted if n not in files)
+    paths = ([causal_lm.layer_path(p, i) for i in range(var.shape[0])]
+             if causal_lm.is_stacked(p) else [p])
+    named = [family.hf_name(q) for q in paths]
+    plan.append((p, var, named[0][1], [name for name, _ in named]))
+  missing = sorted(n for *_, names in plan for n in names if n not in files)
   if missing:
     shown = ", ".join(missing[:8]) + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else "")
     raise CheckpointError(f"{path} is missing {len(missing)} tensor(s) the "
                           f"{model_type} architecture needs: {shown}")
 
-  by_file: dict[str, list[str]] = {}
-  for name in wanted:
-    by_file.setdefault(files[name], []).append(name)
   flat = []
-  for file, names in by_file.items():
-    with _safetensors(file) as f:
-      for name in names:
-        p, transpose, var = wanted[name]
-        sharding = None if mesh is None else sharding_lib.param_sharding(
-            mesh, p, var.shape, family.param_axes)
-        array = _read_tensor(f, file, name, transpose, var.shape, jnp.dtype(param_dtype),
-                             sharding)
-        flat.append((p, var.replace(array)))
+  with contextlib.ExitStack() as stack:
+    opened = {}
+
+    def source(name):
+      """(file, open safetensors handle) of tensor ``name``, each file opened once."""
+      file = files[name]
+      if file not in opened:
+        opened[file] = stack.enter_context(_safetensors(file))
+      return file, opened[file]
+
+    for p, var, transpose, names in plan:
+      sharding = None if mesh is None else sharding_lib.param_sharding(
+          mesh, p, var.shape, family.param_axes)
+      sources = [(*source(name), name) for name in names]
+      array = _read_parameter(sources, transpose, var.shape, causal_lm.is_stacked(p),
+                              jnp.dtype(param_dtype), sharding)
+      flat.append((p, var.replace(array)))
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
-def _read_tensor(f, file: str, name: str, transpose: bool, shape: tuple, dtype,
-                 sharding) -> jax.Array:
-  """One parameter from an open safetensors file: whole, or block by block onto ``sharding``.
+def _read_parameter(sources: list, transpose: bool, shape: tuple, stacked: bool, dtype,
+                    sharding) -> jax.Array:
+  """One parameter from open safetensors files: whole, or block by block onto ``sharding``.
+
+  Args:
+    sources: (file, open handle, tensor name) of the parameter, or of each layer's slice of a
+      stacked one (``stacked``: ``shape`` is [L, ...], the tensors the slices).
+    transpose: Hugging Face stores the tensors transposed ([out, in]).
+    shape: the parameter's shape (kernels [in, out]).
+    stacked: the parameter stacks the L tensors of ``sources`` along a leading axis.
+    dtype: the dtype it is stored in.
+    sharding: its sharding, or None for one whole array.
 
   Raises:
-    CheckpointError: the tensor has another shape, or cannot be read (names it and the file).
+    CheckpointError: a tensor has another shape, or cannot be read (names it and the file).
   """
-  try:
-    stored = f.get_slice(name)
-    stored_shape = tuple(stored.get_shape())
-  except Exception as e:  # pylint: disable=broad-except
-    raise CheckpointError(f"tensor {name} in {file} cannot be read ({e}): the file is "
-                          "truncated or corrupt; download or save it again") from None
-  loaded_shape = stored_shape[::-1] if transpose else stored_shape
-  if loaded_shape != tuple(shape):
-    raise CheckpointError(f"tensor {name} in {file} has shape {loaded_shape}, "
-                          f"expected {tuple(shape)}")
+  tensor_shape = tuple(shape[1:]) if stacked else tuple(shape)
+  tensors = []
+  for file, f, name in sources:
+    try:
+      stored = f.get_slice(name)
+      stored_shape = tuple(stored.get_shape())
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f"tensor {name} in {file} cannot be read ({e}): the file is "
+                            "truncated or corrupt; download or save it again") from None
+    loaded_shape = stored_shape[::-1] if transpose else stored_shape
+    if loaded_shape != tensor_shape:
+      raise CheckpointError(f"tensor {name} in {file} has shape {loaded_shape}, "
+                            f"expected {tensor_shape}")
+    tensors.append((file, name, stored))
 
-  def block(index: tuple) -> np.ndarray:
-    """The [index] block of the parameter (laid out as ours: kernels [in, out])."""
-    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+  def read(source, index: tuple) -> np.ndarray:
+    """The [index] block of one tensor (laid out as ours: kernels [in, out])."""
+    file, name, stored = source
+    index = tuple(index) + (slice(None),) * (len(tensor_shape) - len(index))
     try:
       values = stored[index[::-1]].T if transpose else stored[index]
     except Exception as e:  # pylint: disable=broad-except
       raise CheckpointError(f"tensor {name} in {file} cannot be read ({e}): the file is "
                             "truncated or corrupt; download or save it again") from None
     return np.asarray(values).astype(dtype)
+
+  def block(index: tuple) -> np.ndarray:
+    """The [index] block of the parameter; of a stacked one, its layers' blocks filled in one
+    array (no list of copies beside it)."""
+    index = tuple(index)
+    if not stacked:
+      return read(tensors[0], index)
+    layers = tensors[index[0] if index else slice(None)]
+    first = read(layers[0], index[1:])
+    out = np.empty((len(layers),) + first.shape, first.dtype)
+    out[0] = first
+    for j, source in enumerate(layers[1:], 1):
+      out[j] = read(source, index[1:])
+    return out
 
   if sharding is None:
     return jnp.asarray(block(()))
@@ -243,9 +282,13 @@ def save_pretrained(model: CausalLM, path: str, *, tokenizer=None,
   family.config_to_hf(model.config).save_pretrained(path)
   tensors = {}
   for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    name, transpose = family.hf_name(p)
     array = np.asarray(jax.device_get(var[...]))
-    tensors[name] = np.ascontiguousarray(array.T if transpose else array)
+    # A stacked parameter is written as one tensor per layer.
+    pieces = ([(causal_lm.layer_path(p, i), array[i]) for i in range(array.shape[0])]
+              if causal_lm.is_stacked(p) else [(p, array)])
+    for q, piece in pieces:
+      name, transpose = family.hf_name(q)
+      tensors[name] = np.ascontiguousarray(piece.T if transpose else piece)
   for stale in (_SINGLE, _INDEX):
     if os.path.exists(os.path.join(path, stale)):
       os.remove(os.path.join(path, stale))

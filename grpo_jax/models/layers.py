@@ -52,8 +52,9 @@ class RMSNorm(nnx.Module):
 class Dense(nnx.Module):
   """y = x @ kernel (+ bias), computed on x flattened to 2-D.
 
-  Same parameters as ``nnx.Linear`` (``kernel [in, out]``, ``bias [out]``), but every leading
-  axis is folded into one matmul row axis first: XLA:CPU lowers the backward pass of a
+  Same parameters as ``nnx.Linear`` (``kernel [in, out]``, ``bias [out]``; in the stacked decoder
+  layers [L, in, out] and [L, out], called on one layer's slice), but every leading axis of x is
+  folded into one matmul row axis first: XLA:CPU lowers the backward pass of a
   [N, S, D] x [D, F] dot (two contracting axes for the weight gradient) far slower than the
   plain 2-D GEMM (measured 1.8x on the SwiGLU MLP at N * S = 12288; docs/benchmarks.md).
   """
@@ -63,10 +64,9 @@ class Dense(nnx.Module):
     self.kernel = nnx.Param(INIT(rngs.params(), (din, dout), param_dtype))
     self.bias = nnx.Param(jnp.zeros((dout,), param_dtype)) if use_bias else None
     self.dtype = dtype
-    # A low-rank adapter (``nnx.LoRA`` without a base module) and its alpha / r, set by
+    # Low-rank adapters (``lora.Adapter``: the factors and their scale), set by
     # ``lora.attach``; None: a plain dense layer.
     self.lora = nnx.data(None)
-    self.lora_scale = 1.0
 
   def __call__(self, x):
     lead = x.shape[:-1]
@@ -80,7 +80,7 @@ class Dense(nnx.Module):
     """``y`` [rows, out] of ``x2`` [rows, in] plus the adapter's (alpha / r) (x A) B, if any."""
     if self.lora is None:
       return y
-    return y + (self.lora_scale * self.lora(x2)).astype(y.dtype)
+    return y + self.lora(x2).astype(y.dtype)
 
 
 def fused_dense(x, denses) -> list:

@@ -7,8 +7,12 @@ Shape letters: ``types.py`` (N rows, S positions or cache slots, X a block of ne
 D width, H query heads, K key/value heads, Q = H / K query heads per key/value head, W head
 width, F MLP width, V vocabulary; B prompts and G continuations per prompt in the grouped pass).
 
-Attributes are named like the Hugging Face modules (``layers[i].self_attn.q_proj``) so that the
-checkpoint mapping (``qwen3_checkpoint.py``) is mechanical. Parameters are stored in
+Attributes are named like the Hugging Face modules (``layers.self_attn.q_proj``) so that the
+checkpoint mapping (``qwen3_checkpoint.py``) is mechanical. The decoder layers are one
+``DecoderLayer`` whose parameters are stacked along a leading layer axis L (``causal_lm.LAYERS``):
+the passes without a cache (the train step's) run one ``lax.scan`` over them, so XLA compiles one
+block whatever the depth. They are stored stacked rather than stacked at each call, which would
+copy every parameter, and its gradient, in every pass of the train step. Parameters are stored in
 ``param_dtype``, matmuls run in ``dtype``; norms, softmax and logits are computed in float32.
 """
 
@@ -31,26 +35,28 @@ from grpo_jax.models.layers import INIT, Dense, RMSNorm, fused_dense, rope
 from grpo_jax.sharding import ambient_tensor_shards, constrain
 
 # (module name, parameter name) -> logical axes of each dimension (kernels are [in, out]);
-# the family's ``param_axes`` (``sharding.LOGICAL_RULES`` maps them to mesh axes). The
-# RMSNorm scales are replicated: they are tiny and every shard needs all of them.
+# the family's ``param_axes`` (``sharding.LOGICAL_RULES`` maps them to mesh axes). Parameters of
+# the decoder layers lead with their layer axis (``layers``, never split: each step of the scan
+# reads one layer's slice). The RMSNorm scales are replicated: they are tiny and every shard
+# needs all of them.
 PARAM_AXES = {
     ("embed_tokens", "embedding"): ("vocab", "embed"),
     ("lm_head", "kernel"): ("embed", "vocab"),
-    ("q_proj", "kernel"): ("embed", "heads"),
-    ("k_proj", "kernel"): ("embed", "kv_heads"),
-    ("v_proj", "kernel"): ("embed", "kv_heads"),
-    ("q_proj", "bias"): ("heads",),
-    ("k_proj", "bias"): ("kv_heads",),
-    ("v_proj", "bias"): ("kv_heads",),
-    ("o_proj", "kernel"): ("heads", "embed"),
-    ("gate_proj", "kernel"): ("embed", "mlp"),
-    ("up_proj", "kernel"): ("embed", "mlp"),
-    ("down_proj", "kernel"): ("mlp", "embed"),
-    ("q_norm", "scale"): (None,),
-    ("k_norm", "scale"): (None,),
-    ("input_layernorm", "scale"): (None,),
-    ("post_attention_layernorm", "scale"): (None,),
     ("norm", "scale"): (None,),
+    ("q_proj", "kernel"): ("layers", "embed", "heads"),
+    ("k_proj", "kernel"): ("layers", "embed", "kv_heads"),
+    ("v_proj", "kernel"): ("layers", "embed", "kv_heads"),
+    ("q_proj", "bias"): ("layers", "heads"),
+    ("k_proj", "bias"): ("layers", "kv_heads"),
+    ("v_proj", "bias"): ("layers", "kv_heads"),
+    ("o_proj", "kernel"): ("layers", "heads", "embed"),
+    ("gate_proj", "kernel"): ("layers", "embed", "mlp"),
+    ("up_proj", "kernel"): ("layers", "embed", "mlp"),
+    ("down_proj", "kernel"): ("layers", "mlp", "embed"),
+    ("q_norm", "scale"): ("layers", None),
+    ("k_norm", "scale"): ("layers", None),
+    ("input_layernorm", "scale"): ("layers", None),
+    ("post_attention_layernorm", "scale"): ("layers", None),
 }
 
 
@@ -279,19 +285,10 @@ def _grouped_block(layer: DecoderLayer, xp_BxPxD, xc_NxTxD, positions_BxP, posit
   return mlp(xp_BxPxD), mlp(xc_NxTxD)
 
 
-def _remat_block(layer: DecoderLayer, x_NxSxD, positions_NxS, key_mask_NxS, query_block: int):
-  """One decoder block under ``jax.checkpoint``: only its input is saved for the backward pass.
-
-  The block's parameters enter as an explicit argument (split from the module), so the
-  checkpointed function is pure; the new keys/values (unused without a cache) are dropped.
-  """
-  graphdef, params = nnx.split(layer)
-
-  def block(params, x):
-    return nnx.merge(graphdef, params)(x, positions_NxS, key_mask_NxS,
-                                       query_block=query_block)[0]
-
-  return jax.checkpoint(block)(params, x_NxSxD)
+def _stack(layers: list[DecoderLayer]) -> DecoderLayer:
+  """One DecoderLayer whose every parameter is the L layers' parameters stacked: [L, ...]."""
+  graphdef, _ = nnx.split(layers[0])
+  return nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *map(nnx.state, layers)))
 
 
 class Qwen3(nnx.Module):
@@ -307,7 +304,8 @@ class Qwen3(nnx.Module):
                                   dtype=jnp.dtype(config.dtype),
                                   param_dtype=jnp.dtype(config.param_dtype),
                                   embedding_init=INIT, rngs=rngs)
-    self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_layers)])
+    # Built one after the other (the random draws of L separate layers), then stacked.
+    self.layers = _stack([DecoderLayer(config, rngs=rngs) for _ in range(config.num_layers)])
     self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps,
                         param_dtype=jnp.dtype(config.param_dtype), dtype=jnp.dtype(config.dtype))
     if not config.tie_word_embeddings:
@@ -341,13 +339,22 @@ class Qwen3(nnx.Module):
     With a cache the tokens go to slots [cache.index, cache.index + X) and attend to every
     earlier real slot; without one they attend causally among themselves.
 
+    Without a cache the layers run as one ``lax.scan`` over the stacked parameters (``_scan``):
+    the compiled program holds one block, whatever the depth. With one (the sampler's prefill
+    and decode steps) they are unrolled, each layer reading a static slice of the stacked
+    parameters and its own entries of the cache: a scan would either rewrite the whole cache
+    at every token (as its stacked output) or read each layer's entries through a dynamic
+    slice that a GEMM cannot fuse. The sampler's program, unlike the train step's, therefore
+    still grows with the depth; inside its decode loop the slices are loop-invariant, and XLA
+    computes them (with the sampler's cast to the compute dtype) once, before the loop.
+
     Args:
       input_ids_NxX: int32 token ids.
       attention_mask_NxX: True for real tokens (default all).
       positions_NxX: position ids (default from the mask).
       cache: optional KV cache.
-      remat: activation checkpointing per layer (``jax.checkpoint`` around each decoder
-        block; only without a cache): a backward pass keeps each block's input [N, X, D] and
+      remat: activation checkpointing per layer (``jax.checkpoint`` around each step of the
+        scan; only without a cache): a backward pass keeps each block's input [N, X, D] and
         recomputes the block's insides (attention scores, MLP activations) instead of storing
         them. Same values; less memory, one more forward pass of compute.
       query_block: queries per attention block (0 = all X at once; see ``blocked_attention``).
@@ -361,31 +368,32 @@ class Qwen3(nnx.Module):
     attention_mask_NxX = attention_mask_NxX.astype(bool)
     if positions_NxX is None:
       positions_NxX = positions_from_mask(attention_mask_NxX)
-    if cache is None:
-      mask = attention_mask_NxX  # real keys; the kernels add the causal part
-      index = None
-    else:
-      index = cache.index
-      key_mask_NxS = jax.lax.dynamic_update_slice(cache.key_mask_NxS, attention_mask_NxX,
-                                                  (0, index))
-      mask = key_mask_NxS
     residual = lambda h: constrain(h, ("batch", None, None))  # rows split, width whole
     h_NxXxD = residual(self.embed(input_ids_NxX))
+    if cache is None:
+      # Real keys of each row; the kernels add the causal part. New keys/values are dropped.
+      block = lambda layer, h: residual(layer(h, positions_NxX, attention_mask_NxX,
+                                              query_block=query_block)[0])
+      return self.norm(self._scan(block, h_NxXxD, remat)), None
+    index = cache.index
+    key_mask_NxS = jax.lax.dynamic_update_slice(cache.key_mask_NxS, attention_mask_NxX,
+                                                (0, index))
+    graphdef, stacked = nnx.split(self.layers)
     new_k, new_v = [], []
-    for i, layer in enumerate(self.layers):
-      if remat and cache is None:
-        h_NxXxD = residual(_remat_block(layer, h_NxXxD, positions_NxX, mask, query_block))
-        continue
-      kv = None if cache is None else (cache.k[i], cache.v[i])
-      h_NxXxD, (k, v) = layer(h_NxXxD, positions_NxX, mask, kv, index, query_block)
+    for i in range(self.config.num_layers):
+      # The barrier makes the slices a value XLA hoists out of the sampler's decode loop: a bare
+      # slice it leaves in the loop (too cheap to hoist alone), copying the o_proj and
+      # down_proj weights of every layer at every token; and it keeps them out of the
+      # consumers' fusions, which then compile once for all layers.
+      layer = nnx.merge(graphdef, jax.lax.optimization_barrier(
+          jax.tree.map(lambda a, i=i: a[i], stacked)))
+      h_NxXxD, (k, v) = layer(h_NxXxD, positions_NxX, key_mask_NxS, (cache.k[i], cache.v[i]),
+                              index, query_block)
       h_NxXxD = residual(h_NxXxD)
       new_k.append(k)
       new_v.append(v)
-    h_NxXxD = self.norm(h_NxXxD)
-    if cache is not None:
-      cache = KVCache(k=tuple(new_k), v=tuple(new_v), key_mask_NxS=key_mask_NxS,
-                      index=index + x)
-    return h_NxXxD, cache
+    cache = KVCache(k=tuple(new_k), v=tuple(new_v), key_mask_NxS=key_mask_NxS, index=index + x)
+    return self.norm(h_NxXxD), cache
 
   def grouped_hidden_states(self, prompt_ids_BxP, prompt_mask_BxP, completion_ids_NxT,
                             group: int, remat: bool = False, query_block: int = 0):
@@ -395,7 +403,8 @@ class Qwen3(nnx.Module):
     completion row i continues prompt i // G. The values are those of ``hidden_states``
     over the N rows [prompt i // G; completion i] (same keys, positions and masks; float
     rounding may differ), at (B * P + N * T) / (N * (P + T)) of the token work of the
-    projections and MLPs (docs/benchmarks.md: Step speed).
+    projections and MLPs (docs/benchmarks.md: Step speed). The layers run as one scan, as in
+    ``hidden_states`` without a cache.
 
     Args:
       prompt_ids_BxP: int32 prompts, left padded (every row has a real token).
@@ -414,21 +423,38 @@ class Qwen3(nnx.Module):
     first_N = jnp.repeat(jnp.sum(prompt_mask_BxP, axis=-1, dtype=jnp.int32), group)
     positions_NxT = first_N[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
     residual = lambda h: constrain(h, ("batch", None, None))
+
+    def block(layer, carry):
+      xp_BxPxD, xc_NxTxD = _grouped_block(layer, *carry, positions_BxP, positions_NxT,
+                                          prompt_mask_BxP, group, query_block)
+      return residual(xp_BxPxD), residual(xc_NxTxD)
+
     xp, xc = residual(self.embed(prompt_ids_BxP)), residual(self.embed(completion_ids_NxT))
-    for layer in self.layers:
-      if remat:
-        graphdef, params = nnx.split(layer)
-
-        def block(params, xp, xc, graphdef=graphdef):
-          return _grouped_block(nnx.merge(graphdef, params), xp, xc, positions_BxP,
-                                positions_NxT, prompt_mask_BxP, group, query_block)
-
-        xp, xc = jax.checkpoint(block)(params, xp, xc)
-      else:
-        xp, xc = _grouped_block(layer, xp, xc, positions_BxP, positions_NxT, prompt_mask_BxP,
-                                group, query_block)
-      xp, xc = residual(xp), residual(xc)
+    xp, xc = self._scan(block, (xp, xc), remat)
     return self.norm(xp), self.norm(xc)
+
+  def _scan(self, block, carry, remat: bool):
+    """``carry`` through every decoder layer, ``carry = block(layer, carry)``, as one
+    ``lax.scan`` over the stacked parameters: each step merges one layer's slice into a
+    ``DecoderLayer``.
+
+    What a backward pass keeps of each step: with ``remat``, only its input carry (the layer's
+    slice is the scan's own input); without, the outputs of its matmuls, the elementwise ops
+    between them being recomputed from those (as XLA fuses them into the backward pass of an
+    unrolled graph). Keeping every intermediate instead, a scan's default, stacks them all:
+    1.2x the time of the unrolled layers' gradient on CPU and 1.3-1.6x its memory (the
+    reference model of docs/performance.md; 1.04x and 0.56-0.75x this way).
+    """
+    graphdef, stacked = nnx.split(self.layers)
+
+    def step(carry, layer_params):
+      return block(nnx.merge(graphdef, layer_params), carry), None
+
+    # Within a scan the recomputation cannot be merged with the forward pass (the loop body
+    # keeps them apart), so the barriers prevent_cse adds would only cost (jax.checkpoint).
+    policy = None if remat else jax.checkpoint_policies.dots_saveable
+    step = jax.checkpoint(step, prevent_cse=False, policy=policy)
+    return jax.lax.scan(step, carry, stacked)[0]
 
   def embed(self, input_ids_NxX: jax.Array) -> jax.Array:
     """Token embeddings [N, X, D] in the compute dtype (``nnx.Embed``'s lookup).

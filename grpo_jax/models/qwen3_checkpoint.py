@@ -19,7 +19,9 @@ def hf_name(path: tuple) -> tuple[str, bool]:
   """Hugging Face tensor name for an NNX parameter path, and whether to transpose it.
 
   Args:
-    path: a parameter path such as ``('layers', 0, 'self_attn', 'q_proj', 'kernel')``.
+    path: a parameter path such as ``('embed_tokens', 'embedding')``, or one layer's slice of a
+      stacked one (``causal_lm.layer_path``) such as
+      ``('layers', 0, 'self_attn', 'q_proj', 'kernel')``.
 
   Returns:
     (name, transpose), e.g. ``('model.layers.0.self_attn.q_proj.weight', True)``.
