@@ -112,6 +112,16 @@ def test_accelerator_check_refuses_the_full_shapes_on_a_cpu(tmp_path):
   assert result["status"] == "refused" and _statuses(result)["parity"] == "not started"
 
 
+def test_importing_the_check_defines_no_flag():
+  # Tests import this module beside bench.memory, which defines group_size and prompt_len too:
+  # a flag defined at import made every bench.memory test in the same worker raise
+  # DuplicateFlagError. The check's flags exist only once it is the program (define_flags).
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from grpo_jax.bench import memory  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  assert flags.FLAGS.find_module_defining_flag("group_size") != accelerator.__name__
+  assert "simulate_hang" not in flags.FLAGS
+
+
 def test_a_wrong_backend_or_a_missing_package_is_one_line_naming_the_cause():
   versions = {"jax": "0.11.2", "jax-cuda13-plugin": "0.11.1", "jaxlib": "0.11.2"}
   cpu, gpu = ({"backend": b, "missing_packages": []} for b in ("cpu", "gpu"))

@@ -87,35 +87,6 @@ from absl import app, flags
 
 from grpo_jax.bench import bounded
 
-_OUT = flags.DEFINE_string("out_dir", "runs/accelerator",
-                           "where accelerator.json / .md / .log go")
-_TINY = flags.DEFINE_bool("tiny", False, "toy shapes (a CPU check of the script itself)")
-_EXPECT = flags.DEFINE_enum("expect", "", ["", "gpu", "tpu", "cpu"],
-                            "fail in one line unless JAX's backend is this one")
-_BUDGET = flags.DEFINE_float("budget_s", 420.0,
-                             "wall-clock bound of the whole check; each point gets at most what "
-                             "is left")
-_TESTS = flags.DEFINE_bool("tests", True, "run the device-path test files last")
-_TEST_FILES = flags.DEFINE_list(
-    "test_files", ["tests/test_attention.py", "tests/test_models.py", "tests/test_sampler.py"],
-    "test files of the last part")
-_ROWS = flags.DEFINE_integer("rows", 128, "N rows of the train steps (the larger part adds the "
-                             "preset's 512)")
-_DECODE_ROWS = flags.DEFINE_list("decode_rows", ["256", "512"], "N rows of the decode points")
-_LENGTHS = flags.DEFINE_list("lengths", ["1024", "4096"],
-                             "completion lengths T: the first for every part, the others for "
-                             "larger train steps")
-_ATTENTION = flags.DEFINE_list("attention", ["xla", "blocked"],
-                               "kernels of the larger part's train steps, against auto")
-_GROUP = flags.DEFINE_integer("group_size", 8, "G")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 256, "P")
-_ONLY = flags.DEFINE_list("only", [], "run only these point ids (env always runs)")
-_CACHE = flags.DEFINE_string("cache_dir", "", "JAX's compilation cache ('' = "
-                             "grpo_jax.compilation_cache's folder, 'none' = off)")
-_HANG = flags.DEFINE_string("simulate_hang", "", "tests: this point's child sleeps instead of "
-                            "measuring and is killed after 3 s, as a point that outlives "
-                            "its time would be")
-
 MIB = 2 ** 20
 GIB = 2 ** 30
 HANG_CAP_S = 3.0
@@ -474,15 +445,51 @@ def _entries(path: str) -> int:
     return 0
   return sum(len(files) for _, _, files in os.walk(path))
 
+def define_flags() -> None:
+  """Defines the check's flags; called only when this module is the program.
+
+  ``bench.memory`` and the other benchmarks define some of the same names (``group_size``,
+  ``prompt_len``), and tests import this module beside them for ``env_problem``.
+  """
+  flags.DEFINE_string("out_dir", "runs/accelerator",
+                      "where accelerator.json / .md / .log go")
+  flags.DEFINE_bool("tiny", False, "toy shapes (a CPU check of the script itself)")
+  flags.DEFINE_enum("expect", "", ["", "gpu", "tpu", "cpu"],
+                    "fail in one line unless JAX's backend is this one")
+  flags.DEFINE_float("budget_s", 420.0,
+                     "wall-clock bound of the whole check; each point gets at most what "
+                     "is left")
+  flags.DEFINE_bool("tests", True, "run the device-path test files last")
+  flags.DEFINE_list(
+      "test_files", ["tests/test_attention.py", "tests/test_models.py", "tests/test_sampler.py"],
+      "test files of the last part")
+  flags.DEFINE_integer("rows", 128, "N rows of the train steps (the larger part adds the "
+                       "preset's 512)")
+  flags.DEFINE_list("decode_rows", ["256", "512"], "N rows of the decode points")
+  flags.DEFINE_list("lengths", ["1024", "4096"],
+                    "completion lengths T: the first for every part, the others for "
+                    "larger train steps")
+  flags.DEFINE_list("attention", ["xla", "blocked"],
+                    "kernels of the larger part's train steps, against auto")
+  flags.DEFINE_integer("group_size", 8, "G")
+  flags.DEFINE_integer("prompt_len", 256, "P")
+  flags.DEFINE_list("only", [], "run only these point ids (env always runs)")
+  flags.DEFINE_string("cache_dir", "", "JAX's compilation cache ('' = "
+                      "grpo_jax.compilation_cache's folder, 'none' = off)")
+  flags.DEFINE_string("simulate_hang", "", "tests: this point's child sleeps instead of "
+                      "measuring and is killed after 3 s, as a point that outlives "
+                      "its time would be")
+
 
 def main(argv):
   del argv
-  tiny = _TINY.value
-  points = plan(tiny, _ROWS.value, [int(x) for x in _DECODE_ROWS.value],
-                [int(x) for x in _LENGTHS.value], _ATTENTION.value, _GROUP.value,
-                _PROMPT_LEN.value, _TESTS.value)
-  check = Check(_OUT.value, points, _BUDGET.value, tiny, _cache_dir(_CACHE.value),
-                expect=_EXPECT.value, test_files=_TEST_FILES.value, hang=_HANG.value)
+  f = flags.FLAGS
+  tiny = f.tiny
+  points = plan(tiny, f.rows, [int(x) for x in f.decode_rows],
+                [int(x) for x in f.lengths], f.attention, f.group_size,
+                f.prompt_len, f.tests)
+  check = Check(f.out_dir, points, f.budget_s, tiny, _cache_dir(f.cache_dir),
+                expect=f.expect, test_files=f.test_files, hang=f.simulate_hang)
 
   def stop(signum, frame):
     """Killed from outside (a tool's timeout): the child first, then the files, then out."""
@@ -493,11 +500,12 @@ def main(argv):
 
   signal.signal(signal.SIGTERM, stop)
   signal.signal(signal.SIGINT, stop)
-  code = check.run(_ONLY.value)
+  code = check.run(f.only)
   if code == 0:
     print(markdown(check.result), flush=True)
   return code
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
