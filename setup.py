@@ -29,11 +29,11 @@ setuptools.setup(
         "tqdm",
         # TensorBoard event files without TensorFlow (pure Python: protobuf + numpy).
         "tensorboardX",
-        # Math answers (grpo_jax/math_answers.py), pinned: its parsing decides the rewards.
+        # Math answers (grpo_jax/rewards/math_answers.py), pinned: its parsing decides the rewards.
         "math-verify==0.9.0",
         # Parquet data files (verl's format; grpo_jax/tasks/data_files.py).
         "pyarrow",
-        # The run's report plots (grpo_jax/report.py): part of what a run writes.
+        # The run's report plots (grpo_jax/run/report.py): part of what a run writes.
         "matplotlib",
     ],
     extras_require={

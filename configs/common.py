@@ -11,7 +11,7 @@ import ml_collections
 
 from grpo_jax import allocation, assets, deprecated, registry, tasks
 from grpo_jax.models import lora
-from grpo_jax.replay import method as replay_method
+from grpo_jax.rl.replay import method as replay_method
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -118,13 +118,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.replay.objective = "decoupled"  # replayed rows in the loss: decoupled | pi_old | align_mu
   # pi_prox of replayed rows, where the objective needs it and the method does not measure it:
   # exact (a no-grad pass at the start-of-step parameters) | interpolate (no pass: AReaL's
-  # log mu + alpha (log pi_theta - log mu), alpha from the version stamps; grpo_jax/prox.py).
+  # log mu + alpha (log pi_theta - log mu), alpha from the version stamps; grpo_jax/rl/prox.py).
   c.replay.prox = "exact"
   # The exact pass runs over only the rows the method may replay, in this many chunks; a chunk
   # without a replayed row is skipped. 0 = one pass over the whole batch (before 2026-12).
   c.replay.prox_chunks = 4
   # Each method's own group (config.replay.popo.slots, config.replay.headroom.tau, ...): its
-  # dataclass's fields and defaults, documented in grpo_jax/replay/<method>.py.
+  # dataclass's fields and defaults, documented in grpo_jax/rl/replay/<method>.py.
   _add_groups(c.replay, replay_method.METHODS)
 
   c.allocation = ml_collections.ConfigDict()

@@ -13,11 +13,12 @@ import re
 
 import jax
 
-from grpo_jax import (advantages, allocation, deprecated, errors, losses, objectives, rewards,
-                      scoring, sharding, step, tasks)
-from grpo_jax.tasks import row_schemas
+from grpo_jax import allocation, deprecated, errors, sharding, tasks
 from grpo_jax.models import architectures, attention
-from grpo_jax.replay import method as method_lib
+from grpo_jax.rewards import functions as rewards, scoring
+from grpo_jax.rl import advantages, losses, objectives, step
+from grpo_jax.rl.replay import method as method_lib
+from grpo_jax.tasks import row_schemas
 
 _GROUPS = ("model", "task", "rollout", "rl", "replay", "allocation", "opt", "eval", "checkpoint",
            "mesh")
@@ -223,7 +224,7 @@ def _validate_allocation(config) -> None:
 
 def replay_config(config):
   """The replay method named by ``config.replay.method``, from its own group (see
-  grpo_jax/replay/method.py)."""
+  grpo_jax/rl/replay/method.py)."""
   return method_lib.METHODS.get(config.replay.method).from_config(config)
 
 

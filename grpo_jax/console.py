@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from grpo_jax import metrics as metrics_lib
+from grpo_jax import timing
 
 _THIRD_PARTY = ("jax", "orbax", "absl", "etils", "tensorflow", "transformers", "h5py")
 
@@ -73,7 +73,7 @@ def eval_line(step: int, evaluation: dict, rollouts: int, k: int) -> str:
   return "\n".join(lines)
 
 
-# Runs logged before the step was split into metrics.PHASES recorded only these four.
+# Runs logged before the step was split into timing.PHASES recorded only these four.
 _TIME_REQUIRED = ("generation", "update", "evaluation", "checkpoint")
 
 
@@ -133,7 +133,7 @@ def summary(records: list[dict], k: int, paths: dict, total_steps: int,
     lines.append(f"  rollouts {last.get('rollouts', 0):,}   completion tokens "
                  f"{last.get('completion_tokens', 0):,}   reward errors "
                  f"{last.get('reward_errors', 0)}")
-    parts = [(name, last.get(f"time_{name}_s")) for name in metrics_lib.PHASES]
+    parts = [(name, last.get(f"time_{name}_s")) for name in timing.PHASES]
     if all(last.get(f"time_{name}_s") is not None for name in _TIME_REQUIRED):
       parts = [(name, v) for name, v in parts if v is not None]  # older runs: the four only
       total = sum(v for _, v in parts)

@@ -20,15 +20,15 @@ from absl import app, flags
 from flax import nnx
 from ml_collections import config_flags
 
-from grpo_jax import checkpoint as checkpoint_lib
 from grpo_jax import configuration
 from grpo_jax import console
-from grpo_jax import loop
-from grpo_jax import optim
-from grpo_jax import step as step_lib
 from grpo_jax.models import CheckpointError, save_pretrained
 from grpo_jax.models import adapter_folder
 from grpo_jax.models import lora
+from grpo_jax.rl import optim
+from grpo_jax.rl import step as step_lib
+from grpo_jax.run import checkpoint as checkpoint_lib
+from grpo_jax.run import loop
 
 FORMATS = ("merged", "adapter")
 

@@ -3,7 +3,7 @@ their dataclass fields.
 
 A component module registers itself::
 
-    METHODS = registry.Registry("replay method", package="grpo_jax.replay")
+    METHODS = registry.Registry("replay method", package="grpo_jax.rl.replay")
 
     @METHODS.register("popo")
     @dataclasses.dataclass(frozen=True)

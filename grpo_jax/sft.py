@@ -24,10 +24,10 @@ from flax import nnx
 from ml_collections import config_flags
 
 from grpo_jax import console
-from grpo_jax import evaluate as evaluate_lib
-from grpo_jax import logprobs as logprobs_lib
-from grpo_jax import tokenization
+from grpo_jax.generate import logprobs as logprobs_lib
+from grpo_jax.generate import tokenization
 from grpo_jax.models import ModelConfig, Qwen3, save_pretrained
+from grpo_jax.run import evaluate as evaluate_lib
 from grpo_jax.tasks import countdown
 
 

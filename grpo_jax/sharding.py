@@ -178,31 +178,20 @@ def _path_names(path) -> list[str]:
   return names[:-1] if names and names[-1] == "value" else names
 
 
-def family_param_axes() -> dict:
-  """Every registered model family's parameter axes (``models.family.param_axes``), the
-  default table of the functions below."""
-  # Imported at use: the model modules import this one.
-  from grpo_jax.models import family  # pylint: disable=g-import-not-at-top
-  return family.param_axes()
-
-
-def param_logical_axes(names: Sequence, ndim: int,
-                       param_axes: Optional[Mapping] = None) -> tuple:
+def param_logical_axes(names: Sequence, ndim: int, param_axes: Mapping) -> tuple:
   """Logical axes of the array at a parameter path (optimiser state uses the same path).
 
   Args:
     names: the path, e.g. ``('layers', 'mlp', 'up_proj', 'kernel')``, or that path inside an
       optimiser state (``(..., 'mu', 'layers', 'mlp', 'up_proj', 'kernel')``).
     ndim: the array's rank.
-    param_axes: (module, parameter) -> logical axes, a model family's ``param_axes``
-      (default: every registered family's, ``family_param_axes``).
+    param_axes: (module, parameter) -> logical axes: a model family's ``param_axes``, or
+      every registered family's (``models.family.param_axes()``).
 
   Returns:
     The last two names (module, parameter) looked up in ``param_axes``; anything else, or an
     entry whose rank does not match (an optimiser's factored statistics), is replicated.
   """
-  if param_axes is None:
-    param_axes = family_param_axes()
   key = tuple(str(n) for n in names[-2:])
   axes = param_axes.get(key) if len(names) >= 2 else None
   if axes is None or len(axes) != ndim:
@@ -211,7 +200,7 @@ def param_logical_axes(names: Sequence, ndim: int,
 
 
 def param_sharding(mesh: Mesh, names: Sequence, shape: Sequence[int],
-                   param_axes: Optional[Mapping] = None) -> NamedSharding:
+                   param_axes: Mapping) -> NamedSharding:
   """The NamedSharding of one parameter (or optimiser-state array) by its path.
 
   Args:
@@ -228,7 +217,7 @@ def param_sharding(mesh: Mesh, names: Sequence, shape: Sequence[int],
   return NamedSharding(mesh, spec)
 
 
-def tree_shardings(mesh: Mesh, tree, param_axes: Optional[Mapping] = None) -> Any:
+def tree_shardings(mesh: Mesh, tree, param_axes: Mapping) -> Any:
   """NamedShardings for parameters, optimiser state or a TrainState, matched by path.
 
   Args:
@@ -242,7 +231,6 @@ def tree_shardings(mesh: Mesh, tree, param_axes: Optional[Mapping] = None) -> An
   Raises:
     MeshError: a parameter dimension the mesh axes do not divide (names the parameter).
   """
-  param_axes = family_param_axes() if param_axes is None else param_axes
   return jax.tree_util.tree_map_with_path(
       lambda path, leaf: param_sharding(mesh, _path_names(path), leaf.shape, param_axes), tree)
 
@@ -294,11 +282,14 @@ class StepShardings:
     return replicated(self.mesh)
 
 
-def step_shardings(mesh: Mesh, state, replay, ref_params=None) -> StepShardings:
-  """Shardings of (state, replay, ref_params) for ``step.make_train_step`` (shapes only)."""
-  return StepShardings(mesh=mesh, state=tree_shardings(mesh, state),
-                       replay=replay_shardings(mesh, replay),
-                       ref_params=None if ref_params is None else tree_shardings(mesh, ref_params))
+def step_shardings(mesh: Mesh, state, replay, param_axes: Mapping,
+                   ref_params=None) -> StepShardings:
+  """Shardings of (state, replay, ref_params) for ``step.make_train_step`` (shapes only);
+  ``param_axes`` as ``param_logical_axes``."""
+  return StepShardings(
+      mesh=mesh, state=tree_shardings(mesh, state, param_axes),
+      replay=replay_shardings(mesh, replay),
+      ref_params=None if ref_params is None else tree_shardings(mesh, ref_params, param_axes))
 
 
 def _put_leaf(x, sharding):

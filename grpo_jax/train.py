@@ -16,16 +16,16 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from grpo_jax import compilation_cache
 from grpo_jax import configuration
 from grpo_jax import console
-from grpo_jax import loop
-from grpo_jax import scoring
 from grpo_jax import sharding as sharding_lib
-from grpo_jax import tokenization
-from grpo_jax.loop import TrainingStopped  # re-exported: callers catch train.TrainingStopped
+from grpo_jax.generate import tokenization
 from grpo_jax.models import CheckpointError
-from grpo_jax.workdir import check_same_run as _check_same_run  # noqa: F401  (moved; re-exported)
+from grpo_jax.rewards import scoring
+from grpo_jax.run import compilation_cache
+from grpo_jax.run import loop
+from grpo_jax.run.loop import TrainingStopped  # re-exported: callers catch train.TrainingStopped
+from grpo_jax.run.workdir import check_same_run as _check_same_run  # noqa: F401  (moved; re-exported)
 
 
 def define_flags():

@@ -34,7 +34,7 @@ if _OWN_CACHE:
 # step's compile (POPO's on the tiny model: 9.0 s to 4.8 s) and changes no HLO (the fusion and
 # layout passes, buffer assignment and memory analysis are the same). The loop emitters
 # (``--xla_cpu_use_fusion_emitters=false``) emit the same fusions' code in less time: 4.0 s to
-# 2.4 s for that step, and 165 s to 114 s for tests/test_popo.py + tests/test_step.py; every
+# 2.4 s for that step, and 165 s to 114 s for tests/rl/test_popo.py + tests/rl/test_step.py; every
 # test, the exact-equality ones included, passes unchanged under them. Subprocesses inherit the
 # flags; a test that sets XLA_FLAGS for its own subprocess appends to them.
 for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):

@@ -1,4 +1,4 @@
-"""A training process in miniature, for tests/test_math_answers.py: a MathVerifier in a process
+"""A training process in miniature, for tests/rewards/test_math_answers.py: a MathVerifier in a process
 that the test kills or interrupts. ``python -m tests.math_verifier_parent MODE [no-pdeathsig]``.
 
 Modes (each prints ``started HOLDER`` once the pool is up, then ``busy`` just before its batch):
@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 
-from grpo_jax import math_answers
+from grpo_jax.rewards import math_answers
 
 HOSTILE = "\\boxed{9^{9^{9^9}}}"
 # Answers that do end: 9^(9^7), a 4.5-million-digit power, takes sympy about 2 s.

@@ -30,10 +30,13 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from grpo_jax import assets, checkpoint as checkpoint_lib, sampler as sampler_lib  # noqa: E402
-from grpo_jax import losses, sharding, step as step_lib  # noqa: E402
-from grpo_jax.models import from_pretrained, hf, lora  # noqa: E402
-from grpo_jax.replay import init_replay, popo  # noqa: E402
+from grpo_jax import assets  # noqa: E402
+from grpo_jax import sharding  # noqa: E402
+from grpo_jax.generate import sampler as sampler_lib  # noqa: E402
+from grpo_jax.models import family, from_pretrained, hf, lora  # noqa: E402
+from grpo_jax.rl import losses, step as step_lib  # noqa: E402
+from grpo_jax.rl.replay import init_replay, popo  # noqa: E402
+from grpo_jax.run import checkpoint as checkpoint_lib  # noqa: E402
 from grpo_jax.types import Rollout  # noqa: E402
 
 B, G, P, T = 2, 4, 12, 8
@@ -149,7 +152,7 @@ def run_steps(graphdef, params, batches, config, tx, mesh, capacity):
   shardings = None
   if mesh is not None:
     replay = sharding.put(replay, sharding.replay_shardings(mesh, replay))
-    shardings = sharding.step_shardings(mesh, state, replay)
+    shardings = sharding.step_shardings(mesh, state, replay, family.param_axes())
   fn = step_lib.make_train_step(graphdef, tx, config, shardings)
   metrics = []
   for batch in batches:
@@ -263,7 +266,7 @@ def main(out_path: str):
     ckpt.save(2, state, replay, {"data_position": 4})
     other = sharding.make_mesh(OTHER_MESH)
     zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)
-    template_state = sharding.put(zeros(state), sharding.tree_shardings(other, state))
+    template_state = sharding.put(zeros(state), sharding.tree_shardings(other, state, family.param_axes()))
     template_replay = sharding.put(zeros(replay), sharding.replay_shardings(other, replay))
     s_other, r_other, host = ckpt.restore(2, template_state, template_replay)
     one_device = jax.devices()[0]

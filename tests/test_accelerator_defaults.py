@@ -10,9 +10,10 @@ import pytest
 from flax import nnx
 
 from configs import grpo
-from grpo_jax import configuration, loop
-from grpo_jax.logprobs import completion_logprobs
+from grpo_jax import configuration
+from grpo_jax.generate.logprobs import completion_logprobs
 from grpo_jax.models import from_pretrained
+from grpo_jax.run import loop
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 

@@ -9,9 +9,10 @@ import sys
 import pytest
 
 from configs import common, grpo, headroom, popo, rollout_replay
-from grpo_jax import (allocation, configuration, deprecated, metrics, registry, rewards, tasks,
-                      train)
-from grpo_jax.replay import method as method_lib
+from grpo_jax import allocation, configuration, deprecated, registry, tasks, train
+from grpo_jax.rewards import functions as rewards
+from grpo_jax.rl.replay import method as method_lib
+from grpo_jax.run import metrics
 
 DESIGN = pathlib.Path(__file__).resolve().parents[1] / "docs" / "design.md"
 
@@ -131,13 +132,13 @@ def _design_blocks() -> dict[str, str]:
 def design_example(tmp_path, monkeypatch):
   """The page's replay module and config file, importable as if they were in the tree."""
   blocks = _design_blocks()
-  module_path, config_path = "grpo_jax/replay/random_groups.py", "configs/random_replay.py"
+  module_path, config_path = "grpo_jax/rl/replay/random_groups.py", "configs/random_replay.py"
   assert set(blocks) >= {module_path, config_path}
   (tmp_path / "replay").mkdir()
   (tmp_path / "replay" / "random_groups.py").write_text(blocks[module_path])
   (tmp_path / "configs").mkdir()
   (tmp_path / "configs" / "random_replay.py").write_text(blocks[config_path])
-  replay_pkg = importlib.import_module("grpo_jax.replay")
+  replay_pkg = importlib.import_module("grpo_jax.rl.replay")
   configs_pkg = importlib.import_module("configs")
   monkeypatch.setattr(replay_pkg, "__path__", [*replay_pkg.__path__, str(tmp_path / "replay")])
   monkeypatch.setattr(configs_pkg, "__path__", [*configs_pkg.__path__, str(tmp_path / "configs")])
@@ -145,7 +146,7 @@ def design_example(tmp_path, monkeypatch):
   monkeypatch.setattr(method_lib.METHODS, "_loaded", False)
   yield importlib.import_module("configs.random_replay")
   method_lib.METHODS._entries = entries  # pylint: disable=protected-access
-  for name in ("grpo_jax.replay.random_groups", "configs.random_replay"):
+  for name in ("grpo_jax.rl.replay.random_groups", "configs.random_replay"):
     sys.modules.pop(name, None)
 
 

@@ -15,7 +15,7 @@ from grpo_jax.tasks import countdown
 
 
 def test_encode_examples_shapes_and_eos(tmp_path):
-  from grpo_jax import tokenization
+  from grpo_jax.generate import tokenization
   tok = tokenization.build_word_tokenizer(countdown.TEMPLATE_WORDS)
   task = countdown.CountdownTask()
   problems = [countdown.Problem((3, 5, 7), 56, solution="(3+5)*7")]

@@ -14,9 +14,11 @@ from flax import nnx
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
 from configs import grpo, popo
-from grpo_jax import configuration, sharding, step as step_lib
+from grpo_jax import configuration, sharding
+from grpo_jax.models import family
 from grpo_jax.models.architectures import architecture
 from grpo_jax.models.qwen3 import Qwen3
+from grpo_jax.rl import step as step_lib
 
 MESH_222 = AbstractMesh((2, 2, 2), sharding.MESH_AXES)
 
@@ -79,7 +81,7 @@ def test_logical_rules():
     (("v_row", "mlp", "up_proj", "kernel"), 1, (None,)),
 ])
 def test_parameter_axes_by_path(path, ndim, axes):
-  assert sharding.param_logical_axes(path, ndim) == axes
+  assert sharding.param_logical_axes(path, ndim, family.param_axes()) == axes
 
 
 def test_parameter_axes_come_from_the_given_family_table():
@@ -112,7 +114,7 @@ def test_qwen3_presets_split_over_eight_devices():
     state = jax.eval_shape(lambda p: step_lib.init_train_state(p, optax.adamw(1e-6)), params)
     for shape in ((1, 8, 1), (2, 2, 2)):
       mesh = AbstractMesh(shape, sharding.MESH_AXES)
-      shardings = sharding.tree_shardings(mesh, state)
+      shardings = sharding.tree_shardings(mesh, state, family.param_axes())
       # Adam's moments split like their parameter: mu and nu of the embedding as the table.
       table = shardings.params["embed_tokens"]["embedding"].get_value().spec
       mu, nu = shardings.opt_state[0].mu, shardings.opt_state[0].nu

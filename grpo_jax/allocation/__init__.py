@@ -6,13 +6,13 @@ selector (``selector``, registered in ``SELECTORS``: stream | mopps | dps). Each
 group (``config.allocation.sara``, ``config.allocation.mopps``, ...); ``max_rounds`` is shared.
 """
 
-from grpo_jax import scoring
 from grpo_jax.allocation.allocator import RULES, Allocator, FullGroups
 from grpo_jax.allocation.dynamic_sampling import DynamicSampling
 from grpo_jax.allocation.rounds import Prompt, RoundSampler, Rows
 from grpo_jax.allocation.sara import Sara, p_effective
 from grpo_jax.allocation.selectors import (SELECTORS, DpsSelector, MoppsSelector,
                                            StreamSelector, pool_size)
+from grpo_jax.rewards import scoring
 
 
 def spec(table, group, name: str):
@@ -25,7 +25,7 @@ def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None,
                    scorer=None) -> Allocator:
   """The allocator described by ``config.allocation`` (validated by grpo_jax.configuration);
   its rows are scored by ``scorer`` (``scoring.make_scorer`` when None) and its phases timed on
-  ``timer`` (a ``metrics.PhaseTimer``; a private one when None)."""
+  ``timer`` (a ``timing.PhaseTimer``; a private one when None)."""
   a, r = config.allocation, config.rollout
   selector = spec(SELECTORS, a, a.selector).build(
       stream, size=pool_size(task, config.task.train_size), seed=config.seed)

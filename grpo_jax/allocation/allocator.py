@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from grpo_jax import keys, registry
-from grpo_jax import metrics as metrics_lib
+from grpo_jax import timing
 from grpo_jax.allocation import rounds as rounds_lib
 
 
@@ -58,7 +58,7 @@ class Allocator:
     self.num_groups, self.group_size = num_groups, group_size
     self.effective_signal = effective_signal
     # The round sampler's timer: prompt selection and batch assembly are timed on it too.
-    self.timer = getattr(sampler, "timer", None) or metrics_lib.PhaseTimer()
+    self.timer = getattr(sampler, "timer", None) or timing.PhaseTimer()
 
   def collect(self, params, step: int, rng):
     """(Rollout of B complete groups on the device, stats dict) for train step ``step``."""

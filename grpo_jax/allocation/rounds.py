@@ -24,11 +24,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import advantages as advantages_lib
-from grpo_jax import metrics as metrics_lib
-from grpo_jax import rewards as rewards_lib
-from grpo_jax import scoring
-from grpo_jax import tokenization
+from grpo_jax import timing
+from grpo_jax.generate import tokenization
+from grpo_jax.rewards import functions as rewards_lib
+from grpo_jax.rewards import scoring
+from grpo_jax.rl import advantages as advantages_lib
 from grpo_jax.types import Rollout
 
 
@@ -95,7 +95,7 @@ class RoundSampler:
       ("accuracy": DAPO's rule-based reward, arXiv 2503.14476); see ``scoring.Scorer``.
     scorer: the ``scoring.Scorer`` of the rows (the task's verifier under ``score_base`` when
       None).
-    timer: ``metrics.PhaseTimer`` the round's phases are timed on: "prompts" (tokenising),
+    timer: ``timing.PhaseTimer`` the round's phases are timed on: "prompts" (tokenising),
       "generation" (the sampler call and the wait for its output), "scoring" (decoding, the
       verifier, the host rows); a private one when None.
   """
@@ -107,7 +107,7 @@ class RoundSampler:
     self.slots, self.prompt_len = slots, prompt_len
     self.overlong_buffer, self.overlong_factor = overlong_buffer, overlong_factor
     self.scorer = scorer if scorer is not None else scoring.Scorer(task, score_base=score_base)
-    self.timer = timer if timer is not None else metrics_lib.PhaseTimer()
+    self.timer = timer if timer is not None else timing.PhaseTimer()
     self.rounds = 0  # rounds run by this object (for tests and metrics)
 
   def run(self, params, requests, rng, spare=None) -> tuple[list[Rows], list]:

@@ -20,7 +20,7 @@ lines and table) and ``timeout_s=300``. The rerun finds the compilation cache th
 filled (``~/.cache/grpo_jax/jax`` on that machine), so what was compiled before costs nothing.
 The memory fraction: each point's process is alone on the device, so it may take more than
 JAX's default 75% (the preset's 512 rows decode with a 75 GB bf16 KV cache).
-Anywhere (tests/test_accelerator.py runs it on a CPU):
+Anywhere (tests/bench/test_accelerator.py runs it on a CPU):
 
     python -m grpo_jax.bench.accelerator --tiny --notests --out_dir=/tmp/accel
 
@@ -38,7 +38,7 @@ point killed by the budget ends the check, one killed by its cap does not, and n
 with less than 20 s left. The parent never touches the
 device, so each point's peak memory (``memory_stats()['peak_bytes_in_use']``) is its own. The
 children share JAX's persistent compilation cache (``--cache_dir``, default
-``grpo_jax.compilation_cache``'s ``~/.cache/grpo_jax/jax``): a rerun of the same command
+``grpo_jax.run.compilation_cache``'s ``~/.cache/grpo_jax/jax``): a rerun of the same command
 compiles nothing that took over a second. The points, most important first:
 
 1. **env**: device kind and count, memory, jax / jaxlib / plugin / cuDNN versions, XLA flags and
@@ -434,7 +434,7 @@ def _cache_dir(flag: str) -> str:
     return ""
   if flag:
     return os.path.abspath(flag)
-  from grpo_jax import compilation_cache  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import compilation_cache  # pylint: disable=g-import-not-at-top
   path = os.environ.get(compilation_cache.ENV)
   return compilation_cache.default_dir() if path is None else path
 
@@ -461,7 +461,7 @@ def define_flags() -> None:
                      "is left")
   flags.DEFINE_bool("tests", True, "run the device-path test files last")
   flags.DEFINE_list(
-      "test_files", ["tests/test_attention.py", "tests/test_models.py", "tests/test_sampler.py"],
+      "test_files", ["tests/models/test_attention.py", "tests/models/test_models.py", "tests/generate/test_sampler.py"],
       "test files of the last part")
   flags.DEFINE_integer("rows", 128, "N rows of the train steps (the larger part adds the "
                        "preset's 512)")
@@ -475,7 +475,7 @@ def define_flags() -> None:
   flags.DEFINE_integer("prompt_len", 256, "P")
   flags.DEFINE_list("only", [], "run only these point ids (env always runs)")
   flags.DEFINE_string("cache_dir", "", "JAX's compilation cache ('' = "
-                      "grpo_jax.compilation_cache's folder, 'none' = off)")
+                      "grpo_jax.run.compilation_cache's folder, 'none' = off)")
   flags.DEFINE_string("simulate_hang", "", "tests: this point's child sleeps instead of "
                       "measuring and is killed after 3 s, as a point that outlives "
                       "its time would be")

@@ -211,10 +211,11 @@ def train_point(tiny: bool, method: str, attention: str, rows: int, group: int, 
                 completion_len: int) -> dict:
   """One train step of the real configuration on synthetic rollouts (every completion T
   tokens, random 0/1 scores), compiled first, then called twice: the second call is timed."""
-  from grpo_jax import configuration, optim, replay as replay_lib
-  from grpo_jax import step as step_lib
+  from grpo_jax import configuration
   from grpo_jax.bench import flops as flops_lib, growth
   from grpo_jax.models import attention as attn
+  from grpo_jax.rl import optim, replay as replay_lib
+  from grpo_jax.rl import step as step_lib
   from grpo_jax.types import Rollout
   n, g, p, t = rows, group, prompt_len, completion_len
   config = run_config(method, n, g, p, t, attention)
@@ -265,8 +266,8 @@ def decode_point(tiny: bool, attention: str, rows: int, group: int, prompt_len: 
   """The sampler (shared-prompt prefill, then T - 1 decode steps, EOS disabled) compiled, then
   called twice: the second call is timed. ``step_s`` is its seconds over T (the prefill of N / G
   prompts is counted in), so the bandwidth fractions are lower bounds."""
-  from grpo_jax import sampler as sampler_lib
   from grpo_jax.bench import growth
+  from grpo_jax.generate import sampler as sampler_lib
   from grpo_jax.models import attention as attn
   n, g, p, t = rows, group, prompt_len, completion_len
   cfg = qwen3_0p6b_shape(tiny).replace(attention=attention)
@@ -310,7 +311,8 @@ def child_main(spec: dict, result_path: str, deadline: float) -> None:
     bounded.exit_at(deadline)
   if spec.pop("hang", False):
     time.sleep(3600)  # the parent's kill ends this (tests of the cut)
-  from grpo_jax import compilation_cache, console
+  from grpo_jax import console
+  from grpo_jax.run import compilation_cache
   console.quiet_third_party()
   compilation_cache.enable()
   kind = spec.pop("kind")

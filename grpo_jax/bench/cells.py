@@ -16,9 +16,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from grpo_jax import metrics as metrics_lib
-from grpo_jax import report
 from grpo_jax.bench import curves
+from grpo_jax.run import metrics as metrics_lib
+from grpo_jax.run import report
 
 # Per-step metrics averaged over a run (those of replayed rows over the steps that replayed,
 # report.PER_REPLAYED): what says how far off-policy a method trained and what it did to the

@@ -7,8 +7,8 @@ Shared by the sample-efficiency benchmark (``bench/efficiency.py``) and the swee
 
 from __future__ import annotations
 
-from grpo_jax import metrics as metrics_lib
-from grpo_jax import report
+from grpo_jax.run import metrics as metrics_lib
+from grpo_jax.run import report
 
 
 # The x axes of a budget: a curve's (step, x, mean@k) key -> its label in the tables.

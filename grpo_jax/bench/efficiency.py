@@ -48,10 +48,10 @@ import numpy as np
 from absl import app, flags
 
 from grpo_jax import console
-from grpo_jax import evaluate as evaluate_lib
-from grpo_jax import report
 from grpo_jax import train
 from grpo_jax.bench.curves import AXES, at_marks, budget_curve, to_target, token_curve  # noqa: F401
+from grpo_jax.run import evaluate as evaluate_lib
+from grpo_jax.run import report
 
 _METHODS = flags.DEFINE_list("methods", ["grpo", "popo"],
                              "config files under configs/, with optional presets: popo:filter "

@@ -7,7 +7,7 @@ Conventions, the same in every function here:
   of values). Not counted: elementwise work (norms, RoPE, softmax, SiLU, residual adds, masks,
   log-softmax, sampling) and the embedding lookup (a gather). XLA's own count
   (``cost_analysis()``) adds those, a few percent at the shapes of this project
-  (tests/test_bench_flops.py compares the two).
+  (tests/bench/test_bench_flops.py compares the two).
 * Attention is counted as the dense kernel (``model.attention=xla``) executes it, not as the
   causal minimum: the full masked [queries, keys] score matrix (``attention.attention``), so a
   teacher-forced pass over S = P + T tokens costs S * S score entries per head, not

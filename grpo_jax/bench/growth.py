@@ -45,10 +45,11 @@ from absl import app, flags
 from flax import nnx
 
 from grpo_jax import console
-from grpo_jax import losses, replay as replay_lib, sampler as sampler_lib
-from grpo_jax import step as step_lib
 from grpo_jax.bench import flops as flops_lib
+from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.models import ModelConfig, Qwen3
+from grpo_jax.rl import losses, replay as replay_lib
+from grpo_jax.rl import step as step_lib
 from grpo_jax.types import Rollout
 
 

@@ -76,11 +76,15 @@ from absl import app, flags  # noqa: E402
 from flax import nnx  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from grpo_jax import configuration  # noqa: E402
 from grpo_jax import console  # noqa: E402
-from grpo_jax import configuration, losses, optim, replay as replay_lib  # noqa: E402
-from grpo_jax import sampler as sampler_lib, sharding, step as step_lib  # noqa: E402
+from grpo_jax import sharding  # noqa: E402
+from grpo_jax.generate import sampler as sampler_lib  # noqa: E402
 from grpo_jax.models import FAMILIES, ModelConfig, Qwen3, lora  # noqa: E402
 from grpo_jax.models import attention as attention_lib  # noqa: E402
+from grpo_jax.models import family  # noqa: E402
+from grpo_jax.rl import losses, optim, replay as replay_lib  # noqa: E402
+from grpo_jax.rl import step as step_lib  # noqa: E402
 from grpo_jax.types import Rollout  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -246,10 +250,10 @@ def abstract_state(config, mesh):
     return m
 
   graphdef, params = nnx.split(nnx.eval_shape(model))
-  params = _with_shardings(params, sharding.tree_shardings(mesh, params))
+  params = _with_shardings(params, sharding.tree_shardings(mesh, params, family.param_axes()))
   tx = optim.make_optimizer(config)
   state = jax.eval_shape(lambda p: step_lib.init_train_state(p, tx), params)
-  return graphdef, params, tx, _with_shardings(state, sharding.tree_shardings(mesh, state))
+  return graphdef, params, tx, _with_shardings(state, sharding.tree_shardings(mesh, state, family.param_axes()))
 
 
 def config_memory(config) -> dict:
@@ -291,7 +295,7 @@ def config_memory(config) -> dict:
                              sharding=sharding.replicated(mesh))
   out = {"mesh": dict(mesh.shape), "params": cfg.num_params}
   fn = step_lib.make_train_step(graphdef, tx, configuration.step_config(config),
-                                sharding.step_shardings(mesh, state, replay, ref))
+                                sharding.step_shardings(mesh, state, replay, family.param_axes(), ref))
   t0 = time.perf_counter()
   out["step"] = {**_stats(fn.lower(state, replay, rollout, ref, key).compile()),
                  "compile_s": time.perf_counter() - t0}

@@ -23,8 +23,8 @@ from typing import Any, Sequence
 
 from absl import app, flags
 
-from grpo_jax import report
 from grpo_jax.bench import grid as grid_lib
+from grpo_jax.run import report
 
 # Short names of the axes the shipped grids vary; any other path is named by its last part.
 AXIS_NAMES = {"opt.learning_rate": "lr", "rl.num_minibatches": "updates",

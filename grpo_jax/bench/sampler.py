@@ -17,9 +17,9 @@ import numpy as np
 from absl import app, flags
 from flax import nnx
 
-from grpo_jax import console
 from grpo_jax import assets
-from grpo_jax import sampler as sampler_lib
+from grpo_jax import console
+from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.models import from_pretrained
 
 _MODEL = flags.DEFINE_string("model", assets.EMBEDDED_MODEL, "Hugging Face model folder.")

@@ -34,7 +34,7 @@ Written after every cell, from every record under ``<out>/cells`` of this grid:
   evaluation's standard error, the gain over the baseline at equal rollouts and at equal
   tokens (paired by seed, with its standard error), rollouts to the baseline's final accuracy,
   the off-policy and length metrics, wall time;
-* ``accuracy.png`` and ``mechanism.png`` (``grpo_jax.report.plot_grid``; with matplotlib).
+* ``accuracy.png`` and ``mechanism.png`` (``grpo_jax.run.report.plot_grid``; with matplotlib).
 """
 
 from __future__ import annotations
@@ -53,11 +53,11 @@ import time
 from absl import app, flags
 
 from grpo_jax import console
-from grpo_jax import metrics as metrics_lib
-from grpo_jax import report
-from grpo_jax import workdir as workdir_lib
 from grpo_jax.bench import cells as cells_lib
 from grpo_jax.bench import grid as grid_lib
+from grpo_jax.run import metrics as metrics_lib
+from grpo_jax.run import report
+from grpo_jax.run import workdir as workdir_lib
 
 
 def define_flags():

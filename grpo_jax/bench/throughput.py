@@ -49,12 +49,14 @@ import optax
 from absl import app, flags
 from flax import nnx
 
+from grpo_jax import configuration
 from grpo_jax import console
-from grpo_jax import configuration, losses, replay as replay_lib, sampler as sampler_lib
-from grpo_jax import batch as batch_lib, policy, step as step_lib
 from grpo_jax.bench import flops as flops_lib, peak as peak_lib
-from grpo_jax.replay import method as method_lib
+from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.models import ModelConfig, Qwen3, from_pretrained, save_pretrained
+from grpo_jax.rl import batch as batch_lib, policy, step as step_lib
+from grpo_jax.rl import losses, replay as replay_lib
+from grpo_jax.rl.replay import method as method_lib
 from grpo_jax.types import Rollout
 
 _MODEL = flags.DEFINE_string("model", "/tmp/qwen3_bench", "Hugging Face Qwen3 folder.")

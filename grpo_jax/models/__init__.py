@@ -1,9 +1,10 @@
 """Model families (``family.FAMILIES``, by Hugging Face ``model_type``), the ``CausalLM``
 interface the rest of the package uses, and Hugging Face checkpoint I/O."""
 
+from grpo_jax.errors import CheckpointError
 from grpo_jax.models.causal_lm import CausalLM, positions_from_mask
 from grpo_jax.models.family import FAMILIES, Family
-from grpo_jax.models.hf import CheckpointError, from_pretrained, save_pretrained
+from grpo_jax.models.hf import from_pretrained, save_pretrained
 from grpo_jax.models.kv_cache import KVCache
 from grpo_jax.models.qwen3 import ModelConfig, Qwen3
 

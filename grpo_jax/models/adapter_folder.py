@@ -30,6 +30,8 @@ import jax
 import numpy as np
 from flax import nnx
 
+from grpo_jax.errors import CheckpointError
+from grpo_jax.models import family as family_lib
 from grpo_jax.models import lora as lora_lib
 
 CONFIG = "adapter_config.json"
@@ -88,21 +90,19 @@ def base_model(path: str) -> str:
     CheckpointError: it records none, or one that is not a local folder (nothing is
       downloaded: pass the base's folder).
   """
-  from grpo_jax.models import hf  # pylint: disable=g-import-not-at-top
   base = _read_config(path).get("base_model_name_or_path") or ""
   if not os.path.isdir(base):
-    raise hf.CheckpointError(f"{path}: its base model {base!r} is not a local folder; pass "
+    raise CheckpointError(f"{path}: its base model {base!r} is not a local folder; pass "
                              "the base model's folder (from_pretrained(..., base=FOLDER))")
   return base
 
 
 def _read_config(path: str) -> dict:
-  from grpo_jax.models import hf  # pylint: disable=g-import-not-at-top
   with open(os.path.join(path, CONFIG)) as f:
     try:
       return json.load(f)
     except ValueError as e:
-      raise hf.CheckpointError(f"{path}/{CONFIG} is not readable JSON ({e})") from None
+      raise CheckpointError(f"{path}/{CONFIG} is not readable JSON ({e})") from None
 
 
 def _module_names(model, family) -> dict[str, str]:
@@ -132,9 +132,8 @@ def save_adapter(model, path: str, *, base_model: str = "") -> None:
     ValueError: the model has no adapters.
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  from grpo_jax.models import hf  # pylint: disable=g-import-not-at-top
 
-  family = hf.family_for(model.config.model_type)
+  family = family_lib.family_for(model.config.model_type)
   names = _module_names(model, family)
   tensors, ranks, alphas = {}, {}, {}
   for site in lora_lib.dense_layers(model):
@@ -273,21 +272,20 @@ def load_adapter(model, path: str) -> None:
       folder and the setting.
   """
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  from grpo_jax.models import hf  # pylint: disable=g-import-not-at-top
 
   config = _read_config(path)
   refused = _refused_settings(config) or _check_patterns(config)
   if refused:
-    raise hf.CheckpointError(f"{path}: PEFT settings not supported here: {'; '.join(refused)}")
+    raise CheckpointError(f"{path}: PEFT settings not supported here: {'; '.join(refused)}")
   weights_file = os.path.join(path, WEIGHTS)
   if not os.path.isfile(weights_file):
-    raise hf.CheckpointError(f"{path} has no {WEIGHTS}")
+    raise CheckpointError(f"{path} has no {WEIGHTS}")
   tensors = load_file(weights_file)
-  family = hf.family_for(model.config.model_type)
+  family = family_lib.family_for(model.config.model_type)
   names = _module_names(model, family)
   ours = [p for p, n in names.items() if f"{_PREFIX}{n}.lora_A.weight" in tensors]
   if not ours:
-    raise hf.CheckpointError(f"{path}: none of its adapters names a layer of this model")
+    raise CheckpointError(f"{path}: none of its adapters names a layer of this model")
   known = {f"{_PREFIX}{names[p]}.lora_{x}.weight" for p in ours for x in "AB"}
   # PEFT saves a targeted output layer's (or embedding's) weight with its factors
   # (save_embedding_layers) and loads it over the base's: so do we.
@@ -296,7 +294,7 @@ def load_adapter(model, path: str) -> None:
   strays = sorted(set(tensors) - known - set(bases.values()))
   missing = sorted(known - set(tensors))
   if strays or missing:
-    raise hf.CheckpointError(
+    raise CheckpointError(
         f"{path}: tensors this model has no place for (LoRA on modules it lacks, or base "
         f"weights such as a resized embedding): {strays[:4]}" if strays else
         f"{path}: {WEIGHTS} lacks {missing[:4]}")
@@ -307,7 +305,7 @@ def load_adapter(model, path: str) -> None:
                         "layers_pattern") if config.get(k) is not None]
     odd = sorted(set(ours) ^ selected, key=list(names).index)[0]
     has = "has weights for" if odd in ours else "has no weights for"
-    raise hf.CheckpointError(f"{path}: {has} {names[odd]}, which PEFT's reading of its "
+    raise CheckpointError(f"{path}: {has} {names[odd]}, which PEFT's reading of its "
                              f"{' / '.join(keys)} does {'not ' if odd in ours else ''}adapt")
   sites = {site.path: site for site in lora_lib.dense_layers(model)}
   plan = {p: _rank_and_alpha(config, names[p]) for p in ours}
@@ -316,13 +314,13 @@ def load_adapter(model, path: str) -> None:
     (rank, alpha), (din, dout) = plan[p], sites[p].shape
     a, b = (tensors[f"{_PREFIX}{names[p]}.lora_{x}.weight"].T for x in "AB")
     if rank < 1 or a.shape != (din, rank) or b.shape != (rank, dout):
-      raise hf.CheckpointError(f"{path}: {names[p]} has adapters {a.shape} x {b.shape}, "
+      raise CheckpointError(f"{path}: {names[p]} has adapters {a.shape} x {b.shape}, "
                                f"expected {(din, rank)} x {(rank, dout)} (r / rank_pattern)")
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     plans[p] = lora_lib.Plan(rank, scale, a, b)
     kernel = tensors[bases[p]].T if p in bases else None
     if kernel is not None and kernel.shape != (din, dout):
-      raise hf.CheckpointError(f"{path}: {bases[p]} is {kernel.shape[::-1]}, expected "
+      raise CheckpointError(f"{path}: {bases[p]} is {kernel.shape[::-1]}, expected "
                                f"{(dout, din)}")
     kernels[p] = kernel
   lora_lib.adapt(model, plans, nnx.Rngs(0))  # no draws: every factor is the folder's

@@ -29,10 +29,10 @@ decode step runs ``decode_attention``'s Pallas kernel, which reads only the fill
 within one kernel; every other cache pass runs ``xla`` or ``blocked``, which read every slot.
 No kernel has a loop whose trip count is a traced value (XLA:GPU copies such a loop's predicate
 to the host and waits, every iteration): the train step has none, the sampler one, its decode
-loop (tests/test_hlo_loops.py counts them).
+loop (tests/models/test_hlo_loops.py counts them).
 
 All agree with ``xla`` on every real query (float32: outputs within 1e-5, gradients within
-1e-4; tests/test_attention.py); a query that sees no key (left padding) is unused, and its
+1e-4; tests/models/test_attention.py); a query that sees no key (left padding) is unused, and its
 output may differ (uniform average vs 0).
 
 Shape letters: ``types.py``. N rows, X queries (a block of positions), S key slots, K key/value

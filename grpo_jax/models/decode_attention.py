@@ -24,7 +24,7 @@ called as it is, because
 
 Math as ``flash.cached_flash_attention`` for X = 1 (scores and softmax float32, queries and
 keys read as float32 with IEEE float32 dots, unnormalised probabilities rounded to the values'
-dtype before the product, float32 accumulation): tests/test_attention.py runs it in Pallas'
+dtype before the product, float32 accumulation): tests/models/test_attention.py runs it in Pallas'
 interpreter on the CPU against the ``xla`` kernel; compiling and timing it needs a GPU
 (``attention.cache_kernel`` picks it there).
 

@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any, Callable, Mapping, Optional
 
 from grpo_jax import registry
+from grpo_jax.errors import CheckpointError
 from grpo_jax.models.causal_lm import CausalLM
 
 # (module name, parameter name) -> logical axes of each dimension (``sharding.LOGICAL_RULES``;
@@ -65,3 +66,16 @@ def param_axes() -> dict:
                          f"{'.'.join(key)} different axes ({table[key]} and {axes})")
       owner.setdefault(key, name)
   return table
+
+
+def family_for(model_type, architectures=None) -> Family:
+  """The registered family of a ``config.json`` ``model_type``.
+
+  Raises:
+    CheckpointError: an unknown model type (one line naming the known ones).
+  """
+  if model_type not in FAMILIES:
+    raise CheckpointError(f"unsupported architecture: model_type={model_type!r} "
+                          f"(architectures={architectures}); supported model types: "
+                          f"{', '.join(FAMILIES.names())}")
+  return FAMILIES.get(model_type)

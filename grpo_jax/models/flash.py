@@ -22,7 +22,7 @@ Which (query block, key block) pairs a pass visits is decided at trace time (``b
 one ``lax.scan`` over that static list, so every loop has a trip count XLA knows. A loop whose
 trip count is a traced value costs XLA:GPU a device-to-host copy of its predicate and a wait at
 every iteration (layers x blocks round trips per step); a known one runs its body with no such
-copy (tests/test_hlo_loops.py counts the unknown-trip-count loops of the compiled train step:
+copy (tests/models/test_hlo_loops.py counts the unknown-trip-count loops of the compiled train step:
 none). The query offset is a Python int at every call site (0, or the prompt length P); a traced
 offset, which no call site passes, visits every pair and leaves the skipping to the mask.
 
@@ -68,7 +68,7 @@ def _scores(q_NxXxKxQxW, k_NxSxKxW, scale):
 
 
 # The schedule's bounds (causal block skipping), pure functions of static block positions:
-# tests/test_attention.py checks them against hand-worked tables and reads the real loops'
+# tests/models/test_attention.py checks them against hand-worked tables and reads the real loops'
 # visits back. Query block i (queries q0 = i * block_q ..) and key block j (keys k0 =
 # j * block_k ..) meet iff some query of i may see some key of j: k0 <= offset + q0 +
 # block_q - 1, the block's last query's slot.

@@ -7,7 +7,7 @@ mask is True (shape letters: ``types.py``); ``attention.self_attention`` sends e
 there, whatever the kernel computes for it (``blocked`` agrees on every other position, and at
 left padding, where a query sees no key, on that too). Neither can run on a CPU: their parity
 with ``blocked`` is checked by ``grpo_jax.bench.accelerator`` on the device (here
-tests/test_attention.py runs splash in Pallas' interpreter and the cuDNN wrapper on JAX's
+tests/models/test_attention.py runs splash in Pallas' interpreter and the cuDNN wrapper on JAX's
 reference kernel).
 
 * ``cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")``, [N, S, H, W] layout,

@@ -22,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 from grpo_jax import sharding as sharding_lib
+from grpo_jax.errors import CheckpointError
 from grpo_jax.models import causal_lm
 from grpo_jax.models import family as family_lib
 from grpo_jax.models.causal_lm import CausalLM
@@ -29,23 +30,6 @@ from grpo_jax.models.causal_lm import CausalLM
 _CONFIG = "config.json"
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
-
-
-class CheckpointError(ValueError):
-  """A checkpoint folder that cannot be loaded, with a message naming what is wrong."""
-
-
-def family_for(model_type, architectures=None) -> family_lib.Family:
-  """The registered family of a ``config.json`` ``model_type``.
-
-  Raises:
-    CheckpointError: an unknown model type (one line naming the known ones).
-  """
-  if model_type not in family_lib.FAMILIES:
-    raise CheckpointError(f"unsupported architecture: model_type={model_type!r} "
-                          f"(architectures={architectures}); supported model types: "
-                          f"{', '.join(family_lib.FAMILIES.names())}")
-  return family_lib.FAMILIES.get(model_type)
 
 
 def read_hf_config(path: str) -> dict:
@@ -77,7 +61,7 @@ def config_from_hf(hf_config: dict, *, param_dtype: str = "float32", dtype: str 
   Raises:
     CheckpointError: an unknown model type, or a setting its family does not support.
   """
-  family = family_for(hf_config.get("model_type"), hf_config.get("architectures"))
+  family = family_lib.family_for(hf_config.get("model_type"), hf_config.get("architectures"))
   return family.config_from_hf(hf_config, param_dtype=param_dtype, dtype=dtype)
 
 
@@ -156,7 +140,7 @@ def from_pretrained(path: str, *, param_dtype: str = "float32", dtype: str = "fl
     return model
   hf_config = read_hf_config(path)
   model_type = hf_config.get("model_type")
-  family = family_for(model_type, hf_config.get("architectures"))
+  family = family_lib.family_for(model_type, hf_config.get("architectures"))
   config = family.config_from_hf(hf_config, param_dtype=param_dtype, dtype=dtype).replace(
       attention=attention, attention_block=attention_block)
   abstract = nnx.eval_shape(lambda: family.build(config, rngs=nnx.Rngs(0)))
@@ -275,7 +259,7 @@ def save_pretrained(model: CausalLM, path: str, *, tokenizer=None,
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
 
   from grpo_jax.models import lora  # pylint: disable=g-import-not-at-top
-  family = family_for(model.config.model_type)
+  family = family_lib.family_for(model.config.model_type)
   if lora.has_adapters(nnx.state(model, nnx.Param)):
     model = lora.merged(model)
   os.makedirs(path, exist_ok=True)

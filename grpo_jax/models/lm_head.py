@@ -9,7 +9,7 @@ training does for every other layer's activations' gradients, and accumulates bo
 in float32. The loss and its log-softmax stay float32; only the gradient flowing into the
 head (softmax - one-hot, times the loss's weights) is rounded, to bfloat16's 8 bits of
 mantissa under bf16 matmuls. In float32 nothing changes (the cast is the identity): the
-gradients are autodiff's bit for bit (tests/test_lm_head.py).
+gradients are autodiff's bit for bit (tests/models/test_lm_head.py).
 """
 
 from __future__ import annotations

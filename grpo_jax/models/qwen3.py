@@ -28,9 +28,9 @@ from flax import nnx
 from grpo_jax.models.attention import (
     IMPLEMENTATIONS, cache_attention, grouped_attention, self_attention)
 # prompts_repeat is re-exported: step.py and update.py import it from here.
+from grpo_jax.models import lm_head as head_lib
 from grpo_jax.models.causal_lm import positions_from_mask, prompts_repeat  # noqa: F401
 from grpo_jax.models.kv_cache import KVCache
-from grpo_jax.models import lm_head as head_lib
 from grpo_jax.models.layers import INIT, Dense, RMSNorm, fused_dense, rope
 from grpo_jax.sharding import ambient_tensor_shards, constrain
 

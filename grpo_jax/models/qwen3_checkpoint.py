@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from grpo_jax.errors import CheckpointError
 from grpo_jax.models import qwen3
 from grpo_jax.models.family import FAMILIES, Family
-from grpo_jax.models.hf import CheckpointError
 
 
 def hf_name(path: tuple) -> tuple[str, bool]:

@@ -1,0 +1,8 @@
+"""Generation: turning prompts into completions, and scoring tokens under a policy.
+
+Owns the sampler (``sampler``: prefill and the jitted decode loop over a KV cache, recording the
+behaviour log-probs of every sampled token), the teacher-forced log-prob passes the train step
+and the sampler share (``logprobs``), tokenization (``tokenization``) and the building of
+prompt batches (``prompts``). May import ``grpo_jax.models`` and the shared top-level modules
+(types, keys, sharding, errors, console); never ``rl``, ``rewards``, ``allocation`` or ``run``.
+"""

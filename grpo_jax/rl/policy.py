@@ -1,0 +1,47 @@
+"""The train step's log-prob passes: one function for the proximal, reference and loss passes.
+
+Every pass runs at the rollout temperature (so that pi_theta and the recorded mu describe the
+same distribution), with the step's LM-head chunking and attention blocks, and runs each prompt
+once for its G rows when they repeat one prompt (``StepConfig.shared_prompts``).
+"""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from grpo_jax.generate import logprobs as logprobs_lib
+from grpo_jax.rl.batch import Tokens
+from grpo_jax.rl.step_config import StepConfig
+
+
+def logprobs(graphdef: nnx.GraphDef, params, tokens: Tokens, config: StepConfig,
+             with_entropy: bool = False, remat: bool = False,
+             grouped: bool | None = None) -> tuple[jax.Array, jax.Array | None]:
+  """Log-probs (and entropy) of the rows' completions under ``params``.
+
+  Args:
+    graphdef: the model's structure.
+    params: its parameters.
+    tokens: Tokens of the rows ([N, P] prompts, [N, T] completions).
+    config: StepConfig (temperature, chunking, shared prompts).
+    with_entropy: also the per-token entropy.
+    remat: recompute each decoder block's insides in the backward pass.
+    grouped: True runs the shared-prompt pass unchecked, False the per-row pass, None decides
+      on the device (``logprobs.completion_logprobs_and_entropy``).
+
+  Returns:
+    ([N, T] float32 log-probs, [N, T] float32 entropy or None).
+  """
+  model = nnx.merge(graphdef, params)
+  group = config.group_size if config.shared_prompts and grouped is not False else 1
+  return logprobs_lib.completion_logprobs_and_entropy(
+      model, tokens.prompt_ids, tokens.prompt_mask, tokens.completion_ids, config.temperature,
+      with_entropy, chunk_tokens=config.logprob_chunk, remat=remat,
+      query_block=config.query_block, prompt_group=group, check_prompts=grouped is None)
+
+
+def grouped_pass_possible(rows: int, config: StepConfig) -> bool:
+  """Whether a pass over ``rows`` rows may run grouped (static; the prompts are checked too)."""
+  g = config.group_size
+  return config.shared_prompts and g > 1 and rows % g == 0

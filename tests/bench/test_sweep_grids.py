@@ -1,0 +1,84 @@
+"""The regime study's shipped grids: each loads (``grid.load`` validates every cell's config)
+and holds the cells its docstring counts, so a typo in a grid fails here rather than hours
+into a sweep."""
+
+import os
+
+import pytest
+
+from configs import sft
+from grpo_jax import assets
+from grpo_jax.bench import grid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Expected counts, worked out from each file (methods x settings x seeds):
+#   movement:  8 methods x lr {3e-5, 1e-4, 2e-4} x updates {1, 4, 8} x 3 seeds = 216
+#   :quick     8 x lr {3e-5, 2e-4} x updates {1, 8} x 3                        = 96
+#   difficulty: 11 methods x max_number {50, 70, 100} x 3 seeds
+#               + GRPO, POPO, DAPO x 3 x 2 more seeds = 99 + 18                 = 117
+#   :tuned     10 methods (the 11 but Dr. GRPO and RLOO, plus POPO align_mu) x 3 x 3   = 90
+#   knobs: GRPO 1 + Headroom tau 4 + headroom-only 1 + drift-only tau 4
+#          + POPO reuse 4 x capacity 2 + POPO age 16: reuse 2 x capacity 2
+#          + rho 3 x tau_max 3 + DAPO 2 + SARA tau_lo 3
+#          = 1 + 4 + 1 + 4 + 8 + 4 + 9 + 2 + 3 = 36 settings x 3 seeds          = 108
+GRIDS = {
+    "configs/sweeps/movement.py": ("movement", 216),
+    "configs/sweeps/movement.py:quick": ("movement", 96),
+    "configs/sweeps/difficulty.py": ("difficulty", 117),
+    "configs/sweeps/difficulty.py:tuned": ("difficulty_tuned", 90),
+    "configs/sweeps/knobs.py": ("knobs", 108),
+}
+
+
+@pytest.mark.parametrize("path", sorted(GRIDS))
+def test_a_shipped_grid_has_its_cells_and_each_one_validates(path):
+  name, count = GRIDS[path]
+  g = grid.load(path)
+  assert g.name == name
+  cells = g.cells()
+  assert len(cells) == count
+  assert len({c.id for c in cells}) == count  # ids name result files: no two cells share one
+
+
+def test_the_tuned_difficulty_grid_runs_at_the_movement_grids_chosen_setting():
+  default, tuned = grid.load("configs/sweeps/difficulty.py"), grid.load(
+      "configs/sweeps/difficulty.py:tuned")
+  cell = tuned.cells()[0]
+  c = tuned.config(cell)
+  assert (c.opt.learning_rate, c.rl.num_minibatches) == (1e-4, 4)
+  # The same cell id in the default grid keeps the defaults (lr 3e-5, 4 updates): the two
+  # grids differ only in the training setting, so their gains read side by side.
+  d = default.config(cell)
+  assert (d.opt.learning_rate, d.rl.num_minibatches) == (3e-5, 4)
+  assert d.task.countdown.max_number == c.task.countdown.max_number
+
+
+@pytest.mark.parametrize("spec", ["configs/sweeps/difficulty.py:hard",
+                                  "configs/sweeps/movement.py:quik"])
+def test_an_unknown_grid_variant_is_one_grid_error(spec):
+  # One line for the CLI (sweep.main prints GridError's text), not a traceback from the file.
+  with pytest.raises(grid.GridError, match=r"unknown variant '(hard|quik)'"):
+    grid.load(spec)
+
+
+def test_the_model_size_variant_needs_its_model_and_then_pairs_with_the_default_grid(
+    tmp_path, monkeypatch):
+  # Run from an empty folder: the x4 model's folder (runs/models/...) is relative to it.
+  spec = os.path.join(ROOT, "configs/sweeps/difficulty.py") + ":x4"
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(grid.GridError, match=r"not built yet: python -m grpo_jax.sft "
+                                           r"--config=configs/sft.py:x4"):
+    grid.load(spec)
+  # Any Hugging Face folder passes the check; the embedded model stands in for the x4 one.
+  (tmp_path / "runs" / "models").mkdir(parents=True)
+  os.symlink(assets.EMBEDDED_MODEL, tmp_path / sft.X4_MODEL)
+  g = grid.load(spec)
+  # GRPO, POPO, rollout replay x max_number {50, 70, 100} x 3 seeds = 27
+  assert g.name == "difficulty_x4" and len(g.cells()) == 27
+  default = grid.load(os.path.join(ROOT, "configs/sweeps/difficulty.py"))
+  cell = g.cells()[-1]
+  assert cell.id == "rollout_replay__task.countdown.max_number=100__seed2"
+  assert cell.id in {c.id for c in default.cells()}  # the two sizes pair cell by cell
+  assert g.config(cell).model.path == sft.X4_MODEL
+  assert default.config(cell).model.path == assets.EMBEDDED_MODEL
