@@ -11,6 +11,7 @@ import ml_collections
 
 from grpo_jax import allocation, assets, deprecated, registry, tasks
 from grpo_jax.models import lora
+from grpo_jax.rl import estimators, policy_losses
 from grpo_jax.rl.replay import method as replay_method
 
 
@@ -83,7 +84,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.sampler_rows = 0  # rows one sampler pass holds a KV cache for (0 = all B x G); a multiple of G dividing B x G
 
   c.rl = ml_collections.ConfigDict()
-  c.rl.estimator = "grpo"  # grpo | drgrpo | rloo
+  # The advantage estimator (grpo_jax/rl/estimators/<name>.py; its group config.rl.<name>):
+  # grpo | drgrpo | rloo
+  c.rl.estimator = "grpo"
   # What the advantages are computed from: the 0/1 accuracy signal ("success") or the task score
   # with shaping ("score": Countdown's 0.1 format reward, DAPO's overlong penalty).
   c.rl.reward_signal = "success"
@@ -96,9 +99,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.shared_prompts = True  # log-prob passes and prefill run each prompt once per group
   c.rl.prox_pass = "auto"  # pi_prox pass: replayed rows | all rows | auto (all unless float32)
   c.rl.logprob_chunk = 1024  # completion positions per LM-head block: bounds [block, V] logits
-  c.rl.clip_low = 0.2  # PPO eps_low
-  c.rl.clip_high = 0.2  # PPO eps_high (DAPO clip-higher: 0.28)
-  c.rl.dual_clip = 0.0  # dual-clip c for negative advantages; 0 disables
+  # The per-token policy loss (grpo_jax/rl/policy_losses/<name>.py; its group config.rl.<name>,
+  # e.g. config.rl.ppo.clip_high): ppo (clipped, clip-higher, dual clip) | gspo (sequence ratio)
+  # | cispo (clipped stop-gradient IS weight)
+  c.rl.loss = "ppo"
   c.rl.is_mode = "truncate"  # behaviour weight pi_prox/mu: none | truncate | mask
   c.rl.is_cap = 2.0  # cap of the behaviour weight
   c.rl.aggregation = "seq-mean-token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
@@ -111,6 +115,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.rl.overlong_buffer = 0  # DAPO soft overlong penalty: buffer length in tokens; 0 disables
   c.rl.overlong_penalty = 1.0  # DAPO soft overlong penalty factor
   c.rl.max_consecutive_skips = 5  # stop after this many non-finite steps in a row; 0 = never
+  _add_groups(c.rl, estimators.ESTIMATORS)
+  _add_groups(c.rl, policy_losses.POLICY_LOSSES)
 
   c.replay = ml_collections.ConfigDict()
   c.replay.method = "none"  # a registered replay method: none | popo | prioritized | headroom
@@ -194,7 +200,8 @@ def apply_presets(c: ml_collections.ConfigDict, arg: str | None,
   file accepts: the common ones and the file's ``own`` (already applied by the file)."""
   known = {"smoke": _smoke, "countdown_hard": _countdown_hard,
            "mopps": _selector("mopps"), "dps": _selector("dps"), "qwen3_0p6b": _qwen3("0.6B"), "qwen3_1p7b": _qwen3("1.7B"),
-           "qwen3_4b": _qwen3("4B"), "qwen3_8b": _qwen3("8B"), "gsm8k": _gsm8k, "bf16": _bf16}
+           "qwen3_4b": _qwen3("4B"), "qwen3_8b": _qwen3("8B"), "gsm8k": _gsm8k, "bf16": _bf16,
+           "gspo": _gspo, "cispo": _cispo}
   lora_rank = 0
   for name in filter(None, (arg or "").split(",")):
     if name.startswith("pool=") and name[5:].isdigit():
@@ -232,6 +239,20 @@ def _smoke(c):
   c.allocation.dynamic_sampling.oversample = 1  # dapo: one round per generation batch
   c.eval.update(every=2, num_prompts=2, k=2)
   c.checkpoint.every = 1
+
+
+def _gspo(c):
+  """GSPO (arXiv 2507.18071): the sequence-level ratio with its own clip range (3e-4 / 4e-4,
+  config.rl.gspo), averaged per sequence as the paper's objective."""
+  c.rl.loss = "gspo"
+  c.rl.aggregation = "seq-mean-token-mean"
+
+
+def _cispo(c):
+  """CISPO (MiniMax-M1, arXiv 2506.13585): clipped stop-gradient IS weights (config.rl.cispo),
+  every token of the batch weighing the same as MiniMax-M1's objective."""
+  c.rl.loss = "cispo"
+  c.rl.aggregation = "token-mean"
 
 
 def _bf16(c):

@@ -15,8 +15,8 @@ from configs import common
 
 def get_config(arg: str | None = None):
   c = common.base_config()
-  c.rl.clip_low = 0.2  # eps_low
-  c.rl.clip_high = 0.28  # eps_high: clip-higher
+  c.rl.ppo.clip_low = 0.2  # eps_low
+  c.rl.ppo.clip_high = 0.28  # eps_high: clip-higher
   c.rl.aggregation = "token-mean"  # every token of the batch weighs the same
   # Advantages from DAPO's reward: +1 correct / -1 otherwise (score_base "accuracy", no task
   # format reward) plus the overlong penalty, so the one difference from the other methods'

@@ -16,7 +16,7 @@ import jax
 from grpo_jax import allocation, deprecated, errors, sharding, tasks
 from grpo_jax.models import architectures, attention
 from grpo_jax.rewards import functions as rewards, scoring
-from grpo_jax.rl import advantages, losses, objectives, step
+from grpo_jax.rl import advantages, estimators, losses, objectives, policy_losses, step
 from grpo_jax.rl.replay import method as method_lib
 from grpo_jax.tasks import row_schemas
 
@@ -87,8 +87,8 @@ def validate(config, *, weights: bool = True) -> None:
   _check(r.top_p == 1.0, "rollout.top_p",
          f"{r.top_p}: RL rollouts must sample the full distribution (set 1.0); the loss's "
          "log-probs are not top-p filtered")
-  _check(rl.estimator in advantages.ADVANTAGE_ESTIMATORS, "rl.estimator",
-         f"{rl.estimator!r}; known: {', '.join(advantages.ADVANTAGE_ESTIMATORS)}")
+  _components(rl, "estimator", estimators.ESTIMATORS)
+  _components(rl, "loss", policy_losses.POLICY_LOSSES)
   for f in ("reward_signal", "effective_signal"):
     _check(rl[f] in step.SIGNALS, f"rl.{f}", f"{rl[f]!r}; known: {', '.join(step.SIGNALS)}")
   _check(rl.score_base in scoring.SCORE_BASES, "rl.score_base",
@@ -131,6 +131,17 @@ def validate(config, *, weights: bool = True) -> None:
          "eval.every and checkpoint.every must be >= 1")
   _check(config.eval.k >= 1 and config.eval.num_prompts >= 1, "eval.k",
          "eval.k and eval.num_prompts must be >= 1")
+
+
+def _components(rl, key: str, table) -> None:
+  """``rl.<key>`` names a registered component, and every registered one's group is in range
+  (an inactive group's values must run too once selected)."""
+  _check(rl[key] in table, f"rl.{key}", f"{rl[key]!r}; known: {', '.join(table.names())}")
+  for name, cls in table.items():
+    try:
+      cls.from_group(rl.get(name))
+    except ValueError as e:
+      raise ConfigError(f"config.rl.{name}: {e}") from None
 
 
 def _validate_rewards(config) -> None:
@@ -232,9 +243,8 @@ def loss_config(config) -> losses.LossConfig:
   """The LossConfig described by ``config.rl``."""
   rl = config.rl
   return losses.LossConfig(
-      clip_low=rl.clip_low, clip_high=rl.clip_high,
-      dual_clip=rl.dual_clip if rl.dual_clip > 0 else None, is_mode=rl.is_mode,
-      is_cap=rl.is_cap, aggregation=rl.aggregation,
+      policy=policy_losses.POLICY_LOSSES.get(rl.loss).from_group(rl.get(rl.loss)),
+      is_mode=rl.is_mode, is_cap=rl.is_cap, aggregation=rl.aggregation,
       norm_constant=rl.norm_constant or float(config.rollout.completion_len),
       kl_coef=rl.kl_coef, kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef)
 
@@ -324,7 +334,8 @@ def prox_pass(config) -> str:
 def step_config(config) -> step.StepConfig:
   """The train step's static settings from a validated config."""
   return step.StepConfig(
-      group_size=config.rollout.group_size, estimator=config.rl.estimator,
+      group_size=config.rollout.group_size,
+      estimator=advantages.make_estimator(config.rl.estimator, config.rl.get(config.rl.estimator)),
       reward_signal=config.rl.reward_signal, effective_signal=config.rl.effective_signal,
       prox_pass=prox_pass(config), prox_estimate=config.replay.get("prox", "exact"),
       prox_chunks=config.replay.get("prox_chunks", 0), loss=loss_config(config),

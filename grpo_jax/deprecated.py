@@ -42,7 +42,10 @@ ALIASES = {
     "allocation.oversample": (int, "allocation.dynamic_sampling.oversample"),
     "allocation.candidates_ratio": (int, "allocation.{selector}.candidates_ratio"),
     "allocation.decay": (float, "allocation.{selector}.decay"),
+    **{f"rl.{k}": (float, f"rl.{{loss}}.{k}") for k in ("clip_low", "clip_high", "dual_clip")},
 }
+# The key of each group that selects the component whose group a templated alias moves to.
+_SELECTOR = {"replay": "method", "allocation": "selector", "rl": "loss"}
 # A method's new name for a key of the old flat group.
 _RENAMED = {("prioritized", "max_age"): "tau_max"}
 # Old replay.method values.
@@ -61,6 +64,31 @@ def _notice(text: str) -> None:
   print(f"grpo_jax: {text}", file=sys.stderr, flush=True)
 
 
+def _selected(config) -> dict:
+  """The names the templates of ``ALIASES`` fill in: the selected method, selector and loss."""
+  get = lambda group, key: config[group][key] if group in config and key in config[group] else ""
+  return {"method": get("replay", "method"), "selector": get("allocation", "selector"),
+          "loss": get("rl", "loss") or "ppo"}
+
+
+def migrate_saved(flat: dict) -> dict:
+  """A saved run's flat config (``{"rl.clip_high": 0.28, ...}``) with the old keys that held a
+  value moved to their new ones, as ``apply`` moves them in a live config: a workdir written
+  before a key moved compares equal to the same run configured with the new key."""
+  out = dict(flat)
+  selected = {"method": flat.get("replay.method", ""),
+              "selector": flat.get("allocation.selector", ""),
+              "loss": flat.get("rl.loss") or "ppo"}
+  selected["method"] = METHOD_NAMES.get(selected["method"], selected["method"])
+  for old, (_, template) in ALIASES.items():
+    if out.get(old) is None:
+      out.pop(old, None)
+      continue
+    group, sub, name = template.format(**selected).split(".")
+    out[f"{group}.{sub}.{_RENAMED.get((sub, name), name)}"] = out.pop(old)
+  return out
+
+
 def apply(config) -> None:
   """Moves every old key that was set to its new key (in place), with a one-line notice each.
 
@@ -76,15 +104,13 @@ def apply(config) -> None:
     group, key = old.split(".")
     if group not in config or config[group].get(key) is None:
       continue
-    method = config.replay.method if "replay" in config else ""
-    selector = config.allocation.selector if "allocation" in config else ""
-    new = template.format(method=method, selector=selector)
+    new = template.format(**_selected(config))
     _, sub, name = new.split(".")
     name = _RENAMED.get((sub, name), name)
     new = f"{group}.{sub}.{name}"
     errors.check(sub in config[group] and name in config[group][sub], old,
-                 f"deprecated, and {group}.{'method' if group != 'allocation' else 'selector'}"
-                 f"={sub!r} has no {name!r} (see {group}.* in configs/common.py)")
+                 f"deprecated, and {group}.{_SELECTOR.get(group, 'method')}={sub!r} has no "
+                 f"{name!r} (see {group}.* in configs/common.py)")
     _notice(f"config.{old} is deprecated: use config.{new} (applied)")
     config[group][sub][name] = config[group][key]
     config[group][key] = None

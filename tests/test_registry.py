@@ -1,16 +1,19 @@
 """The registries: components found by name, their config groups, the deprecated flat keys, and
-docs/design.md's two-file replay method (copied out of the page and trained with)."""
+docs/design.md's examples (a two-file replay method, a one-module policy loss and estimator),
+copied out of the page and trained with."""
 
 import importlib
 import pathlib
 import re
 import sys
 
+import numpy as np
 import pytest
 
 from configs import common, grpo, headroom, popo, rollout_replay
 from grpo_jax import allocation, configuration, deprecated, registry, tasks, train
 from grpo_jax.rewards import functions as rewards
+from grpo_jax.rl import estimators, policy_losses
 from grpo_jax.rl.replay import method as method_lib
 from grpo_jax.run import metrics
 
@@ -81,6 +84,8 @@ def test_an_inactive_group_is_validated_too():
     (grpo, "task.data_seed", 5, "task.countdown.seed"),
     (grpo, "allocation.probes", 2, "allocation.sara.probes"),
     (grpo, "allocation.oversample", 2, "allocation.dynamic_sampling.oversample"),
+    (grpo, "rl.clip_high", 0.28, "rl.ppo.clip_high"),
+    (grpo, "rl.dual_clip", 10.0, "rl.ppo.dual_clip"),
 ])
 def test_a_deprecated_flat_key_moves_to_its_group_with_one_line(module, old, value, new,
                                                                  capsys):
@@ -99,8 +104,9 @@ def test_every_deprecated_key_names_an_existing_field():
   c = common.base_config()
   for old, (kind, template) in deprecated.ALIASES.items():
     group, _ = old.split(".")
-    candidates = [template.format(method=m, selector=s) for m in method_lib.METHODS.names()
-                  for s in allocation.SELECTORS.names()]
+    candidates = [template.format(method=m, selector=s, loss=loss)
+                  for m in method_lib.METHODS.names() for s in allocation.SELECTORS.names()
+                  for loss in policy_losses.POLICY_LOSSES.names()]
     found = []
     for new in set(candidates):
       _, sub, name = new.split(".")
@@ -172,3 +178,49 @@ def test_the_two_file_replay_method_of_the_design_page_trains(design_example, tm
   assert steps[0]["replay_rows"] == 0  # nothing stored before the first update
   assert steps[1]["replay_rows"] > 0, steps[1]
 
+
+@pytest.fixture
+def design_loss_and_estimator(tmp_path, monkeypatch):
+  """The page's policy-loss and estimator modules, importable as if they were in the tree."""
+  blocks = _design_blocks()
+  found = {}
+  for path, table in (("grpo_jax/rl/policy_losses/plain.py", policy_losses.POLICY_LOSSES),
+                      ("grpo_jax/rl/estimators/batch_std.py", estimators.ESTIMATORS)):
+    assert path in blocks
+    package, name = path[:-3].replace("/", ".").rsplit(".", 1)
+    folder = tmp_path / package.rsplit(".", 1)[1]
+    folder.mkdir()
+    (folder / f"{name}.py").write_text(blocks[path])
+    pkg = importlib.import_module(package)
+    monkeypatch.setattr(pkg, "__path__", [*pkg.__path__, str(folder)])
+    found[table] = dict(table._entries)  # pylint: disable=protected-access
+    monkeypatch.setattr(table, "_loaded", False)
+    monkeypatch.setattr(table, "_entries", dict(table._entries))  # pylint: disable=protected-access
+  yield
+  for name in ("grpo_jax.rl.policy_losses.plain", "grpo_jax.rl.estimators.batch_std"):
+    sys.modules.pop(name, None)
+
+
+def test_the_one_module_loss_and_estimator_of_the_design_page_train(design_loss_and_estimator,
+                                                                    tmp_path):
+  """Nothing but the two modules: selected by name on a stock config, their groups installed
+  and validated, and two smoke steps train with them."""
+  c = grpo.get_config("smoke")
+  assert c.rl.plain.max_log_ratio == 5.0 and c.rl.batch_std.eps == 1e-6
+  c.rl.loss, c.rl.estimator = "plain", "batch_std"
+  c.rl.reward_signal = c.rl.effective_signal = "score"  # mixed groups in tiny batches
+  c.total_steps, c.checkpoint.every, c.eval.every = 2, 2, 100
+  configuration.validate(c)
+  step_config = configuration.step_config(c)
+  assert type(step_config.loss.policy).__name__ == "Plain"
+  assert type(step_config.estimator).__name__ == "BatchStd"
+  bad = grpo.get_config("smoke")
+  bad.rl.plain.max_log_ratio = 0.0
+  with pytest.raises(configuration.ConfigError,
+                     match=r"config.rl.plain: max_log_ratio must be > 0, got 0.0"):
+    configuration.validate(bad)
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(c, workdir)
+  steps = [r for r in metrics.read_metrics(workdir) if "loss" in r]
+  assert len(steps) == 2 and all(np.isfinite(r["loss"]) for r in steps)
+  assert steps[-1]["clip_frac_high"] == 0.0

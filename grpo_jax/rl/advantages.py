@@ -1,12 +1,9 @@
-"""Group-relative advantage estimators and the effective-group mask.
+"""Group-relative advantages and the effective-group mask.
 
-Rewards come as [B, G]: B groups (prompts) of G rollouts each. Estimators, by name:
-
-* ``grpo``: (r - mean) / (std + eps), with the unbiased std (ddof = 1) of the group, as
-  ``torch.std`` gives it in verl and TRL; eps = 1e-6 (DeepSeekMath, arXiv 2402.03300).
-* ``drgrpo``: r - mean, no std division (Dr. GRPO, arXiv 2503.20783).
-* ``rloo``: r - mean of the other G - 1 rewards = G / (G - 1) * (r - mean) (RLOO,
-  Ahmadian et al., arXiv 2402.14740).
+Rewards come as [B, G]: B groups (prompts) of G rollouts each. The estimators are registered
+components (``grpo_jax.rl.estimators``: ``grpo``, DeepSeekMath arXiv 2402.03300; ``drgrpo``,
+arXiv 2503.20783; ``rloo``, arXiv 2402.14740), each with its own config group;
+``group_advantages`` calls one and zeroes the groups without signal.
 
 A group is *effective* when its signal is not constant: neither all successes nor all failures
 (POPO, arXiv 2606.01281; DAPO's dynamic-sampling filter, arXiv 2503.14476). ``effective_groups``
@@ -17,67 +14,47 @@ gets advantage 0 from every estimator, so "effective" and "has a non-zero advant
 
 from __future__ import annotations
 
-from typing import Callable
-
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from grpo_jax.rl.estimators import ESTIMATORS, Estimator
 
 # Spread (max - min within a group) at or below which a group's signal counts as constant.
 EFFECTIVE_TOL = 1e-6
 
 
-def grpo(rewards_BxG: jax.Array, eps: float = 1e-6) -> jax.Array:
-  """(r - mean) / (std + eps) within each group; unbiased std (ddof = 1, as verl and TRL)."""
-  r = rewards_BxG.astype(jnp.float32)
-  mean = jnp.mean(r, axis=-1, keepdims=True)
-  std = jnp.std(r, axis=-1, keepdims=True, ddof=1)
-  return (r - mean) / (std + eps)
-
-
-def drgrpo(rewards_BxG: jax.Array, eps: float = 1e-6) -> jax.Array:
-  """r - mean within each group (no std normalisation)."""
-  del eps
-  r = rewards_BxG.astype(jnp.float32)
-  return r - jnp.mean(r, axis=-1, keepdims=True)
-
-
-def rloo(rewards_BxG: jax.Array, eps: float = 1e-6) -> jax.Array:
-  """r_i - mean_{j != i} r_j (leave-one-out baseline); needs G >= 2."""
-  del eps
-  r = rewards_BxG.astype(jnp.float32)
-  g = r.shape[-1]
-  others = (jnp.sum(r, axis=-1, keepdims=True) - r) / (g - 1)
-  return r - others
-
-
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., jax.Array]] = {
-    "grpo": grpo,
-    "drgrpo": drgrpo,
-    "rloo": rloo,
-}
-
-
-def group_advantages(rewards_BxG: jax.Array, estimator: str = "grpo",
-                     eps: float = 1e-6) -> jax.Array:
-  """Advantages [B, G] float32 from rewards [B, G] with the named estimator.
+def make_estimator(name: str, group=None) -> Estimator:
+  """The registered estimator ``name`` from its config group (its defaults when None).
 
   Raises:
-    ValueError: unknown estimator name (lists the known ones).
+    KeyError: an unknown name (lists the known ones). ValueError: a value out of range.
   """
-  if estimator not in ADVANTAGE_ESTIMATORS:
-    raise ValueError(f"unknown advantage estimator {estimator!r}; known: "
-                     f"{', '.join(ADVANTAGE_ESTIMATORS)}")
+  return ESTIMATORS.get(name).from_group(group)
+
+
+def group_advantages(rewards_BxG: jax.Array, estimator: str | Estimator = "grpo") -> jax.Array:
+  """Advantages [B, G] float32 from rewards [B, G] with the given estimator (or its name, with
+  its defaults).
+
+  Raises:
+    ValueError: an unknown estimator name (lists the known ones), or G < 2.
+  """
+  if isinstance(estimator, str):
+    if estimator not in ESTIMATORS:
+      raise ValueError(f"unknown advantage estimator {estimator!r}; known: "
+                       f"{', '.join(sorted(ESTIMATORS.names()))}")
+    estimator = make_estimator(estimator)
   if rewards_BxG.shape[-1] < 2:
     raise ValueError(f"group size must be >= 2 for group-relative advantages, "
                      f"got {rewards_BxG.shape[-1]}")
-  adv = ADVANTAGE_ESTIMATORS[estimator](rewards_BxG, eps=eps)
+  r = jnp.asarray(rewards_BxG).astype(jnp.float32)
+  adv = estimator(r)
   # A constant group (within EFFECTIVE_TOL) has no signal: its advantages are exactly 0.
   # Without this, the float32 mean of G equal rewards can miss them by one rounding step
   # (~6e-8), which grpo's division by std + eps = 1e-6 turns into advantages of up to ~0.1
   # (e.g. G = 8 rewards of 0.7); and a spread of 1e-7 would give advantages of ~0.05. A NaN
   # reward is not constant: its NaN advantages reach the train step's non-finite guard.
-  r = jnp.asarray(rewards_BxG).astype(jnp.float32)
   constant_B = jnp.max(r, axis=-1) - jnp.min(r, axis=-1) <= EFFECTIVE_TOL
   return jnp.where(constant_B[:, None], 0.0, adv)
 

@@ -1,15 +1,15 @@
-"""Clipped, importance-weighted policy loss with KL and entropy terms: one function, named switches.
+"""The policy loss every method shares: a registered per-token term, weighted, regularised and
+aggregated.
 
 Per token, with log-probs of the current policy (theta), the proximal policy (prox: the
 parameters at the start of the step) and the behaviour policy (mu: the one that sampled):
 
-  rho = pi_theta / pi_prox                              trust-region ratio (PPO, 1707.06347)
-  w   = sg(pi_prox / mu), capped ("truncate") or
-        zeroed above the cap ("mask")                   decoupled PPO (Hilton et al. 2110.00641);
+  pg_t   = the selected policy loss's term (``policy_losses``: ppo, gspo, cispo), clipped
+           around pi_prox
+  w      = sg(pi_prox / mu), capped ("truncate") or
+           zeroed above the cap ("mask")                decoupled PPO (Hilton et al. 2110.00641);
                                                         AReaL masks, verl/TIS truncates
-  pg  = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))   clip-higher: DAPO (2503.14476)
-  pg  = min(pg, -A c) where A < 0                       dual clip (Ye et al. 1912.09729)
-  loss_t = w pg + beta KL_t(theta || ref) - alpha H_t
+  loss_t = w pg_t + beta KL_t(theta || ref) - alpha H_t
 
 Fresh on-policy data has prox = mu, so w = exp(0) = 1 exactly. KL estimators (Schulman, "Approximating
 KL divergence", 2020), with log r = log pi_ref - log pi_theta on tokens sampled from pi_theta:
@@ -38,9 +38,13 @@ batch.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from grpo_jax.rl.policy_losses import POLICY_LOSSES, masked_mean
+from grpo_jax.rl.policy_losses import ppo
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 IS_MODES = ("none", "truncate", "mask")
@@ -52,9 +56,8 @@ class LossConfig:
   """Static switches of ``policy_loss`` (hashable).
 
   Attributes:
-    clip_low: eps_low; rho is clipped below at 1 - clip_low.
-    clip_high: eps_high; rho is clipped above at 1 + clip_high (> clip_low: clip-higher).
-    dual_clip: c > 1 bounds the loss of negative-advantage tokens at -A c; None disables.
+    policy: the per-token policy-gradient term, a registered ``PolicyLoss`` (``policy_losses``:
+      ``Ppo()`` by default).
     is_mode: behaviour importance weight pi_prox / mu: "none" (w = 1), "truncate"
       (min(w, cap)) or "mask" (w where w <= cap, else 0).
     is_cap: the cap of the behaviour weight.
@@ -66,9 +69,7 @@ class LossConfig:
     entropy_coef: alpha of the entropy bonus (0 disables it).
   """
 
-  clip_low: float = 0.2
-  clip_high: float = 0.2
-  dual_clip: float | None = None
+  policy: Any = ppo.Ppo()
   is_mode: str = "truncate"
   is_cap: float = 2.0
   aggregation: str = "seq-mean-token-mean"
@@ -78,12 +79,9 @@ class LossConfig:
   entropy_coef: float = 0.0
 
   def __post_init__(self):
-    if not (0.0 <= self.clip_low < 1.0):
-      raise ValueError(f"clip_low must be in [0, 1), got {self.clip_low}")
-    if self.clip_high < 0.0:
-      raise ValueError(f"clip_high must be >= 0, got {self.clip_high}")
-    if self.dual_clip is not None and self.dual_clip <= 1.0:
-      raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+    if not hasattr(self.policy, "per_token"):
+      raise ValueError(f"policy must be a registered policy loss ({', '.join(POLICY_LOSSES.names())}),"
+                       f" got {self.policy!r}")
     if self.is_mode not in IS_MODES:
       raise ValueError(f"is_mode must be one of {IS_MODES}, got {self.is_mode!r}")
     if self.is_cap <= 0:
@@ -153,16 +151,11 @@ def behaviour_weight(prox_logp: jax.Array, behaviour_logp: jax.Array,
   return w, raw_w > config.is_cap
 
 
-def _masked_mean(x, mask):
-  mask = mask.astype(jnp.float32)
-  return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
 def policy_loss(logp_NxT: jax.Array, prox_logp_NxT: jax.Array, behaviour_logp_NxT: jax.Array,
                 advantages_N: jax.Array, mask_NxT: jax.Array, config: LossConfig,
                 ref_logp_NxT: jax.Array | None = None,
                 entropy_NxT: jax.Array | None = None) -> tuple[jax.Array, dict]:
-  """The decoupled clipped policy loss and its diagnostics.
+  """The decoupled policy loss and its diagnostics (``config.policy``'s term per token).
 
   Args:
     logp_NxT: log pi_theta of the sampled tokens (differentiated).
@@ -175,8 +168,9 @@ def policy_loss(logp_NxT: jax.Array, prox_logp_NxT: jax.Array, behaviour_logp_Nx
     entropy_NxT: per-token entropy of pi_theta, required when config.entropy_coef > 0.
 
   Returns:
-    (loss scalar, aux dict of scalar metrics): clip_frac_low / clip_frac_high (fraction of
-    tokens where the lower / upper clip is active), dual_clip_frac, ratio_mean, is_weight_mean,
+    (loss scalar, aux dict of scalar metrics): the policy loss's own (clip_frac_low /
+    clip_frac_high: fraction of tokens where the lower / upper clip is active, ratio_mean;
+    PPO's dual_clip_frac), is_weight_mean,
     is_weight_max, is_capped_frac, approx_kl_behaviour (k3 of mu vs theta), approx_kl_prox,
     drift (mean squared log-ratio theta vs mu), kl_ref and entropy when computed.
   """
@@ -187,31 +181,19 @@ def policy_loss(logp_NxT: jax.Array, prox_logp_NxT: jax.Array, behaviour_logp_Nx
   logp = logp_NxT.astype(jnp.float32)
   adv = jax.lax.stop_gradient(advantages_N.astype(jnp.float32))[:, None]
 
-  # Where is the trust region of a token? log rho is clamped only to keep exp finite.
-  log_rho = jnp.clip(logp - prox, -20.0, 20.0)
-  rho = jnp.exp(log_rho)
-  pg_unclipped = -adv * rho
-  pg_clipped = -adv * jnp.clip(rho, 1.0 - c.clip_low, 1.0 + c.clip_high)
-  pg = jnp.maximum(pg_unclipped, pg_clipped)
-  dual_active = jnp.zeros_like(mask)
-  if c.dual_clip is not None:
-    bound = -adv * c.dual_clip
-    dual_active = (adv < 0) & (pg > bound)
-    pg = jnp.where(adv < 0, jnp.minimum(pg, bound), pg)
-
+  pg, aux = c.policy.per_token(logp, prox, adv, mask)
   w, capped = behaviour_weight(prox, behaviour, c)
 
   per_token = w * pg
-  aux = {}
   if c.kl_coef > 0:
     if ref_logp_NxT is None:
       raise ValueError("kl_coef > 0 needs ref_logp_NxT")
     kl = kl_penalty(logp, jax.lax.stop_gradient(ref_logp_NxT.astype(jnp.float32)),
                     c.kl_estimator)
     per_token = per_token + c.kl_coef * kl
-    aux["kl_ref"] = _masked_mean(kl, mask)
+    aux["kl_ref"] = masked_mean(kl, mask)
   if entropy_NxT is not None:
-    aux["entropy"] = _masked_mean(jax.lax.stop_gradient(entropy_NxT), mask)
+    aux["entropy"] = masked_mean(jax.lax.stop_gradient(entropy_NxT), mask)
     if c.entropy_coef > 0:
       per_token = per_token - c.entropy_coef * entropy_NxT
   elif c.entropy_coef > 0:
@@ -221,15 +203,11 @@ def policy_loss(logp_NxT: jax.Array, prox_logp_NxT: jax.Array, behaviour_logp_Nx
   sg_logp = jax.lax.stop_gradient(logp)
   log_theta_mu = sg_logp - behaviour
   aux.update(
-      clip_frac_low=_masked_mean((rho < 1.0 - c.clip_low) & (adv < 0), mask),
-      clip_frac_high=_masked_mean((rho > 1.0 + c.clip_high) & (adv > 0), mask),
-      dual_clip_frac=_masked_mean(dual_active, mask),
-      ratio_mean=_masked_mean(jax.lax.stop_gradient(rho), mask),
-      is_weight_mean=_masked_mean(w, mask),
+      is_weight_mean=masked_mean(w, mask),
       is_weight_max=jnp.max(jnp.where(mask, w, 0.0)),
-      is_capped_frac=_masked_mean(capped, mask),
-      approx_kl_behaviour=_masked_mean(_k3(log_theta_mu), mask),
-      approx_kl_prox=_masked_mean(_k3(sg_logp - prox), mask),
-      drift=_masked_mean(jnp.square(log_theta_mu), mask),
+      is_capped_frac=masked_mean(capped, mask),
+      approx_kl_behaviour=masked_mean(_k3(log_theta_mu), mask),
+      approx_kl_prox=masked_mean(_k3(sg_logp - prox), mask),
+      drift=masked_mean(jnp.square(log_theta_mu), mask),
   )
   return loss, aux

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from grpo_jax.rl import losses
+from grpo_jax.rl.estimators import grpo
 from grpo_jax.rl.replay import method as replay_method
 
 
@@ -26,7 +27,8 @@ class StepConfig:
 
   Attributes:
     group_size: G rollouts per prompt.
-    estimator: advantage estimator name (advantages.ADVANTAGE_ESTIMATORS).
+    estimator: the advantage estimator, a registered ``Estimator``
+      (``grpo_jax.rl.estimators``: grpo, drgrpo, rloo).
     reward_signal: "score" (the task reward with shaping) or "success" (the 0/1 accuracy
       signal) as the reward the advantages are computed from.
     effective_signal: the signal a group must vary on to be *effective* (POPO's refill and
@@ -72,7 +74,7 @@ class StepConfig:
   """
 
   group_size: int
-  estimator: str = "grpo"
+  estimator: Any = grpo.Grpo()
   reward_signal: str = "success"
   effective_signal: str = "success"
   prox_pass: str = "replayed"

@@ -11,7 +11,7 @@ import json
 import os
 import time
 
-from grpo_jax import configuration
+from grpo_jax import configuration, deprecated
 from grpo_jax import console
 from grpo_jax import sharding as sharding_lib
 from grpo_jax.models import CheckpointError
@@ -41,7 +41,8 @@ def check_same_run(config, workdir: str) -> None:
     flat = lambda d, pre="": ({f"{pre}{k}": v for k, v in d.items() if not isinstance(v, dict)}
                               | {kk: vv for k, v in d.items() if isinstance(v, dict)
                                  for kk, vv in flat(v, f"{pre}{k}.").items()})
-    a, b = flat(saved), flat(current)
+    # Keys moved since the run started (``deprecated.ALIASES``) are compared at their new place.
+    a, b = deprecated.migrate_saved(flat(saved)), flat(current)
     # A key the saved config lacks is a field added since the run started; new fields default
     # to the behaviour from before them, so its absence is no change.
     differ = sorted(key for key in a if a.get(key) != b.get(key)

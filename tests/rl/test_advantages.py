@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from grpo_jax.rl.advantages import ADVANTAGE_ESTIMATORS, effective_groups, group_advantages
+from grpo_jax.rl.advantages import effective_groups, group_advantages, make_estimator
+from grpo_jax.rl.estimators import ESTIMATORS
 
 R = jnp.array([[1.0, 0.0, 0.0, 1.0], [0.1, 0.1, 0.1, 0.1]])
 EPS = 1e-6
@@ -58,7 +59,7 @@ def test_grpo_eps_added_to_std_not_to_variance():
   #   ddof = 0:         5e-7 / (5e-7 + 1e-6)                                 = 0.3333333
   # The estimator itself: group_advantages calls a spread of 1e-6 constant (EFFECTIVE_TOL) and
   # gives it 0, which the next test checks.
-  a = ADVANTAGE_ESTIMATORS["grpo"](jnp.array([[0.0, 1e-6], [1e-6, 0.0]]))
+  a = make_estimator("grpo")(jnp.array([[0.0, 1e-6], [1e-6, 0.0]]))
   np.testing.assert_allclose(a, [[-0.2928932, 0.2928932], [0.2928932, -0.2928932]], rtol=1e-4)
 
 
@@ -119,8 +120,8 @@ def test_rloo():
 
 
 def test_registry_and_errors():
-  assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "drgrpo", "rloo"}
-  with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'.*grpo, drgrpo, rloo"):
+  assert set(ESTIMATORS.names()) == {"grpo", "drgrpo", "rloo"}
+  with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'; known: drgrpo, grpo, rloo"):
     group_advantages(R, "ppo")
   with pytest.raises(ValueError, match="group size must be >= 2"):
     group_advantages(R[:, :1], "grpo")

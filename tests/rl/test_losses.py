@@ -10,23 +10,29 @@ from hypothesis import strategies as st
 
 from grpo_jax.rl import objectives
 from grpo_jax.rl.losses import LossConfig, aggregate, kl_penalty, policy_loss
+from grpo_jax.rl.policy_losses.ppo import Ppo
 from grpo_jax.rl.replay import method as replay_method
 
 LOG = np.log
+
+
+def _cfg(clip_low=0.2, clip_high=0.2, dual_clip=0.0, **kw):
+  """A LossConfig with the PPO term (its clip range and dual clip) and the shared switches."""
+  return LossConfig(policy=Ppo(clip_low, clip_high, dual_clip), **kw)
 
 
 def _one(logp, prox, beh, adv, **kw):
   """Loss and aux for a single token of a single sequence."""
   a = lambda x: jnp.array([[x]], jnp.float32)
   return policy_loss(a(logp), a(prox), a(beh), jnp.array([adv], jnp.float32),
-                     jnp.ones((1, 1), bool), LossConfig(**kw))
+                     jnp.ones((1, 1), bool), _cfg(**kw))
 
 
 def test_fresh_data_has_behaviour_weight_exactly_one():
   rng = np.random.RandomState(0)
   logp = jnp.asarray(rng.randn(4, 5), jnp.float32)
   old = jnp.asarray(rng.randn(4, 5), jnp.float32)
-  _, aux = policy_loss(logp, old, old, jnp.ones(4), jnp.ones((4, 5), bool), LossConfig())
+  _, aux = policy_loss(logp, old, old, jnp.ones(4), jnp.ones((4, 5), bool), _cfg())
   assert float(aux["is_weight_mean"]) == 1.0 and float(aux["is_weight_max"]) == 1.0
   assert float(aux["is_capped_frac"]) == 0.0
 
@@ -37,7 +43,7 @@ def test_clip_high_positive_advantage():
   assert float(loss) == pytest.approx(-1.2, abs=1e-6)
   assert float(aux["clip_frac_high"]) == 1.0 and float(aux["clip_frac_low"]) == 0.0
   g = jax.grad(lambda lp: policy_loss(lp, jnp.zeros((1, 1)), jnp.zeros((1, 1)), jnp.ones(1),
-                                      jnp.ones((1, 1), bool), LossConfig())[0])(
+                                      jnp.ones((1, 1), bool), _cfg())[0])(
                                           jnp.full((1, 1), LOG(1.5), jnp.float32))
   assert float(g[0, 0]) == 0.0
 
@@ -98,7 +104,7 @@ def test_all_masked_rows_zero_advantages_and_extreme_ratios_are_finite():
   logp = jnp.array([[80.0, -80.0], [0.0, 0.0]])
   prox = jnp.array([[-80.0, 80.0], [0.0, 0.0]])
   mask = jnp.array([[True, True], [False, False]])
-  cfg = LossConfig(kl_coef=0.1, dual_clip=3.0)
+  cfg = _cfg(kl_coef=0.1, dual_clip=3.0)
   for adv in (jnp.array([1.0, -1.0]), jnp.zeros(2)):
     loss, aux = policy_loss(logp, prox, prox - 200.0, adv, mask, cfg, ref_logp_NxT=prox)
     grads = jax.grad(lambda lp: policy_loss(lp, prox, prox, adv, mask, cfg,
@@ -106,7 +112,7 @@ def test_all_masked_rows_zero_advantages_and_extreme_ratios_are_finite():
     assert np.isfinite(float(loss)) and np.all(np.isfinite(np.asarray(grads)))
     assert all(np.isfinite(float(v)) for v in aux.values())
   # Zero advantages and no KL: the loss is exactly zero.
-  loss, _ = policy_loss(logp, prox, prox, jnp.zeros(2), mask, LossConfig())
+  loss, _ = policy_loss(logp, prox, prox, jnp.zeros(2), mask, _cfg())
   assert float(loss) == 0.0
 
 
@@ -131,9 +137,9 @@ def _reference(logp, prox, beh, adv, mask, cfg, ref=None):
   """float64 numpy transcription of the documented formula."""
   rho = np.exp(logp - prox)
   a = adv[:, None]
-  pg = -np.minimum(rho * a, np.clip(rho, 1 - cfg.clip_low, 1 + cfg.clip_high) * a)
-  if cfg.dual_clip:
-    pg = np.where(a < 0, np.minimum(pg, -a * cfg.dual_clip), pg)
+  pg = -np.minimum(rho * a, np.clip(rho, 1 - cfg.policy.clip_low, 1 + cfg.policy.clip_high) * a)
+  if cfg.policy.dual_clip:
+    pg = np.where(a < 0, np.minimum(pg, -a * cfg.policy.dual_clip), pg)
   raw_w = np.exp(prox - beh)
   if cfg.is_mode == "truncate":
     w = np.minimum(raw_w, cfg.is_cap)
@@ -160,7 +166,7 @@ def test_matches_float64_reference(seed):
   adv = rng.randn(n)
   mask = rng.rand(n, t) > 0.3
   mask[0] = False  # an all-masked row
-  cfg = LossConfig(clip_low=0.2, clip_high=0.28, dual_clip=3.0, is_cap=2.0, kl_coef=0.04)
+  cfg = _cfg(clip_low=0.2, clip_high=0.28, dual_clip=3.0, is_cap=2.0, kl_coef=0.04)
   f32 = lambda x: jnp.asarray(x, jnp.float32)
   loss, _ = policy_loss(f32(logp), f32(prox), f32(beh), f32(adv), jnp.asarray(mask), cfg,
                         ref_logp_NxT=f32(ref))
@@ -170,11 +176,11 @@ def test_matches_float64_reference(seed):
 
 def test_config_validation_names_the_field():
   with pytest.raises(ValueError, match="aggregation"):
-    LossConfig(aggregation="sum")
+    _cfg(aggregation="sum")
   with pytest.raises(ValueError, match="dual_clip"):
-    LossConfig(dual_clip=0.5)
+    _cfg(dual_clip=0.5)
   with pytest.raises(ValueError, match="is_mode"):
-    LossConfig(is_mode="clip")
+    _cfg(is_mode="clip")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,8 +201,8 @@ def test_entropy_bonus_lowers_the_loss_by_coef_times_aggregated_entropy():
   mask = jnp.array([[1, 1, 0], [1, 0, 0]], bool)
   ent = jnp.array([[0.5, 1.5, 9.0], [2.0, 9.0, 9.0]])
   for agg, base, agg_ent in (("seq-mean-token-mean", 0.5, 1.5), ("token-mean", 0.0, 4 / 3)):
-    l0, aux0 = policy_loss(z, z, z, adv, mask, LossConfig(aggregation=agg), entropy_NxT=ent)
-    l1, aux1 = policy_loss(z, z, z, adv, mask, LossConfig(aggregation=agg, entropy_coef=0.1),
+    l0, aux0 = policy_loss(z, z, z, adv, mask, _cfg(aggregation=agg), entropy_NxT=ent)
+    l1, aux1 = policy_loss(z, z, z, adv, mask, _cfg(aggregation=agg, entropy_coef=0.1),
                            entropy_NxT=ent)
     assert float(l0) == pytest.approx(base, abs=1e-6), agg
     assert float(l1) == pytest.approx(base - 0.1 * agg_ent, abs=1e-6), agg
@@ -208,7 +214,7 @@ def test_entropy_bonus_lowers_the_loss_by_coef_times_aggregated_entropy():
 def test_entropy_coef_needs_the_entropy():
   z = jnp.zeros((1, 2))
   with pytest.raises(ValueError, match="entropy"):
-    policy_loss(z, z, z, jnp.ones(1), jnp.ones((1, 2), bool), LossConfig(entropy_coef=0.1))
+    policy_loss(z, z, z, jnp.ones(1), jnp.ones((1, 2), bool), _cfg(entropy_coef=0.1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,7 +236,7 @@ def test_clip_fracs_count_only_active_clips():
   z = jnp.zeros((4, 2))
   mask = jnp.array([[1, 0]] * 4, bool)
   loss, aux = policy_loss(logp, z, z, jnp.array([1.0, -1.0, 1.0, -1.0]), mask,
-                          LossConfig(clip_low=0.2, clip_high=0.2))
+                          _cfg(clip_low=0.2, clip_high=0.2))
   assert float(aux["clip_frac_low"]) == pytest.approx(0.25)
   assert float(aux["clip_frac_high"]) == pytest.approx(0.25)
   # seq-mean-token-mean of pg: (-0.5 + 0.8 - 1.2 + 1.5) / 4 = 0.15.
@@ -280,7 +286,7 @@ def test_appending_all_masked_rows_changes_nothing(mode):
   adv = rng.randn(n)
   mask = np.array([[1, 1, 0, 1], [1, 0, 0, 0], [1, 1, 1, 1]], bool)
   pad = lambda x, v: np.concatenate([x, np.full((2,) + x.shape[1:], v, x.dtype)])
-  cfg = LossConfig(aggregation=mode, entropy_coef=0.01, clip_high=0.28)
+  cfg = _cfg(aggregation=mode, entropy_coef=0.01, clip_high=0.28)
   a = aggregate(f32(logp), jnp.asarray(mask), mode)
   b = aggregate(f32(pad(logp, 50.0)), jnp.asarray(pad(mask, False)), mode)
   assert float(b) == pytest.approx(float(a), rel=1e-6, abs=1e-7)
@@ -300,13 +306,13 @@ def test_k1_rejected_as_a_loss_term_but_kept_as_a_diagnostic():
   """Mutation: no check in LossConfig (k1 with kl_coef > 0 accepted); a check that also rejects
   kl_coef = 0 or that breaks kl_penalty(..., "k1")."""
   with pytest.raises(ValueError, match="k1"):
-    LossConfig(kl_coef=0.1, kl_estimator="k1")
-  cfg = LossConfig(kl_coef=0.0, kl_estimator="k1")  # allowed: the term is off
+    _cfg(kl_coef=0.1, kl_estimator="k1")
+  cfg = _cfg(kl_coef=0.0, kl_estimator="k1")  # allowed: the term is off
   z = jnp.zeros((1, 2))
   loss, _ = policy_loss(z, z, z, jnp.ones(1), jnp.ones((1, 2), bool), cfg)
   assert float(loss) == pytest.approx(-1.0)  # rho = w = 1, A = 1: pg = -1 per token
-  LossConfig(kl_coef=0.1, kl_estimator="k2")
-  LossConfig(kl_coef=0.1, kl_estimator="k3")
+  _cfg(kl_coef=0.1, kl_estimator="k2")
+  _cfg(kl_coef=0.1, kl_estimator="k3")
   # k1 = -log r = log pi - log pi_ref = 0.5 - (-0.25) = 0.75
   assert float(kl_penalty(jnp.array(0.5), jnp.array(-0.25), "k1")) == pytest.approx(0.75)
 
@@ -329,7 +335,7 @@ def _batches(draw):
   mask = draw(hnp.arrays(np.bool_, (n, t)))
   empty_rows = draw(st.lists(st.integers(0, n - 1), max_size=n))
   mask[empty_rows] = False
-  cfg = LossConfig(
+  cfg = _cfg(
       clip_low=draw(st.sampled_from([0.0, 0.1, 0.2])),
       clip_high=draw(st.sampled_from([0.0, 0.2, 0.28])),
       is_mode=draw(st.sampled_from(["truncate", "mask"])),
@@ -370,7 +376,7 @@ def test_each_objective_sets_the_behaviour_weight_and_the_ratio_denominator(name
   logp, mu, prox, gen = (jnp.full((1, 1), v, jnp.float32) for v in (-1.0, -1.5, -1.2, -1.4))
   behaviour, denominator = objective.denominators(mu, prox if objective.uses_prox else None, gen)
   _, aux = policy_loss(logp, denominator, behaviour, jnp.ones((1,), jnp.float32),
-                       jnp.ones((1, 1), bool), LossConfig(is_mode="truncate", is_cap=10.0))
+                       jnp.ones((1, 1), bool), _cfg(is_mode="truncate", is_cap=10.0))
   e = {"prox": np.exp(-1.2), "gen": np.exp(-1.4), "mu": np.exp(-1.5)}
   expected_w = {"prox / mu": e["prox"] / e["mu"], "1": 1.0, "gen / mu": e["gen"] / e["mu"]}
   np.testing.assert_allclose(float(aux["is_weight_mean"]), expected_w[weight], rtol=1e-6)

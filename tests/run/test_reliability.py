@@ -421,7 +421,6 @@ def test_too_many_non_finite_steps_stop_with_the_last_good_state(tmp_path, monke
 
 
 def test_truncated_safetensors_is_named(tmp_path):
-  import shutil  # pylint: disable=g-import-not-at-top
   from grpo_jax import assets  # pylint: disable=g-import-not-at-top
   from grpo_jax.models import CheckpointError, from_pretrained  # pylint: disable=g-import-not-at-top
   folder = tmp_path / "model"
@@ -437,7 +436,6 @@ def test_truncated_safetensors_is_named(tmp_path):
 
 
 def test_tokenizer_that_does_not_match_the_model_is_refused(tmp_path):
-  import shutil  # pylint: disable=g-import-not-at-top
   from grpo_jax import assets  # pylint: disable=g-import-not-at-top
   from grpo_jax.models import CheckpointError  # pylint: disable=g-import-not-at-top
   from grpo_jax.models import from_pretrained, save_pretrained  # pylint: disable=g-import-not-at-top
@@ -553,6 +551,32 @@ def test_a_field_added_since_the_run_started_is_no_change(tmp_path):
   path.write_text(json.dumps(saved))
   with pytest.raises(configuration.ConfigError,
                      match=r"rollout.gone_field \(1 -> None\), seed \(7 -> 0\)"):
+    workdir_lib.check_same_run(c, os.fspath(tmp_path))
+
+
+def test_a_workdir_from_before_the_policy_loss_groups_resumes(tmp_path):
+  """tests/data/config_json_before_policy_losses.json is the config.json that the code before
+  the policy losses had their groups wrote for ``configs/dapo.py:smoke`` (rl.clip_low 0.2,
+  rl.clip_high 0.28, rl.dual_clip 0; no rl.loss, rl.ppo, ...; model.path replaced by a
+  placeholder). The same run configured today (rl.ppo.clip_high 0.28) resumes it; a run whose
+  PPO clip differs is refused, naming the key at its new place."""
+  import json  # pylint: disable=g-import-not-at-top
+  from configs import dapo  # pylint: disable=g-import-not-at-top
+  from grpo_jax import assets, configuration  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  old = os.path.join(ROOT, "tests", "data", "config_json_before_policy_losses.json")
+  saved = json.loads(open(old, encoding="utf-8").read())
+  assert "loss" not in saved["rl"] and saved["rl"]["clip_high"] == 0.28
+  saved["model"]["path"] = assets.EMBEDDED_MODEL
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  c = dapo.get_config("smoke")
+  configuration.validate(c)
+  workdir_lib.check_same_run(c, os.fspath(tmp_path))  # resumes, and rewrites config.json
+  rewritten = json.loads((tmp_path / "config.json").read_text())["rl"]
+  assert rewritten["loss"] == "ppo" and rewritten["ppo"]["clip_high"] == 0.28
+  saved["rl"]["clip_high"] = 0.2
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  with pytest.raises(configuration.ConfigError, match=r"rl.ppo.clip_high \(0.2 -> 0.28\)"):
     workdir_lib.check_same_run(c, os.fspath(tmp_path))
 
 

@@ -274,6 +274,27 @@ def test_every_config_validates(module):
   c = module.get_config("smoke,lora")  # every config takes the LoRA preset
   configuration.validate(c)
   assert c.model.lora.rank == 32
+  for loss in ("gspo", "cispo"):  # and the policy-loss presets
+    c = module.get_config(f"smoke,{loss}")
+    configuration.validate(c)
+    assert type(configuration.loss_config(c).policy).__name__.lower() == loss
+
+
+@pytest.mark.parametrize("module,presets", [(popo, "smoke,gspo"), (grpo, "smoke,cispo")])
+def test_gspo_and_cispo_train_from_their_presets(tmp_path, module, presets):
+  """Two smoke steps each, GSPO with POPO's replayed rows (its sequence ratio beside the
+  behaviour weight of the decoupled objective): finite losses, the presets' losses in the
+  resolved config, their clip ranges from their own groups."""
+  c = module.get_config(presets)
+  c.rl.reward_signal = c.rl.effective_signal = "score"  # mixed groups in tiny batches
+  c.total_steps, c.checkpoint.every, c.eval.every = 2, 2, 100
+  workdir = os.fspath(tmp_path / "run")
+  train.train_and_evaluate(c, workdir)
+  steps = [r for r in metrics.read_metrics(workdir) if "loss" in r]
+  assert len(steps) == 2 and all(np.isfinite(r["loss"]) for r in steps)
+  saved = json.loads((tmp_path / "run" / "config.json").read_text())["rl"]
+  loss = presets.split(",")[1]
+  assert saved["loss"] == loss and saved[loss] == dict(c.rl[loss])
 
 
 @pytest.mark.parametrize("module,preset", [
@@ -346,15 +367,15 @@ def test_real_model_preset_needs_a_path():
   with pytest.raises(ValueError, match="unknown config preset 'qwen9'"):
     grpo.get_config("qwen9")
   # An unknown preset lists every preset the chosen file accepts, its own included.
-  with pytest.raises(ValueError, match=r"known: age=A, align_mu, bf16, countdown_hard, dps, "
-                                       r"filter, gsm8k, "
+  with pytest.raises(ValueError, match=r"known: age=A, align_mu, bf16, cispo, countdown_hard, "
+                                       r"dps, filter, gsm8k, gspo, "
                                        r"ineff, keep_unfilled, kl, mopps, pi_old, .*reuse=K, "
                                        r"smoke, stale=S, "
                                        r"pool=N, minibatches=M"):
     popo.get_config("nope")
   assert grpo.get_config("minibatches=1,smoke").rl.num_minibatches == 2  # smoke comes after
   assert grpo.get_config("smoke,minibatches=1").rl.num_minibatches == 1
-  with pytest.raises(ValueError, match="decoupled, dps, drift_only, gsm8k, headroom_only"):
+  with pytest.raises(ValueError, match="decoupled, dps, drift_only, gsm8k, gspo, headroom_only"):
     headroom.get_config("nope")
 
 
