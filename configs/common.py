@@ -127,7 +127,7 @@ def base_config() -> ml_collections.ConfigDict:
   # log mu + alpha (log pi_theta - log mu), alpha from the version stamps; grpo_jax/rl/prox.py).
   c.replay.prox = "exact"
   # The exact pass runs over only the rows the method may replay, in this many chunks; a chunk
-  # without a replayed row is skipped. 0 = one pass over the whole batch (before 2026-12).
+  # without a replayed row is skipped. 0 = one pass over the whole batch.
   c.replay.prox_chunks = 4
   # Each method's own group (config.replay.popo.slots, config.replay.headroom.tau, ...): its
   # dataclass's fields and defaults, documented in grpo_jax/rl/replay/<method>.py.
@@ -173,7 +173,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.coordinator_address = ""  # host:port of process 0; "" = auto-detected (Cloud TPU, SLURM, Open MPI, K8s)
   c.mesh.num_processes = 0  # processes of a multi-host run; 0 = auto-detected
   c.mesh.process_id = -1  # this process's index; -1 = auto-detected
-  # The previous release's flat keys (replay.slots, task.max_number, ...): unset unless given,
+  # Keys that moved into a group (replay.slots, task.max_number, rl.clip_high, ...): unset unless given,
   # then moved to their group by configuration.validate with a one-line notice.
   deprecated.add_fields(c)
   return c

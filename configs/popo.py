@@ -19,7 +19,7 @@ Presets of the paper's comparison (combine with the common ones, e.g. ``:kl,smok
   age=A     replay groups at most A policy steps old (default 4). A group fills at most one
             slot a step, so reuse=K binds only when K < A: reuse above 4 needs age above 4
   keep_unfilled  ineffective slots the buffer cannot fill stay in the loss with advantage 0
-            (and in its denominators), the behaviour before 2026-12; by default they leave it,
+            (and in its denominators); by default they leave it,
             so that POPO with an empty buffer is exactly GRPO-filter
 """
 

@@ -14,10 +14,12 @@ import re
 import jax
 
 from grpo_jax import allocation, deprecated, errors, sharding, tasks
-from grpo_jax.models import architectures, attention
+from grpo_jax.models import architectures, attention, causal_lm
 from grpo_jax.rewards import functions as rewards, scoring
-from grpo_jax.rl import advantages, estimators, losses, objectives, policy_losses, step
+from grpo_jax.rl import advantages, estimators, losses, objectives, policy_losses
 from grpo_jax.rl.replay import method as method_lib
+from grpo_jax.rl.step_config import (PROX_ESTIMATES, PROX_PASSES, REMAT, SHUFFLES, SIGNALS,
+                                    StepConfig)
 from grpo_jax.tasks import row_schemas
 
 _GROUPS = ("model", "task", "rollout", "rl", "replay", "allocation", "opt", "eval", "checkpoint",
@@ -33,7 +35,7 @@ _check = errors.check
 def validate(config, *, weights: bool = True) -> None:
   """Raises ConfigError naming the first invalid field of an RL config.
 
-  The previous release's flat keys that were set are moved to their groups first, in place
+  Old keys that moved into a group and were set are moved there first, in place
   (``grpo_jax.deprecated``, one notice each).
 
   Args:
@@ -52,8 +54,9 @@ def validate(config, *, weights: bool = True) -> None:
     _check(os.path.exists(os.path.join(m.path, "config.json")), "model.path",
            f"{m.path!r} has no config.json (not a Hugging Face model folder)")
   for f in ("param_dtype", "dtype"):
-    _check(m[f] in ("float32", "bfloat16"), f"model.{f}", f"{m[f]!r} not float32 | bfloat16")
-  _check(m.remat in step.REMAT, "model.remat", f"{m.remat!r}; known: {', '.join(step.REMAT)}")
+    _check(m[f] in causal_lm.DTYPES, f"model.{f}",
+           f"{m[f]!r}; known: {', '.join(causal_lm.DTYPES)}")
+  _check(m.remat in REMAT, "model.remat", f"{m.remat!r}; known: {', '.join(REMAT)}")
   _check(m.query_block >= 0, "model.query_block", f"{m.query_block} must be >= 0 (0 = all at once)")
   _attention(m)
   _check(not m.arch or m.arch in architectures.ARCHITECTURES, "model.arch",
@@ -72,7 +75,7 @@ def validate(config, *, weights: bool = True) -> None:
          "prompt_len and completion_len must be >= 1")
   _check(r.temperature > 0, "rollout.temperature",
          f"{r.temperature}: RL needs stochastic rollouts (temperature > 0)")
-  rows = r.get("sampler_rows", 0)
+  rows = r.sampler_rows
   _check(isinstance(rows, int) and rows >= 0 and (
       not rows or (rows % r.group_size == 0 and (r.batch_prompts * r.group_size) % rows == 0)),
          "rollout.sampler_rows", f"{rows!r} must be 0 (all rows at once) or a multiple of "
@@ -90,16 +93,15 @@ def validate(config, *, weights: bool = True) -> None:
   _components(rl, "estimator", estimators.ESTIMATORS)
   _components(rl, "loss", policy_losses.POLICY_LOSSES)
   for f in ("reward_signal", "effective_signal"):
-    _check(rl[f] in step.SIGNALS, f"rl.{f}", f"{rl[f]!r}; known: {', '.join(step.SIGNALS)}")
+    _check(rl[f] in SIGNALS, f"rl.{f}", f"{rl[f]!r}; known: {', '.join(SIGNALS)}")
   _check(rl.score_base in scoring.SCORE_BASES, "rl.score_base",
          f"{rl.score_base!r}; known: {', '.join(scoring.SCORE_BASES)}")
   _validate_rewards(config)
-  _check(rl.get("shuffle", "groups") in step.SHUFFLES, "rl.shuffle",
-         f"{rl.get('shuffle')!r}; known: {', '.join(step.SHUFFLES)}")
-  _check(isinstance(rl.get("shared_prompts", True), bool), "rl.shared_prompts",
-         f"{rl.get('shared_prompts')!r} must be true or false")
-  _check(rl.prox_pass in ("auto",) + step.PROX_PASSES, "rl.prox_pass",
-         f"{rl.prox_pass!r}; known: auto, {', '.join(step.PROX_PASSES)}")
+  _check(rl.shuffle in SHUFFLES, "rl.shuffle", f"{rl.shuffle!r}; known: {', '.join(SHUFFLES)}")
+  _check(isinstance(rl.shared_prompts, bool), "rl.shared_prompts",
+         f"{rl.shared_prompts!r} must be true or false")
+  _check(rl.prox_pass in ("auto",) + PROX_PASSES, "rl.prox_pass",
+         f"{rl.prox_pass!r}; known: auto, {', '.join(PROX_PASSES)}")
   _check(rl.logprob_chunk >= 0, "rl.logprob_chunk", f"{rl.logprob_chunk} must be >= 0")
   _check(rl.num_epochs >= 1, "rl.num_epochs", f"{rl.num_epochs} must be >= 1")
   _check(rl.max_consecutive_skips >= 0, "rl.max_consecutive_skips",
@@ -187,13 +189,12 @@ def _replay_method(config):
   _check(p.capacity >= 0, "replay.capacity", "must be >= 0")
   _check(p.objective in objectives.OBJECTIVES, "replay.objective",
          f"{p.objective!r}; known: {', '.join(objectives.OBJECTIVES)}")
-  _check(p.get("prox", "exact") in step.PROX_ESTIMATES, "replay.prox",
-         f"{p.get('prox')!r}; known: {', '.join(step.PROX_ESTIMATES)}")
-  _check(p.get("prox", "exact") == "exact" or prox_pass(config) != "all", "replay.prox",
+  _check(p.prox in PROX_ESTIMATES, "replay.prox", f"{p.prox!r}; known: {', '.join(PROX_ESTIMATES)}")
+  _check(p.prox == "exact" or prox_pass(config) != "all", "replay.prox",
          "'interpolate' replaces the pass over replayed rows only, and rl.prox_pass resolves "
          "to 'all' (one pass over every row, the default under bfloat16): set "
          "rl.prox_pass=replayed or replay.prox=exact")
-  chunks = p.get("prox_chunks", 0)
+  chunks = p.prox_chunks
   _check(isinstance(chunks, int) and not isinstance(chunks, bool) and chunks >= 0,
          "replay.prox_chunks", f"{chunks!r} must be an integer >= 0 (0 = the whole batch)")
   method = None
@@ -233,7 +234,7 @@ def _validate_allocation(config) -> None:
            "back: set a finite training set (e.g. --config.task.train_size=1024)")
 
 
-def replay_config(config):
+def replay_method(config):
   """The replay method named by ``config.replay.method``, from its own group (see
   grpo_jax/rl/replay/method.py)."""
   return method_lib.METHODS.get(config.replay.method).from_config(config)
@@ -261,7 +262,7 @@ def check_mesh(config, mesh) -> None:
   _check(rows % shards == 0, "rollout.batch_prompts",
          f"{r.batch_prompts} prompts x {r.group_size} rollouts = {rows} rows per step must be a "
          f"multiple of mesh data x fsdp = {shards} (the rows are split over those devices)")
-  blocks = r.get("sampler_rows", 0)
+  blocks = r.sampler_rows
   _check(not blocks or (blocks // r.group_size) % shards == 0, "rollout.sampler_rows",
          f"{blocks} rows = {blocks // r.group_size} groups per sampler pass must be a multiple "
          f"of mesh data x fsdp = {shards} (each pass's rows are split over those devices)")
@@ -331,17 +332,16 @@ def prox_pass(config) -> str:
   return "all" if config.model.dtype != "float32" else "replayed"
 
 
-def step_config(config) -> step.StepConfig:
+def step_config(config) -> StepConfig:
   """The train step's static settings from a validated config."""
-  return step.StepConfig(
+  return StepConfig(
       group_size=config.rollout.group_size,
       estimator=advantages.make_estimator(config.rl.estimator, config.rl.get(config.rl.estimator)),
       reward_signal=config.rl.reward_signal, effective_signal=config.rl.effective_signal,
-      prox_pass=prox_pass(config), prox_estimate=config.replay.get("prox", "exact"),
-      prox_chunks=config.replay.get("prox_chunks", 0), loss=loss_config(config),
+      prox_pass=prox_pass(config), prox_estimate=config.replay.prox,
+      prox_chunks=config.replay.prox_chunks, loss=loss_config(config),
       num_minibatches=config.rl.num_minibatches, num_epochs=config.rl.num_epochs,
       temperature=config.rollout.temperature, compute_entropy=config.rl.entropy_coef > 0,
-      replay=replay_config(config), logprob_chunk=config.rl.logprob_chunk,
+      replay=replay_method(config), logprob_chunk=config.rl.logprob_chunk,
       remat=config.model.remat, query_block=config.model.query_block,
-      shuffle=config.rl.get("shuffle", "groups"),
-      shared_prompts=config.rl.get("shared_prompts", True))
+      shuffle=config.rl.shuffle, shared_prompts=config.rl.shared_prompts)

@@ -1,10 +1,10 @@
-"""Flat config keys of the previous release, accepted for one more with a one-line notice.
+"""Config keys that moved into a component's group, accepted under their old names for one
+release with a one-line notice (which keys moved, and when: docs/CHANGELOG.md).
 
-Until 2026-12 every replay method, allocation rule, selector and task read flat keys whose
-meaning changed with the method (``replay.slots`` was POPO's refill cap and Headroom's K_rep;
-``replay.max_age`` became prioritized replay's tau_max). Each now reads its own group. The old
-keys stay in ``base_config`` as unset (None) fields; ``apply`` moves any that was set to its
-new key, for the method, rule or selector the config selects, prints the notice and unsets it.
+The old keys stay in ``base_config`` as unset (None) fields; ``apply`` moves any that was set to
+its new key, for the method, rule, selector or policy loss the config selects, prints the notice
+and unsets it; ``migrate_saved`` does the same to a saved run's config.json before a resume
+compares it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ A component module registers itself::
 
     @METHODS.register("popo")
     @dataclasses.dataclass(frozen=True)
-    class PopoConfig(registry.Configurable):
+    class Popo(registry.Configurable):
       slots: int = 0  # becomes config.replay.popo.slots, default 0
       objective: str = dataclasses.field(default="decoupled", metadata=registry.DERIVED)
 

@@ -25,7 +25,6 @@ from grpo_jax.rewards import scoring
 from grpo_jax.run import compilation_cache
 from grpo_jax.run import loop
 from grpo_jax.run.loop import TrainingStopped  # re-exported: callers catch train.TrainingStopped
-from grpo_jax.run.workdir import check_same_run as _check_same_run  # noqa: F401  (moved; re-exported)
 
 
 def define_flags():

@@ -36,6 +36,7 @@ from grpo_jax.generate import sampler as sampler_lib  # noqa: E402
 from grpo_jax.models import family, from_pretrained, hf, lora  # noqa: E402
 from grpo_jax.rl import losses, step as step_lib  # noqa: E402
 from grpo_jax.rl.replay import init_replay, popo  # noqa: E402
+from grpo_jax.rl.step_config import StepConfig  # noqa: E402
 from grpo_jax.run import checkpoint as checkpoint_lib  # noqa: E402
 from grpo_jax.types import Rollout  # noqa: E402
 
@@ -238,11 +239,11 @@ def main(out_path: str):
   }
 
   batches = rollouts(graphdef, params)
-  grpo = step_lib.StepConfig(group_size=G, num_minibatches=2, logprob_chunk=16)
+  grpo = StepConfig(group_size=G, num_minibatches=2, logprob_chunk=16)
   results["grpo"], _, _ = compare_steps(graphdef, params, sharded_params, batches, grpo, 0,
                                         mesh)
-  popo_config = step_lib.StepConfig(group_size=G, num_minibatches=2, logprob_chunk=16,
-                                    replay=popo.PopoConfig(fill="replay", max_uses=1))
+  popo_config = StepConfig(group_size=G, num_minibatches=2, logprob_chunk=16,
+                                    replay=popo.Popo(fill="replay", max_uses=1))
   results["popo"], state, replay = compare_steps(graphdef, params, sharded_params, batches,
                                                  popo_config, 4, mesh)
 
@@ -250,7 +251,7 @@ def main(out_path: str):
   # replicated under the mesh; a KL term, whose reference is the base (adapters off).
   lora_graphdef, lora_params = with_adapters(from_pretrained(assets.EMBEDDED_MODEL))
   _, lora_sharded = with_adapters(from_pretrained(assets.EMBEDDED_MODEL, mesh=mesh))
-  lora_config = step_lib.StepConfig(group_size=G, num_minibatches=2, logprob_chunk=16,
+  lora_config = StepConfig(group_size=G, num_minibatches=2, logprob_chunk=16,
                                     loss=losses.LossConfig(kl_coef=0.05))
   results["lora"], lora_state, _ = compare_steps(lora_graphdef, lora_params, lora_sharded,
                                                  batches, lora_config, 0, mesh)

@@ -165,7 +165,7 @@ def test_the_two_file_replay_method_of_the_design_page_trains(design_example, tm
   c.rollout.batch_prompts, c.rl.num_minibatches = 4, 2  # 4 + 4 groups of 2 = 16 rows
   c.total_steps, c.checkpoint.every, c.eval.every = 2, 2, 100
   configuration.validate(c)
-  assert type(configuration.replay_config(c)).__name__ == "RandomGroupReplay"
+  assert type(configuration.replay_method(c)).__name__ == "RandomGroupReplay"
   small = design_example.get_config("smoke")
   small.replay.capacity = 3
   with pytest.raises(configuration.ConfigError,

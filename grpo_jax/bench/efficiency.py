@@ -49,7 +49,7 @@ from absl import app, flags
 
 from grpo_jax import console
 from grpo_jax import train
-from grpo_jax.bench.curves import AXES, at_marks, budget_curve, to_target, token_curve  # noqa: F401
+from grpo_jax.bench.curves import AXES, at_marks, budget_curve, to_target
 from grpo_jax.run import evaluate as evaluate_lib
 from grpo_jax.run import report
 

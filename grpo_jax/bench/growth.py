@@ -50,6 +50,7 @@ from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.models import ModelConfig, Qwen3
 from grpo_jax.rl import losses, replay as replay_lib
 from grpo_jax.rl import step as step_lib
+from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.types import Rollout
 
 
@@ -161,7 +162,7 @@ def measure(graphdef, params, rows: int, prompt_len: int, completion_len: int,
                     success=scores_N > 0, prompt_id=jnp.zeros(n, jnp.int32),
                     version=jnp.zeros(n, jnp.int32))
   tx = optax.adamw(1e-5)
-  step_config = step_lib.StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=kl_coef))
+  step_config = StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=kl_coef))
   holder = {"state": step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),
             "replay": replay_lib.init_replay(0, g, p, t)}
   step = step_lib.make_train_step(graphdef, tx, step_config).lower(

@@ -85,6 +85,7 @@ from grpo_jax.models import attention as attention_lib  # noqa: E402
 from grpo_jax.models import family  # noqa: E402
 from grpo_jax.rl import losses, optim, replay as replay_lib  # noqa: E402
 from grpo_jax.rl import step as step_lib  # noqa: E402
+from grpo_jax.rl.step_config import StepConfig  # noqa: E402
 from grpo_jax.types import Rollout  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -140,7 +141,7 @@ def measure(chunk: int) -> dict:
   cfg = qwen3_0_6b(_DTYPE.value)
   tx = optax.adamw(1e-6)
   graphdef, *args = abstract_inputs(cfg, tx, b, g, p, t, _KL.value > 0)
-  config = step_lib.StepConfig(group_size=g, num_minibatches=_MINIBATCHES.value,
+  config = StepConfig(group_size=g, num_minibatches=_MINIBATCHES.value,
                                loss=losses.LossConfig(kl_coef=_KL.value), logprob_chunk=chunk)
   fn = step_lib.make_train_step(graphdef, tx, config)
   t0 = time.perf_counter()
@@ -271,7 +272,7 @@ def config_memory(config) -> dict:
   graphdef, params, tx, state = abstract_state(config, mesh)
   adapters = lora.from_config(config.model)
   cfg = architecture_of(config)
-  method = configuration.replay_config(config)
+  method = configuration.replay_method(config)
   replay = jax.eval_shape(lambda: replay_lib.init_replay(
       config.replay.capacity, method.entry_size(r.group_size), r.prompt_len, r.completion_len))
   replay = _with_shardings(replay, sharding.replay_shardings(mesh, replay))

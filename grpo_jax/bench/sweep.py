@@ -124,7 +124,7 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
     rec = {"grid": grid.name, "id": cell.id, "method": cell.method,
            "spec": grid.methods[cell.method], "setting": dict(cell.setting),
            "setting_key": cell.setting_key, "seed": cell.seed,
-           "config_hash": grid.config_hash(cell), "workdir": workdir, "code": code_version}
+           "config_hash": grid.config_hash(cell), "code": code_version}
     start, cpu0, busy0 = time.monotonic(), _children_cpu(), _machine_busy_s()
     code, last = _run_child(spec, cell, workdir, env)
     rec.update(wall_s=time.monotonic() - start, cpu_s=_children_cpu() - cpu0,

@@ -57,6 +57,7 @@ from grpo_jax.models import ModelConfig, Qwen3, from_pretrained, save_pretrained
 from grpo_jax.rl import batch as batch_lib, policy, step as step_lib
 from grpo_jax.rl import losses, replay as replay_lib
 from grpo_jax.rl.replay import method as method_lib
+from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.types import Rollout
 
 _MODEL = flags.DEFINE_string("model", "/tmp/qwen3_bench", "Hugging Face Qwen3 folder.")
@@ -110,7 +111,7 @@ def main(argv):
   runs = {}
   for method in _METHODS.value:
     replay_method, capacity, run_config = _replay_method(method, b, g)
-    config = step_lib.StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value),
+    config = StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value),
                                  replay=replay_method, shared_prompts=_SHARED.value,
                                  prox_estimate=run_config.replay.prox,
                                  prox_chunks=run_config.replay.prox_chunks)
@@ -125,7 +126,7 @@ def main(argv):
     if extra and f"grpo_rows{n + extra}" not in runs:
       if extra % g:
         raise app.UsageError(f"--rows_equal: {method} adds {extra} rows, not whole groups of {g}")
-      config = step_lib.StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value),
+      config = StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value),
                                    replay=method_lib.NoReplay(), shared_prompts=_SHARED.value)
       runs[f"grpo_rows{n + extra}"] = dict(
           config=config, step=step_lib.make_train_step(graphdef, tx, config),
@@ -212,7 +213,7 @@ def _median_seconds(fn, args, repeats: int) -> float:
 
 def phase_report(graphdef, params, config: ModelConfig, rollout: Rollout, gen_s: float,
                  step_s: float, train_s: float, repeats: int,
-                 step_config: step_lib.StepConfig) -> dict:
+                 step_config: StepConfig) -> dict:
   """Times a log-prob pass and a forward + backward alone; prints every phase's utilisation.
 
   Args:
@@ -301,7 +302,7 @@ def _replay_method(name: str, b: int, g: int):
   config = importlib.import_module(f"configs.{module}").get_config(presets or None)
   config.rollout.batch_prompts, config.rollout.group_size = b, g
   config.replay.prioritized.warmup_steps = 0
-  method = configuration.replay_config(config)
+  method = configuration.replay_method(config)
   return method, (config.replay.capacity if config.replay.method != "none" else 0), config
 
 

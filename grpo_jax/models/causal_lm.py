@@ -37,6 +37,10 @@ def layer_path(path: tuple, layer: int) -> tuple:
   return (path[0], layer, *path[1:])
 
 
+# The dtypes a model stores its parameters in and runs its matmuls in (float16 would need loss
+# scaling, which nothing here does): ModelConfig and the config validator both check these.
+DTYPES = ("float32", "bfloat16")
+
 class LMConfig(Protocol):
   """What generic code reads of a model's config (the rest is the family's own)."""
 
@@ -46,7 +50,7 @@ class LMConfig(Protocol):
 
   @property
   def dtype(self) -> str:
-    """Compute dtype of matmuls ("float32", "bfloat16")."""
+    """Compute dtype of matmuls (one of ``DTYPES``)."""
 
 
 class CausalLM(Protocol):

@@ -27,9 +27,9 @@ from flax import nnx
 
 from grpo_jax.models.attention import (
     IMPLEMENTATIONS, cache_attention, grouped_attention, self_attention)
-# prompts_repeat is re-exported: step.py and update.py import it from here.
+from grpo_jax.models import causal_lm
 from grpo_jax.models import lm_head as head_lib
-from grpo_jax.models.causal_lm import positions_from_mask, prompts_repeat  # noqa: F401
+from grpo_jax.models.causal_lm import positions_from_mask
 from grpo_jax.models.kv_cache import KVCache
 from grpo_jax.models.layers import INIT, Dense, RMSNorm, fused_dense, rope
 from grpo_jax.sharding import ambient_tensor_shards, constrain
@@ -118,8 +118,8 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.attention_block must be positive, got "
                        f"{self.attention_block}")
     for name in ("param_dtype", "dtype"):
-      if getattr(self, name) not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"ModelConfig.{name} must be float32, bfloat16 or float16, "
+      if getattr(self, name) not in causal_lm.DTYPES:
+        raise ValueError(f"ModelConfig.{name} must be one of {', '.join(causal_lm.DTYPES)}, "
                          f"got {getattr(self, name)!r}")
 
   def replace(self, **kwargs) -> "ModelConfig":

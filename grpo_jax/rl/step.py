@@ -41,9 +41,7 @@ from grpo_jax.rl import update
 from grpo_jax.rl.batch import Tokens, UpdateBatch
 from grpo_jax.rl.replay import ReplayState
 from grpo_jax.rl.replay import method as replay_method
-# The step's settings live in step_config.py; importers use them as step.StepConfig etc.
-from grpo_jax.rl.step_config import (PROX_ESTIMATES, PROX_PASSES, REMAT, SHUFFLES,  # noqa: F401
-                                  SIGNALS, StepConfig)
+from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.types import Rollout, TrainState
 
 

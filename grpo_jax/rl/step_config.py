@@ -44,15 +44,15 @@ class StepConfig:
     prox_chunks: with "exact", the pass runs over only the rows the method may replay (its
       static bound, ``Composition.prox_rows``), gathered replayed-first into this many chunks,
       a chunk holding no replayed row skipped at run time; 0 runs one pass over the whole
-      batch (the step before 2026-12, bit for bit).
+      batch.
     loss: LossConfig of the policy loss.
     num_minibatches: minibatches per epoch (rows split evenly).
     num_epochs: passes over the batch (mu of GRPO).
     temperature: the rollout temperature; policy log-probs are computed at it, so that
       pi_theta and the recorded mu describe the same distribution.
     compute_entropy: compute per-token entropy (needed for an entropy bonus; else a metric).
-    replay: the replay method (replay/method.py: NoReplay, popo.PopoConfig,
-      prioritized.PrioritizedReplayConfig, headroom.HeadroomConfig); static.
+    replay: the replay method (replay/method.py: NoReplay, popo.Popo,
+      prioritized.PrioritizedReplay, headroom.HeadroomDrift); static.
     logprob_chunk: completion positions per chunk of the LM head in every log-prob pass
       (0 = all at once); bounds the [chunk, V] logits held at a time.
     remat: activation checkpointing of the differentiated pass: "none", or "layer" (each

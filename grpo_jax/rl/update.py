@@ -67,7 +67,7 @@ def minibatches_are_groups(rows: int, config: StepConfig) -> bool:
   the sampler draws G completions of each prompt."""
   g, m = config.group_size, config.num_minibatches
   return (policy.grouped_pass_possible(rows // m, config) and config.shuffle == "groups"
-          and rows % (g * m) == 0 and getattr(config.replay, "whole_groups", False))
+          and rows % (g * m) == 0 and config.replay.whole_groups)
 
 
 def epoch_order(key: jax.Array, rows: int, config: StepConfig) -> jax.Array:

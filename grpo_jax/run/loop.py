@@ -49,9 +49,9 @@ class TrainingStopped(RuntimeError):
   the last good state was saved."""
 
 
-@dataclasses.dataclass
-class Run:
-  """A run as the loop advances it: what ``setup`` built, and the loop's own state.
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """What ``setup`` builds once; the loop reads it and never replaces a field.
 
   Attributes:
     config: the validated run config.
@@ -61,29 +61,18 @@ class Run:
     task: the task (``tasks.make_task``).
     stream: the prompt stream (``prompts.PromptStream``).
     allocator: spends each step's rollouts (``allocation.make_allocator``).
-    graphdef: the model's structure (evaluation merges it with ``state.params``).
+    graphdef: the model's structure (evaluation merges it with the state's parameters).
     train_step: the jitted step ``(state, replay, rollout, ref_params, rng)``, state and buffer
       donated.
-    state: the TrainState, replaced by every step.
-    replay: the ReplayState, replaced by every step.
     ref_params: the frozen reference's parameters (None without a KL term).
     ckpt: the workdir's Checkpointer.
     writer: the MetricWriter (a NullWriter on processes other than 0 and for a complete run).
     paths: where the run's outputs are, for the summary.
     scorer: scores the rows and the held-out completions (``scoring.make_scorer``).
     eval_sets: the held-out problems by set name ("" for a task's one unnamed set).
-    timer: the current step's PhaseTimer (the allocator times its phases on it too).
-    timers: cumulative seconds per phase (timing.PHASES), restarts included.
-    counters: the host counters (records.Counters).
+    timer: the PhaseTimer of the step under way (the allocator times its phases on it too).
     start: the step the loop starts at (a restored checkpoint's, or 0).
     complete: the run had ended already: nothing to train.
-    last_eval: the latest evaluation's metrics ({} until there is one).
-    pending: the last step's record until it is written (one step late), else None.
-    skips: consecutive steps the device skipped for a non-finite loss or gradient.
-    bar: the tqdm progress bar (None without tqdm, or before the loop).
-    t_start: ``time.time()`` when the loop started.
-    tokens_at_start: the completion tokens when the loop started.
-    window_start: ``time.perf_counter()`` when the current step's time window opened.
   """
 
   config: Any
@@ -95,8 +84,6 @@ class Run:
   allocator: Any
   graphdef: nnx.GraphDef
   train_step: Any
-  state: Any
-  replay: replay_lib.ReplayState
   ref_params: Any
   ckpt: checkpoint_lib.Checkpointer
   writer: Any
@@ -104,10 +91,32 @@ class Run:
   scorer: scoring.Scorer
   eval_sets: dict
   timer: timing.PhaseTimer
-  timers: dict
-  counters: records.Counters
   start: int
   complete: bool
+
+
+@dataclasses.dataclass
+class Progress:
+  """What the loop changes as it goes.
+
+  Attributes:
+    state: the TrainState, replaced by every step.
+    replay: the ReplayState, replaced by every step.
+    counters: the host counters (records.Counters).
+    timers: cumulative seconds per phase (timing.PHASES), restarts included.
+    last_eval: the latest evaluation's metrics ({} until there is one).
+    pending: the last step's record until it is written (one step late), else None.
+    skips: consecutive steps the device skipped for a non-finite loss or gradient.
+    bar: the tqdm progress bar (None without tqdm, or before the loop).
+    t_start: ``time.time()`` when the loop started.
+    tokens_at_start: the completion tokens when the loop started.
+    window_start: ``time.perf_counter()`` when the current step's time window opened.
+  """
+
+  state: Any
+  replay: replay_lib.ReplayState
+  counters: records.Counters
+  timers: dict
   last_eval: dict = dataclasses.field(default_factory=dict)
   pending: records.StepRecord | None = None
   skips: int = 0
@@ -115,6 +124,14 @@ class Run:
   t_start: float = 0.0
   tokens_at_start: int = 0
   window_start: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """A run: ``setup`` (built once) and ``progress`` (what the loop changes)."""
+
+  setup: Setup
+  progress: Progress
 
 
 def setup(config, workdir: str) -> Run:
@@ -148,8 +165,8 @@ def setup(config, workdir: str) -> Run:
   sample_fn = sampler_lib.make_sampler(graphdef, sampler_lib.sampling_config_for(
       tokenizer, r.completion_len, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
       model_path=config.model.path,
-      prompt_group=r.group_size if config.rl.get("shared_prompts", True) else 1,
-      row_block=r.get("sampler_rows", 0)), mesh)
+      prompt_group=r.group_size if config.rl.shared_prompts else 1,
+      row_block=r.sampler_rows), mesh)
   timer = timing.PhaseTimer()  # this step's phases; the allocator times its own on it
   scorer = scoring.make_scorer(config, task)  # the user's reward functions load here
   allocator = allocation.make_allocator(config, sample_fn, tokenizer, task, stream, timer, scorer)
@@ -171,19 +188,20 @@ def setup(config, workdir: str) -> Run:
     counters = records.Counters.from_host(saved)
     allocator.load_state_dict(saved["allocator"])
     timers = workdir_lib.resumed_timers(workdir, timers)
-  train_step = step_lib.make_train_step(
-      graphdef, tx, configuration.step_config(config),
-      None if mesh is None else sharding_lib.step_shardings(mesh, state, replay, family.param_axes(),
-                                                       ref_params))
+  shardings = None if mesh is None else sharding_lib.step_shardings(
+      mesh, state, replay, family.param_axes(), ref_params)
+  train_step = step_lib.make_train_step(graphdef, tx, configuration.step_config(config), shardings)
   return Run(
-      config=config, workdir=workdir, mesh=mesh, tokenizer=tokenizer, task=task, stream=stream,
-      allocator=allocator, graphdef=graphdef, train_step=train_step, state=state,
-      replay=replay, ref_params=ref_params, ckpt=ckpt, writer=writer,
-      paths={"metrics": os.path.join(workdir, "metrics.jsonl"),
-             "tensorboard": tensorboard if complete else writer.tensorboard_dir,
-             "checkpoints": ckpt.directory},
-      scorer=scorer, eval_sets=_eval_sets(config, task, stream), timer=timer, timers=timers,
-      counters=counters, start=start, complete=complete)
+      setup=Setup(
+          config=config, workdir=workdir, mesh=mesh, tokenizer=tokenizer, task=task,
+          stream=stream, allocator=allocator, graphdef=graphdef, train_step=train_step,
+          ref_params=ref_params, ckpt=ckpt, writer=writer,
+          paths={"metrics": os.path.join(workdir, "metrics.jsonl"),
+                 "tensorboard": tensorboard if complete else writer.tensorboard_dir,
+                 "checkpoints": ckpt.directory},
+          scorer=scorer, eval_sets=_eval_sets(config, task, stream), timer=timer, start=start,
+          complete=complete),
+      progress=Progress(state=state, replay=replay, counters=counters, timers=timers))
 
 
 def run(run: Run) -> dict:  # pylint: disable=redefined-outer-name
@@ -194,37 +212,38 @@ def run(run: Run) -> dict:  # pylint: disable=redefined-outer-name
   handlers from before come back; a run that ends without an error then writes its last step
   record, closes its writers and checkpointer and prints how it ended.
   """
-  if run.complete:
+  s, p = run.setup, run.progress
+  if s.complete:
     return _report_complete(run)
   _say_start(run)
-  if run.start == 0:
-    run.last_eval = _evaluate(run, 0)
-    _write_eval(run, 0, run.last_eval)
-  records.accumulate(run.timers, run.timer.take())  # the first evaluation belongs to no step
-  run.bar = _progress_bar(run)
-  run.t_start, run.tokens_at_start = time.time(), run.counters.completion_tokens
-  run.window_start = time.perf_counter()
+  if s.start == 0:
+    p.last_eval = _evaluate(run, 0)
+    _write_eval(run, 0, p.last_eval)
+  records.accumulate(p.timers, s.timer.take())  # the first evaluation belongs to no step
+  p.bar = _progress_bar(run)
+  p.t_start, p.tokens_at_start = time.time(), p.counters.completion_tokens
+  p.window_start = time.perf_counter()
   stop = preemption.StopSignals()
   try:
     stopped_after = _train(run, stop)
   finally:
     stop.restore()
-    run.scorer.close()
+    s.scorer.close()
   _flush_pending(run)
-  if run.bar is not None:
-    run.bar.close()
-  run.writer.close()
-  run.ckpt.close()
+  if p.bar is not None:
+    p.bar.close()
+  s.writer.close()
+  s.ckpt.close()
   if stopped_after is not None:
     console.say(f"grpo_jax: stopped by {stop.name} after step {stopped_after}; checkpoint "
-                f"saved in {run.ckpt.directory}. Run the same command to resume.")
+                f"saved in {s.ckpt.directory}. Run the same command to resume.")
   elif sharding_lib.is_primary():
-    console.say(console.summary(metrics_lib.read_metrics(run.workdir), run.config.eval.k,
-                                {**run.paths, **workdir_lib.report_paths(run.workdir, write=True,
-                                                                     k=run.config.eval.k)},
-                                run.config.total_steps, run.config.total_rollouts,
-                                run.config.total_tokens))
-  return run.last_eval
+    console.say(console.summary(metrics_lib.read_metrics(s.workdir), s.config.eval.k,
+                                {**s.paths, **workdir_lib.report_paths(s.workdir, write=True,
+                                                                     k=s.config.eval.k)},
+                                s.config.total_steps, s.config.total_rollouts,
+                                s.config.total_tokens))
+  return p.last_eval
 
 
 def frozen_reference(params, dtype: str):
@@ -286,7 +305,7 @@ def _eval_sets(config, task, stream) -> dict:
 def init_replay(config, mesh) -> replay_lib.ReplayState:
   """The empty replay buffer of the configured method (laid out on the mesh, if any)."""
   r = config.rollout
-  method = configuration.replay_config(config)
+  method = configuration.replay_method(config)
   replay = replay_lib.init_replay(config.replay.capacity, method.entry_size(r.group_size),
                                   r.prompt_len, r.completion_len)
   if mesh is not None:
@@ -295,10 +314,11 @@ def init_replay(config, mesh) -> replay_lib.ReplayState:
 
 
 def _train(run: Run, stop: preemption.StopSignals) -> int | None:
-  """The steps from ``run.start`` to the end; returns the step a signal stopped the run after
+  """The steps from ``run.setup.start`` to the end; returns the step a signal stopped the run after
   (that step's record written and its checkpoint saved, while further signals are still
   ignored), or None when the run reached its end."""
-  for step in range(run.start, run.config.total_steps):
+  s = run.setup
+  for step in range(s.start, s.config.total_steps):
     done, last, saved = _step(run, step)
     if last:
       break
@@ -315,44 +335,45 @@ def _step(run: Run, step: int) -> tuple[int, bool, bool]:
   """Train step ``step`` and what follows it: the previous step's record, then this step's
   evaluation and checkpoint when due. Returns (steps done, whether the run ends with it,
   whether it was saved)."""
-  config, timer = run.config, run.timer
+  s, p = run.setup, run.progress
+  config, timer = s.config, s.timer
   key = keys.train_step_key(config.seed, step)
-  before = run.counters
+  before = p.counters
   _progress_for_rewards(run, step)
   # B complete groups, however the allocator spent its rollouts (allocation/allocator.py); it
   # times its phases (prompts, generation, scoring, assembly) on ``timer``.
-  rollout, stats = run.allocator.collect(run.state.params, step, keys.generation(key))
-  run.counters = run.counters.add(stats)
-  _, logged = run.scorer.take_log(training=True)
+  rollout, stats = s.allocator.collect(p.state.params, step, keys.generation(key))
+  p.counters = p.counters.add(stats)
+  _, logged = s.scorer.take_log(training=True)
   if logged:  # a reward function logged columns (TRL's log_extra): the step's completions
-    run.writer.write_completions(f"step_{step + 1:06d}", logged)
+    s.writer.write_completions(f"step_{step + 1:06d}", logged)
   with timer.phase("update"):
-    run.state, run.replay, device_metrics = run.train_step(run.state, run.replay, rollout,
-                                                           run.ref_params, keys.update(key))
+    p.state, p.replay, device_metrics = s.train_step(p.state, p.replay, rollout,
+                                                           s.ref_params, keys.update(key))
     # Generation needs the new parameters anyway, so waiting here costs no overlap and lets
     # the phases split the time honestly: "update" is dispatch plus the device's work.
-    jax.block_until_ready(run.state.step)
-  if run.pending is not None:  # the previous step's record, its metrics long computed
+    jax.block_until_ready(p.state.step)
+  if p.pending is not None:  # the previous step's record, its metrics long computed
     with timer.phase("metrics"):
       _flush_pending(run)
   done = step + 1
-  record = run.pending = records.StepRecord(
-      step=done, metrics=device_metrics, stats=stats, counters=run.counters,
-      wall_s=max(time.time() - run.t_start, 1e-9))
+  record = p.pending = records.StepRecord(
+      step=done, metrics=device_metrics, stats=stats, counters=p.counters,
+      wall_s=max(time.time() - p.t_start, 1e-9))
   last = done == config.total_steps or workdir_lib.budget_spent(
-      config, dataclasses.asdict(run.counters))
+      config, dataclasses.asdict(p.counters))
   evaluation = None
-  if last or _evaluation_due(config, before, run.counters, done):
+  if last or _evaluation_due(config, before, p.counters, done):
     with timer.phase("metrics"):
       _fetch(run, record)  # a run stopped for non-finite steps stops before evaluating
     evaluation = _evaluate(run, done)
   saved = done % config.checkpoint.every == 0 or last
   if saved:
     _save(run, done)
-  record.timing, record.cumulative = _close_window(run), dict(run.timers)
+  record.timing, record.cumulative = _close_window(run), dict(p.timers)
   if evaluation is not None:  # the step's record, then its evaluation's
     _flush_pending(run)
-    run.last_eval = evaluation
+    p.last_eval = evaluation
     _write_eval(run, done, evaluation)
   return done, last, saved
 
@@ -360,11 +381,12 @@ def _step(run: Run, step: int) -> tuple[int, bool, bool]:
 def _progress_for_rewards(run: Run, done: int) -> None:
   """The ``trainer_state`` reward functions see (``reward_calls.TrainerState``), at ``done``
   completed steps: the loop's step and counters, the epoch of a finite training set."""
-  config, state = run.config, run.scorer.state
-  size = run.stream.train_size or run.task.num_train_problems()
+  s, p = run.setup, run.progress
+  config, state = s.config, s.scorer.state
+  size = s.stream.train_size or s.task.num_train_problems()
   state.global_step, state.max_steps = done, config.total_steps
-  state.epoch = run.stream.position / size if size else None
-  state.rollouts, state.completion_tokens = run.counters.rollouts, run.counters.completion_tokens
+  state.epoch = s.stream.position / size if size else None
+  state.rollouts, state.completion_tokens = p.counters.rollouts, p.counters.completion_tokens
   state.max_rollouts, state.max_tokens = config.total_rollouts, config.total_tokens
   state.is_world_process_zero = state.is_local_process_zero = sharding_lib.is_primary()
 
@@ -387,71 +409,76 @@ def _evaluation_due(config, before: records.Counters, after: records.Counters,
 def _close_window(run: Run) -> dict:
   """Ends the current step's time window: its ``time/`` fields (records.window), its seconds
   added to the run's cumulative ``timers``."""
+  s, p = run.setup, run.progress
   now = time.perf_counter()
-  seconds = run.timer.take()
-  step_s = now - run.window_start
-  run.window_start = now
+  seconds = s.timer.take()
+  step_s = now - p.window_start
+  p.window_start = now
   timing, seconds = records.window(seconds, step_s)
-  records.accumulate(run.timers, seconds)
+  records.accumulate(p.timers, seconds)
   return timing
 
 
 def _fetch(run: Run, record: records.StepRecord) -> None:
   """The step's device metrics (waited for here); stops the run after too many skips."""
+  s, p = run.setup, run.progress
   if record.values is not None:
     return
   record.values = {key: float(v) for key, v in jax.device_get(record.metrics).items()}
-  run.skips = run.skips + 1 if record.values.get("skipped") else 0
-  limit = run.config.rl.max_consecutive_skips
-  if limit and run.skips >= limit:
+  p.skips = p.skips + 1 if record.values.get("skipped") else 0
+  limit = s.config.rl.max_consecutive_skips
+  if limit and p.skips >= limit:
     if record.timing is None:  # fetched before its evaluation: the step ends here
-      record.timing, record.cumulative = _close_window(run), dict(run.timers)
+      record.timing, record.cumulative = _close_window(run), dict(p.timers)
     _log_step(run, record)
     _save(run, record.step)
     if record.values.get("prompts_repeat", 1.0) < 1.0:
       raise TrainingStopped(
-          f"{run.skips} consecutive steps skipped: a minibatch's groups do not each repeat one "
+          f"{p.skips} consecutive steps skipped: a minibatch's groups do not each repeat one "
           f"prompt (last: step {record.step}), which the shared-prompt gradient needs "
           "(rl.shared_prompts=false runs every row on its own); nothing was trained on them, "
-          f"and the last good step is saved in {run.ckpt.directory}.")
+          f"and the last good step is saved in {s.ckpt.directory}.")
     raise TrainingStopped(
-        f"{run.skips} consecutive steps skipped for a non-finite loss or gradient (last: step "
+        f"{p.skips} consecutive steps skipped for a non-finite loss or gradient (last: step "
         f"{record.step}); parameters, optimiser state and buffer are those of the last good "
-        f"step, saved in {run.ckpt.directory} at step {record.step}. Check the rewards and "
+        f"step, saved in {s.ckpt.directory} at step {record.step}. Check the rewards and "
         "the learning rate (rl.max_consecutive_skips sets this limit; 0 never stops).")
 
 
 def _flush_pending(run: Run) -> None:
   """Fetches (if not yet) and writes the pending step record, whose time window is closed."""
-  if run.pending is None:
+  p = run.progress
+  if p.pending is None:
     return
-  _fetch(run, run.pending)
-  _log_step(run, run.pending)
-  run.pending = None
+  _fetch(run, p.pending)
+  _log_step(run, p.pending)
+  p.pending = None
 
 
 def _log_step(run: Run, record: records.StepRecord) -> None:
   """Writes one step's record (its device metrics already fetched, one step after they were
   made) and moves the progress bar."""
-  config, values = run.config, record.values
-  fields = record.fields(run.tokens_at_start)
+  s, p = run.setup, run.progress
+  config, values = s.config, record.values
+  fields = record.fields(p.tokens_at_start)
   if record.step % config.log_every == 0 or values.get("skipped"):
-    run.writer.write(record.step, fields)
-  if run.bar is not None:
-    acc = run.last_eval.get(f"eval/mean_at_{config.eval.k}", float("nan"))
-    run.bar.n = record.step
-    run.bar.set_postfix(acc=f"{acc:.3f}", success=f"{values['success_mean']:.2f}",
+    s.writer.write(record.step, fields)
+  if p.bar is not None:
+    acc = p.last_eval.get(f"eval/mean_at_{config.eval.k}", float("nan"))
+    p.bar.n = record.step
+    p.bar.set_postfix(acc=f"{acc:.3f}", success=f"{values['success_mean']:.2f}",
                         rollouts=record.counters.rollouts, tok_s=f"{fields['tokens_per_s']:.0f}",
                         refresh=False)
-    run.bar.refresh()
+    p.bar.refresh()
 
 
 def _save(run: Run, done: int) -> None:
   """Checkpoints the state, the buffer and the host side after ``done`` steps."""
-  with run.timer.phase("checkpoint"):
-    run.ckpt.save(done, run.state, run.replay,
-                  {**dataclasses.asdict(run.counters), "allocator": run.allocator.state_dict(),
-                   "prompts_skipped": run.stream.skipped, "seed": run.config.seed})
+  s, p = run.setup, run.progress
+  with s.timer.phase("checkpoint"):
+    s.ckpt.save(done, p.state, p.replay,
+                  {**dataclasses.asdict(p.counters), "allocator": s.allocator.state_dict(),
+                   "prompts_skipped": s.stream.skipped, "seed": s.config.seed})
 
 
 def _evaluate(run: Run, done: int) -> dict:
@@ -462,20 +489,21 @@ def _evaluate(run: Run, done: int) -> dict:
   by their sizes). What reward functions log (TRL's ``log_metric``) in the sampled evaluation
   is each set's ``reward/<name>``, not pooled; the columns they log (``log_extra``) go to
   ``completions/eval_<done>.jsonl``, each row with its set."""
-  config = run.config
+  s, p = run.setup, run.progress
+  config = s.config
   r, e = config.rollout, config.eval
   kw = dict(prompt_len=r.prompt_len, completion_len=r.completion_len, seed=config.seed,
-            render=run.stream.render, model_path=config.model.path, mesh=run.mesh,
-            scorer=run.scorer)
+            render=s.stream.render, model_path=config.model.path, mesh=s.mesh,
+            scorer=s.scorer)
   _progress_for_rewards(run, done)
   per_set, sizes, logged, rows = {}, {}, {}, []
-  with run.timer.phase("evaluation"):
-    for name, problems in run.eval_sets.items():
+  with s.timer.phase("evaluation"):
+    for name, problems in s.eval_sets.items():
       evaluate = lambda k, temperature, problems=problems: evaluate_lib.evaluate(
-          run.graphdef, run.state.params, run.tokenizer, run.task, problems, k=k,
+          s.graphdef, p.state.params, s.tokenizer, s.task, problems, k=k,
           temperature=temperature, **kw)
       out = evaluate(e.k, e.temperature)
-      logged[name], set_rows = run.scorer.take_log(training=False)
+      logged[name], set_rows = s.scorer.take_log(training=False)
       rows += [{"set": name, **row} for row in set_rows]
       result = {f"mean_at_{e.k}": out["mean_at_k"], f"mean_at_{e.k}_se": out["mean_at_k_se"],
                 f"pass_at_{e.k}": out["pass_at_k"], "mean_length": out["mean_length"],
@@ -483,10 +511,10 @@ def _evaluate(run: Run, done: int) -> dict:
                 "truncated_fraction": out["truncated_fraction"]}
       if e.greedy:
         result["greedy_accuracy"] = evaluate(1, 0.0)["mean_at_k"]
-        run.scorer.take_log(training=False)  # the greedy pass's logs: not the sampled set's
+        s.scorer.take_log(training=False)  # the greedy pass's logs: not the sampled set's
       per_set[name], sizes[name] = result, len(problems)
   if rows:
-    run.writer.write_completions(f"eval_{done:06d}", rows)
+    s.writer.write_completions(f"eval_{done:06d}", rows)
   user = {f"eval/{n + '/' if n else ''}reward/{m}": v
           for n, metrics in logged.items() for m, v in metrics.items()}
   if list(per_set) == [""]:
@@ -498,44 +526,48 @@ def _evaluate(run: Run, done: int) -> dict:
 
 def _write_eval(run: Run, step: int, result: dict) -> None:
   """Writes an evaluation's record and its console line."""
-  run.writer.write(step, {**result, "rollouts": run.counters.rollouts})
-  console.say(console.eval_line(step, result, run.counters.rollouts, run.config.eval.k))
+  s, p = run.setup, run.progress
+  s.writer.write(step, {**result, "rollouts": p.counters.rollouts})
+  console.say(console.eval_line(step, result, p.counters.rollouts, s.config.eval.k))
 
 
 def _say_start(run: Run) -> None:
-  r = run.config.rollout
-  console.say(f"grpo_jax: {'resuming at step ' + str(run.start) if run.start else 'starting'}; "
-              f"{run.config.total_steps} steps of {r.batch_prompts} prompts x {r.group_size} "
-              f"rollouts\n  metrics      {run.writer.path}\n  checkpoints  "
-              f"{run.ckpt.directory}\n  replay buffer: {run.replay.capacity} entries, "
-              f"{run.replay.nbytes:,} bytes")
+  s, p = run.setup, run.progress
+  r = s.config.rollout
+  console.say(f"grpo_jax: {'resuming at step ' + str(s.start) if s.start else 'starting'}; "
+              f"{s.config.total_steps} steps of {r.batch_prompts} prompts x {r.group_size} "
+              f"rollouts\n  metrics      {s.writer.path}\n  checkpoints  "
+              f"{s.ckpt.directory}\n  replay buffer: {p.replay.capacity} entries, "
+              f"{p.replay.nbytes:,} bytes")
 
 
 def _progress_bar(run: Run):
   """A tqdm bar of the steps on stdout when it is a terminal (process 0 only), else None: a
   bar redraws itself with carriage returns, which in a file or a pipe share lines with the
   evaluation lines; there the evaluation lines are the progress."""
+  s = run.setup
   if not sharding_lib.is_primary() or not sys.stdout.isatty():
     return None
   try:
     from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   except ImportError:
     return None
-  return tqdm(total=run.config.total_steps, initial=run.start, dynamic_ncols=True, leave=False,
+  return tqdm(total=s.config.total_steps, initial=s.start, dynamic_ncols=True, leave=False,
               file=sys.stdout)
 
 
 def _report_complete(run: Run) -> dict:
   """A finished run started again: says so, prints the same summary and returns the last
   evaluation's metrics."""
-  config, workdir = run.config, run.workdir
+  s = run.setup
+  config, workdir = s.config, s.workdir
   k, budget, tokens = config.eval.k, config.total_rollouts, config.total_tokens
-  run.ckpt.close()
+  s.ckpt.close()
   written = metrics_lib.read_metrics(workdir)
-  console.say(f"grpo_jax: {workdir} is complete ({run.start}/{config.total_steps} steps"
+  console.say(f"grpo_jax: {workdir} is complete ({s.start}/{config.total_steps} steps"
               + (f", rollout budget {budget:,}" if budget else "")
               + (f", token budget {tokens:,}" if tokens else "") + "); nothing to do.")
-  console.say(console.summary(written, k, {**run.paths, **workdir_lib.report_paths(workdir)},
+  console.say(console.summary(written, k, {**s.paths, **workdir_lib.report_paths(workdir)},
                               config.total_steps, budget, tokens))
   evals = [r for r in written if f"eval/mean_at_{k}" in r]
   return {key: v for key, v in evals[-1].items() if key.startswith("eval/")} if evals else {}

@@ -19,6 +19,7 @@ from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.models import from_pretrained
 from grpo_jax.rl import step as step_lib
 from grpo_jax.rl.replay import init_replay
+from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.tasks import countdown
 from grpo_jax.types import Rollout
 from tests.rl.test_step import MIXED, SHIFT_N, _copy, _rollout
@@ -630,7 +631,7 @@ def test_an_empty_group_changes_nothing_in_the_update(split, aggregation):
       scores=full.scores.at[4:].set(0.0), success=full.success.at[4:].set(False))
   alone = jax.tree.map(lambda x: x[:4], full)
   tx = optax.sgd(0.1)
-  config = step_lib.StepConfig(group_size=g, num_minibatches=1,
+  config = StepConfig(group_size=g, num_minibatches=1,
                                loss=losses.LossConfig(aggregation=aggregation))
   fn = step_lib.make_train_step(graphdef, tx, config)
   out = {}

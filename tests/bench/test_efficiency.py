@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from grpo_jax.bench import efficiency
+from grpo_jax.bench import curves, efficiency
 from grpo_jax.run import report
 from tests.cli_output import THIRD_PARTY_LOG
 
@@ -92,16 +92,16 @@ def test_budget_table_and_rollouts_to_target():
   # Two seeds evaluated when their rollouts crossed 300 and 600 (overshooting the marks).
   s0 = [(0, 0, 0.2), (3, 300, 0.3), (6, 620, 0.5)]
   s1 = [(0, 0, 0.2), (2, 310, 0.4), (4, 640, 0.45)]
-  assert efficiency.at_marks(s0, [0, 300, 600, 900]) == [(0, 0.2), (300, 0.3), (620, 0.5), None]
+  assert curves.at_marks(s0, [0, 300, 600, 900]) == [(0, 0.2), (300, 0.3), (620, 0.5), None]
   lines = efficiency.budget_table({"sara": {0: s0, 1: s1}}, [0, 300, 600]).splitlines()
   # Mark 300: 0.3 and 0.4 -> mean 0.35, population std 0.05; mark 600: 0.5, 0.45 -> 0.475, 0.025.
   assert lines[3] == "| 300 | 0.300 0.400 / **0.350** ± 0.050 |"
   assert lines[4] == "| 600 | 0.500 0.450 / **0.475** ± 0.025 |"
   # Target 0.4: seed 0 crosses between (300, 0.3) and (620, 0.5): 300 + 0.1 / 0.2 * 320 = 460;
   # seed 1 between (0, 0.2) and (310, 0.4): 0 + 0.2 / 0.2 * 310 = 310. Mean 385, std 75.
-  assert efficiency.to_target(s0, 0.4) == 460.0
-  assert efficiency.to_target(s1, 0.4) == 310.0
-  assert efficiency.to_target(s0, 0.2) == 0.0 and efficiency.to_target(
+  assert curves.to_target(s0, 0.4) == 460.0
+  assert curves.to_target(s1, 0.4) == 310.0
+  assert curves.to_target(s0, 0.2) == 0.0 and curves.to_target(
       s0, 0.9) is None
   assert efficiency.target_row({"sara": {0: s0, 1: s1}}, 0.4) == (
       "| rollouts to reach 0.400 | **385** ± 75 (2/2 seeds) |")
@@ -137,13 +137,13 @@ def test_marks_on_the_token_axis(tmp_path):
              {"step": 2, "eval/mean_at_2": 0.3, "rollouts": 8},
              {"step": 3, "loss": 0.0, "rollouts": 12, "completion_tokens": 95},
              {"step": 3, "eval/mean_at_2": 0.5, "rollouts": 12}])
-  c = efficiency.token_curve(str(w), k=2)
+  c = curves.token_curve(str(w), k=2)
   assert c == [(0, 0, 0.1), (2, 55, 0.3), (3, 95, 0.5)]
-  assert efficiency.budget_curve(str(w), 2, "rollouts") == [(0, 0, 0.1), (2, 8, 0.3),
+  assert curves.budget_curve(str(w), 2, "rollouts") == [(0, 0, 0.1), (2, 8, 0.3),
                                                               (3, 12, 0.5)]
   # Marks 0, 25, 50, 75, 100 (budget 100, every 25): the first evaluation at or past each is
   # 0 -> (0, 0.1); 25 -> (55, 0.3), 50 -> (55, 0.3), 55 >= 50; 75 -> (95, 0.5); 100 -> none.
-  assert efficiency.at_marks(c, [0, 25, 50, 75, 100]) == [(0, 0.1), (55, 0.3), (55, 0.3),
+  assert curves.at_marks(c, [0, 25, 50, 75, 100]) == [(0, 0.1), (55, 0.3), (55, 0.3),
                                                           (95, 0.5), None]
   lines = efficiency.budget_table({"grpo": {0: c}}, [0, 25, 100],
                                   "completion_tokens").splitlines()
@@ -156,7 +156,7 @@ def test_marks_on_the_token_axis(tmp_path):
   _write(w, [{"step": 0, "eval/mean_at_2": 0.1, "rollouts": 0},
              {"step": 2, "eval/mean_at_2": 0.3, "rollouts": 8}])
   with pytest.raises(ValueError, match="step 2 has no step record"):
-    efficiency.token_curve(str(w), k=2)
+    curves.token_curve(str(w), k=2)
 
 
 def test_cli_token_budget_stops_each_run_and_tabulates_token_marks(tmp_path):

@@ -18,6 +18,7 @@ from grpo_jax import assets
 from grpo_jax.models import from_pretrained
 from grpo_jax.models.attention import attention, blocked_attention
 from grpo_jax.rl import step as step_lib
+from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.rl.replay import init_replay
 from grpo_jax.types import Rollout
 
@@ -75,7 +76,7 @@ def _rollout(split, seed=0):
 
 def _step(split, rollout, tx, **kw):
   graphdef, params = split
-  config = step_lib.StepConfig(group_size=G, num_minibatches=2, **kw)
+  config = StepConfig(group_size=G, num_minibatches=2, **kw)
   state = step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx)
   return step_lib.make_train_step(graphdef, tx, config)(
       state, init_replay(0, G, P, T), rollout, None, jax.random.key(1))

@@ -384,6 +384,8 @@ def test_cli_runs_the_smoke_grid_in_two_invocations_and_reruns_nothing(tmp_path)
   assert os.stat(done).st_mtime_ns == stamp  # the finished cell was not run again
   rec = json.load(open(done))
   assert rec["status"] == "done" and rec["steps"] == 2 and rec["wall_s"] > 0
+  # The record travels: no path of this machine in it (the run folder is <workdirs>/<cell id>).
+  assert os.fspath(tmp_path) not in open(done).read() and "workdir" not in rec
   assert [e["step"] for e in rec["evals"]] == [0, 2]
   import csv  # pylint: disable=g-import-not-at-top
   rows = list(csv.DictReader(open(os.path.join(out, "sweep.csv"))))

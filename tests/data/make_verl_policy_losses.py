@@ -11,7 +11,8 @@ verl.workers.config.ActorConfig (gspo/cispo assert isinstance(config, ActorConfi
 an empty config.global_batch_info (=> single-rank, local normalisation) and a bool
 response_mask (as verl's ppo_loss passes it). Gradients are d loss / d log_prob
 from torch autograd in float64. An independent numpy re-implementation of the
-formulas in FORMULAS.md is checked against verl for every case.
+formulas (as the modules of grpo_jax/rl/policy_losses state them) is checked against verl
+for every case.
 """
 
 import json

@@ -23,6 +23,7 @@ from grpo_jax.rl import losses
 from grpo_jax.rl import step as step_lib
 from grpo_jax.rl import update as update_lib
 from grpo_jax.rl.replay import init_replay
+from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.types import Rollout
 
 B, G, P, T = 3, 4, 6, 5
@@ -160,7 +161,7 @@ def test_train_step_with_shared_prompts_equals_per_row(split, batch):
   tx = optax.sgd(0.5)  # updates linear in the gradients (Adam would magnify ~0 ones)
   results = []
   for shared in (False, True):
-    config = step_lib.StepConfig(group_size=G, num_minibatches=B, shared_prompts=shared,
+    config = StepConfig(group_size=G, num_minibatches=B, shared_prompts=shared,
                                  loss=losses.LossConfig(kl_coef=0.05))
     fn = step_lib.make_train_step(graphdef, tx, config)
     state = step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx)
@@ -192,7 +193,7 @@ def test_a_batch_whose_groups_do_not_repeat_is_skipped_not_trained(split, batch)
   graphdef, params = split
   ids, mask, completion, _ = _broken(batch)
   tx = optax.sgd(0.5)
-  config = step_lib.StepConfig(group_size=G, num_minibatches=B)
+  config = StepConfig(group_size=G, num_minibatches=B)
   assert update_lib.minibatches_are_groups(N, config)
   fn = step_lib.make_train_step(graphdef, tx, config)
   state = step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx)
@@ -209,12 +210,12 @@ def test_which_updates_take_the_shared_prompt_gradient():
   a method whose rows are whole groups; rollout-level replay's single rows take the per-row
   pass, as do row shuffles and batches that do not divide into groups."""
   from grpo_jax.rl.replay import prioritized, popo  # pylint: disable=g-import-not-at-top
-  base = step_lib.StepConfig(group_size=G, num_minibatches=B)
+  base = StepConfig(group_size=G, num_minibatches=B)
   with_ = lambda **kw: dataclasses.replace(base, **kw)
   assert update_lib.minibatches_are_groups(N, base)
-  assert update_lib.minibatches_are_groups(N, with_(replay=popo.PopoConfig()))
+  assert update_lib.minibatches_are_groups(N, with_(replay=popo.Popo()))
   assert not update_lib.minibatches_are_groups(
-      N, with_(replay=prioritized.PrioritizedReplayConfig()))
+      N, with_(replay=prioritized.PrioritizedReplay()))
   assert not update_lib.minibatches_are_groups(N, with_(shuffle="rows"))
   assert not update_lib.minibatches_are_groups(N, with_(shared_prompts=False))
   assert not update_lib.minibatches_are_groups(N + G, base)  # 4 groups in 3 minibatches

@@ -24,6 +24,7 @@ from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.models import attention as attn, from_pretrained
 from grpo_jax.rl import step as step_lib
 from grpo_jax.rl.replay import init_replay
+from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.types import Rollout
 
 # test_step.py's shapes. Blocks of 2 queries / keys: the prompt's 5 tokens are 3 query blocks,
@@ -83,7 +84,7 @@ def _rollout():
 
 def _train_step_hlo(graphdef, params) -> str:
   tx = optax.adam(1e-3)
-  fn = step_lib.make_train_step(graphdef, tx, step_lib.StepConfig(group_size=G,
+  fn = step_lib.make_train_step(graphdef, tx, StepConfig(group_size=G,
                                                                   num_minibatches=2))
   args = (step_lib.init_train_state(params, tx), init_replay(0, G, P, T), _rollout(), None,
           jax.random.key(0))

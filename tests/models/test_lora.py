@@ -24,6 +24,7 @@ from grpo_jax.models import CheckpointError, adapter_folder, from_pretrained, lo
 from grpo_jax.models import save_pretrained
 from grpo_jax.rl import losses, step as step_lib
 from grpo_jax.rl.replay import init_replay
+from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.run import checkpoint as checkpoint_lib
 from tests import optional
 from tests.conftest import DATA
@@ -176,7 +177,7 @@ def test_reference_is_the_base_model_exactly(base_logits):
 
 def _step(graphdef, kl_coef=0.0):
   tx = optax.adam(1e-2)
-  config = step_lib.StepConfig(group_size=G, num_minibatches=1,
+  config = StepConfig(group_size=G, num_minibatches=1,
                                loss=losses.LossConfig(kl_coef=kl_coef))
   return tx, step_lib.make_train_step(graphdef, tx, config)
 

@@ -15,6 +15,7 @@ from grpo_jax.generate.logprobs import completion_logprobs
 from grpo_jax.rl import losses, replay as replay_lib, step as step_lib
 from grpo_jax.rl.replay import headroom as headroom_lib
 from grpo_jax.rl.replay import method as method_lib
+from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.types import Rollout
 from tests.rl.test_step import (B, G, MIXED_ADV, P, SHIFT_N, T, _copy, _rollout,
                              traced_step)
@@ -97,7 +98,7 @@ def test_admission_walk_against_a_python_model(heads, shifts, valid, gate, order
   every live candidate the walk reads is refreshed with its measured D. In ``chunks`` chunks
   of 4 / chunks the walk reads a chunk only while fewer than K_rep have passed before it: the
   same groups are admitted, and the candidates it did not read keep their cached D."""
-  cfg = headroom_lib.HeadroomConfig(slots=2, candidates=4, tau=1e-3, gate=gate, order=order,
+  cfg = headroom_lib.HeadroomDrift(slots=2, candidates=4, tau=1e-3, gate=gate, order=order,
                                     candidate_chunks=chunks)
   rows, adv = _group_rows(list(range(CAP)), [1.0] * CAP)
   replay = replay_lib.init_replay(CAP, GH, PH, TH)
@@ -139,7 +140,7 @@ def test_headroom_cache_refresh_and_insertion():
   """The refreshed H of a candidate is its headroom under the pass: rows A = +1 / -1, pi =
   e^(-1 + s); H = mean(1 - pi, pi) = 0.5. New mixed-outcome groups are stored after the
   update with their headroom under pi_gen = e^-1: also 0.5; constant groups are not stored."""
-  cfg = headroom_lib.HeadroomConfig(slots=1, candidates=2, tau=1e-3)
+  cfg = headroom_lib.HeadroomDrift(slots=1, candidates=2, tau=1e-3)
   rows, adv = _group_rows([0, 1], [1.0, 1.0])
   replay = replay_lib.init_replay(4, GH, PH, TH)
   replay = replay_lib.insert(replay, rows, adv, jnp.ones(2, bool), 0,
@@ -177,9 +178,9 @@ def test_train_step_loss_with_admitted_groups(split, tiny_qwen3, objective):
   stored_adv = jnp.asarray([[0.5, -0.5, 0.25, -0.25], [1.0, -1.0, 0.0, 0.0]])
   replay = replay_lib.insert(replay, old_bg, stored_adv, jnp.ones(B, bool), 0,
                              headroom_M=jnp.asarray([0.3, 0.6]))
-  cfg = headroom_lib.HeadroomConfig(slots=2, candidates=2, tau=0.1, objective=objective)
+  cfg = headroom_lib.HeadroomDrift(slots=2, candidates=2, tau=0.1, objective=objective)
   tx = optax.sgd(0.0)
-  fn = traced_step(graphdef, tx, step_lib.StepConfig(group_size=G, replay=cfg))
+  fn = traced_step(graphdef, tx, StepConfig(group_size=G, replay=cfg))
   state = step_lib.init_train_state(_copy(params), tx)
   _, new_replay, m = fn(state, replay, rollout, None, jax.random.key(0))
   assert float(m["headroom_admitted"]) == 2.0 and float(m["replay_rows"]) == 8.0
@@ -209,10 +210,10 @@ def test_train_step_loss_with_admitted_groups(split, tiny_qwen3, objective):
 
 def test_config_validation():
   with pytest.raises(ValueError, match="slots"):
-    headroom_lib.HeadroomConfig(slots=4, candidates=2)
+    headroom_lib.HeadroomDrift(slots=4, candidates=2)
   with pytest.raises(ValueError, match="order"):
-    headroom_lib.HeadroomConfig(order="lifo")
-  assert headroom_lib.HeadroomConfig(slots=8).extra_rows(256, 8) == 64
+    headroom_lib.HeadroomDrift(order="lifo")
+  assert headroom_lib.HeadroomDrift(slots=8).extra_rows(256, 8) == 64
 
 
 @hypothesis.settings(max_examples=25, deadline=None)
@@ -225,7 +226,7 @@ def test_no_drifted_or_over_age_group_is_ever_used(steps, max_age):
   """Over random sequences of steps (which fresh groups are mixed, how far each group's
   log-probs later drift): every admitted group has D <= tau, is younger than max_age, was
   stored in an earlier step and was mixed-outcome; the buffer holds exactly the mixed groups."""
-  cfg = headroom_lib.HeadroomConfig(slots=2, candidates=3, tau=1e-3, max_age=max_age)
+  cfg = headroom_lib.HeadroomDrift(slots=2, candidates=3, tau=1e-3, max_age=max_age)
   replay = replay_lib.init_replay(4, GH, PH, TH)
   shift_by_id = np.zeros(100 * (len(steps) + 1))
   mixed_ids, version = set(), {}

@@ -16,6 +16,7 @@ from grpo_jax import configuration
 from grpo_jax.generate.logprobs import completion_logprobs
 from grpo_jax.rl import losses, objectives, replay as replay_lib, step as step_lib
 from grpo_jax.rl.replay import method as method_lib, popo, prioritized
+from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.types import Rollout
 from tests.rl.test_step import B, G, P, T, SHIFT_N, _copy, _rollout
 
@@ -33,7 +34,7 @@ STORED_ADV = np.asarray([[(-1) ** j * (e + 1) / 4 + j / 100 for j in range(G)] f
 @functools.lru_cache(maxsize=None)
 def _step_fn(graphdef, replay_cfg, loss, lr, step_kw=()):
   tx = optax.adam(lr) if lr else optax.sgd(0.0)
-  config = step_lib.StepConfig(group_size=G, replay=replay_cfg, loss=loss, **dict(step_kw))
+  config = StepConfig(group_size=G, replay=replay_cfg, loss=loss, **dict(step_kw))
   return tx, step_lib.make_train_step(graphdef, tx, config)
 
 
@@ -59,7 +60,7 @@ def _buffer_with(split, scores, version=0, shift=0.0):
   return replay, rollout
 
 
-POPO = popo.PopoConfig(fill="replay", max_uses=1)
+POPO = popo.Popo(fill="replay", max_uses=1)
 
 
 def test_popo_equals_grpo_when_no_slot_needs_filling(split):
@@ -122,7 +123,7 @@ def test_each_objective_equals_a_hand_composed_loss(split, tiny_qwen3, objective
   rollout = _rollout(split, ONE_INEFFECTIVE)
   replay, old = _buffer_with(split, ALL_EFFECTIVE, shift=-0.5)
   loss_cfg = losses.LossConfig(is_cap=2.0)
-  cfg = popo.PopoConfig(fill="replay", max_uses=1, objective=objective)
+  cfg = popo.Popo(fill="replay", max_uses=1, objective=objective)
   _, _, m = _run(split, cfg, rollout, replay, loss=loss_cfg, lr=0.0)
   # Composed batch: group 0 fresh, group 1 = stored entry 1 (the old rollout's group 1).
   rows = lambda x, y: jnp.concatenate([x[:G], y[G:]])
@@ -158,7 +159,7 @@ def test_grpo_filter_loss_equals_grpo_on_the_kept_groups_alone(split, tiny_qwen3
   loss. Advantages on the score: group 0 [1, 0, 0, 1] -> +-0.8660239 (as A0)."""
   scores = [1.0, 0.0, 0.0, 1.0, 0.0, 0.1, 0.0, 0.1]
   rollout = _rollout(split, scores, shift=SHIFT_N)
-  _, _, m = _run(split, popo.PopoConfig(fill="drop"), rollout,
+  _, _, m = _run(split, popo.Popo(fill="drop"), rollout,
                  replay_lib.init_replay(0, G, P, T), lr=0.0, reward_signal="score")
   kept = slice(0, G)
   logp = completion_logprobs(tiny_qwen3, rollout.prompt_ids[kept],
@@ -178,10 +179,10 @@ def test_popo_with_an_empty_buffer_is_exactly_grpo_filter(split):
   rollout = _rollout(split, ONE_INEFFECTIVE, shift=SHIFT_N)
   graphdef, params = split
   out = {}
-  for name, cfg, capacity in (("popo", POPO, 4), ("filter", popo.PopoConfig(fill="drop"), 0),
-                              ("keep", popo.PopoConfig(fill="replay", unfilled="keep"), 4)):
+  for name, cfg, capacity in (("popo", POPO, 4), ("filter", popo.Popo(fill="drop"), 0),
+                              ("keep", popo.Popo(fill="replay", unfilled="keep"), 4)):
     tx = optax.sgd(0.5)
-    fn = step_lib.make_train_step(graphdef, tx, step_lib.StepConfig(group_size=G, replay=cfg))
+    fn = step_lib.make_train_step(graphdef, tx, StepConfig(group_size=G, replay=cfg))
     state, _, m = fn(step_lib.init_train_state(_copy(params), tx),
                      replay_lib.init_replay(capacity, G, P, T), rollout, None, jax.random.key(0))
     out[name] = (float(m["loss"]), state.params, m)
@@ -208,7 +209,7 @@ def test_popo_kl_ranks_by_the_kl_estimate_not_the_squared_log_ratio():
                              jnp.ones(2, bool), 0)
   policy = lambda r: jnp.full(r.behaviour_logp.shape, -1.0)  # log pi = -1 everywhere
   np.testing.assert_allclose(popo.stored_kl(replay, policy)[0], [0.1065307, 0.1183122], rtol=1e-5)
-  cfg = popo.PopoConfig(fill="replay", priority="lowest_kl", slots=1)
+  cfg = popo.Popo(fill="replay", priority="lowest_kl", slots=1)
   effective = jnp.asarray([True, False, True, True])
   comp = cfg.compose(_ctx(_fresh(1, effective), _adv(1), effective, jnp.int32(1)), replay, policy)
   replayed = np.asarray(comp.rollout.prompt_id).reshape(BC, GC)[1, 0]
@@ -226,7 +227,7 @@ def test_max_age_keeps_an_entry_exactly_max_age_steps_old():
                              jnp.ones(1, bool), 5)  # prompt id 0, version 5
   replay = replay_lib.insert(replay, jax.tree.map(lambda x: x[1:], rows), jnp.ones((1, GC)),
                              jnp.ones(1, bool), 6)  # prompt id 1, version 6
-  cfg = popo.PopoConfig(fill="replay", max_age=4)
+  cfg = popo.Popo(fill="replay", max_age=4)
   evicted = cfg.evict(replay, jnp.int32(10))
   np.testing.assert_array_equal(evicted.valid, [False, True])
   effective = jnp.asarray([False, False, True, True])
@@ -235,7 +236,7 @@ def test_max_age_keeps_an_entry_exactly_max_age_steps_old():
   ids = np.asarray(comp.rollout.prompt_id).reshape(BC, GC)[:, 0]
   assert ids[0] == 1 and not bool(np.asarray(comp.replayed).reshape(BC, GC)[1, 0])
   # The same rule in rollout-level replay: tau_max 4 train steps.
-  rr = prioritized.PrioritizedReplayConfig(tau_max=4)
+  rr = prioritized.PrioritizedReplay(tau_max=4)
   np.testing.assert_array_equal(rr.evict(replay, jnp.int32(10)).valid, [False, True])
 
 
@@ -330,7 +331,7 @@ def test_compose_matches_the_python_model(steps, max_age, max_uses, slots, inser
   advantages, completion mask and version; fresh slots untouched; no entry older than
   max_age ever replayed; POPO-ineff stores every group; the first step (empty buffer) replays
   nothing."""
-  cfg = popo.PopoConfig(fill="replay", max_age=max_age, max_uses=max_uses, slots=slots,
+  cfg = popo.Popo(fill="replay", max_age=max_age, max_uses=max_uses, slots=slots,
                           insert=insert)
   run = _popo_ops(cfg)
   replay = replay_lib.init_replay(capacity, GC, PC, TC)
@@ -364,7 +365,7 @@ def test_compose_matches_the_python_model(steps, max_age, max_uses, slots, inser
 
 
 def test_drop_masks_only_ineffective_groups():
-  cfg = popo.PopoConfig(fill="drop")
+  cfg = popo.Popo(fill="drop")
   effective = jnp.asarray([True, False, True, False])
   comp = cfg.compose(_ctx(_fresh(0, effective), _adv(0), effective, jnp.int32(0)),
                      replay_lib.init_replay(0, GC, PC, TC), _no_pass)
@@ -378,13 +379,13 @@ def test_drop_masks_only_ineffective_groups():
 
 def test_replay_config_validation():
   with pytest.raises(ValueError, match="fill"):
-    popo.PopoConfig(fill="none")
+    popo.Popo(fill="none")
   with pytest.raises(ValueError, match="priority"):
-    popo.PopoConfig(priority="oldest")
+    popo.Popo(priority="oldest")
   with pytest.raises(ValueError, match="proportional.*per-entry scores"):
-    popo.PopoConfig(fill="replay", priority="proportional")
+    popo.Popo(fill="replay", priority="proportional")
   with pytest.raises(ValueError, match="objective"):
-    popo.PopoConfig(objective="on_policy")
+    popo.Popo(objective="on_policy")
 
 
 def test_config_presets():

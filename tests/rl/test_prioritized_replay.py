@@ -15,6 +15,7 @@ from grpo_jax.generate.logprobs import completion_logprobs
 from grpo_jax.rl import losses, replay as replay_lib, step as step_lib
 from grpo_jax.rl.replay import method as method_lib
 from grpo_jax.rl.replay import prioritized
+from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.types import Rollout
 from tests.rl.test_step import (G, MIXED_ADV, P, SHIFT_N, T, _copy, _rollout,
                              traced_step)
@@ -83,7 +84,7 @@ def test_composition_ages_and_warmup_against_a_python_model(advs, tau_max, warmu
   """Every replayed row is a live stored rollout (not evicted by the ring, not older than
   tau_max, inserted in an earlier step), with its frozen advantage; no replay before warm-up;
   no entry twice in one batch; as many rows as there are live entries, up to R = 2."""
-  cfg = prioritized.PrioritizedReplayConfig(tau_max=tau_max, rho=0.5, warmup_steps=warmup,
+  cfg = prioritized.PrioritizedReplay(tau_max=tau_max, rho=0.5, warmup_steps=warmup,
                                         insert=insert)
   run = _ops(cfg)
   replay = replay_lib.init_replay(capacity, 1, PR, TR)
@@ -123,7 +124,7 @@ def test_draws_follow_the_priority_distribution():
   (a chance failure ~1e-6). Mutations this catches: no Gumbel noise (greedy top-k draws entry 0
   4,000 times), alpha ignored (alpha = 1 gives 0.7617, 0.1904, 0.0476: 3,047 / 762 / 190),
   uniform draws (1,000 each), a sign error in the priority."""
-  cfg = prioritized.PrioritizedReplayConfig(tau_max=5, rho=0.25, alpha=0.5, warmup_steps=0)
+  cfg = prioritized.PrioritizedReplay(tau_max=5, rho=0.25, alpha=0.5, warmup_steps=0)
   replay = replay_lib.init_replay(4, 1, PR, TR)
   fresh, adv = _fresh(0, [4.0, -1.0, 0.25, 0.0])
   rows = jax.tree.map(lambda x: x.reshape((-1, 1) + x.shape[2:]), fresh)
@@ -157,9 +158,9 @@ def test_train_step_loss_on_the_fresh_anchored_batch(split, tiny_qwen3):
   # Stored at version -10: at step 0 they are exactly tau_max = 10 steps old, which the
   # definition keeps (replayed now); at step 1 they are 11 old, which it evicts.
   replay = replay_lib.insert(replay, rows, stored_adv[:, None], stored_adv != 0, -10)
-  cfg = prioritized.PrioritizedReplayConfig(tau_max=10, rho=0.5, warmup_steps=0)
+  cfg = prioritized.PrioritizedReplay(tau_max=10, rho=0.5, warmup_steps=0)
   tx = optax.sgd(0.0)
-  fn = traced_step(graphdef, tx, step_lib.StepConfig(group_size=G, replay=cfg))
+  fn = traced_step(graphdef, tx, StepConfig(group_size=G, replay=cfg))
   state = step_lib.init_train_state(_copy(params), tx)
   state, new_replay, m = fn(state, replay, rollout, None, jax.random.key(0))
   assert float(m["replay_rows"]) == 4.0 and float(m["replay_age_max"]) == 10.0
@@ -190,7 +191,7 @@ def test_paper_composition_drops_ineffective_groups_and_sizes_replay_by_survivor
   B = 2 groups of G = 2 and group 1 ineffective, group 1 leaves the loss; R = round(0.5 * 4) =
   2 replay slots, of which round(0.5 * 2 surviving rows) = 1 is filled although 3 entries are
   live; only group 0's 2 rollouts are stored after the update."""
-  cfg = prioritized.PrioritizedReplayConfig(tau_max=5, rho=0.5, warmup_steps=0,
+  cfg = prioritized.PrioritizedReplay(tau_max=5, rho=0.5, warmup_steps=0,
                                         drop_ineffective=True, insert="effective")
   replay = replay_lib.init_replay(8, 1, PR, TR)
   old, old_adv = _fresh(0, [1.0, -1.0, 0.5, 0.0])
@@ -209,7 +210,7 @@ def test_paper_composition_drops_ineffective_groups_and_sizes_replay_by_survivor
   new, m = cfg.after_update(ctx, replay, comp)
   assert float(m["replay_inserted"]) == 2.0 and int(new.num_inserted) == 3 + 2
   # Without the drop (the default variant): all 4 fresh rows count and both slots are filled.
-  plain = prioritized.PrioritizedReplayConfig(tau_max=5, rho=0.5, warmup_steps=0)
+  plain = prioritized.PrioritizedReplay(tau_max=5, rho=0.5, warmup_steps=0)
   comp = plain.compose(ctx, plain.evict(replay, jnp.int32(1)), None)
   assert np.asarray(comp.loss_mask).any(-1)[:4].all()
   np.testing.assert_array_equal(np.asarray(comp.replayed[4:]), [True, True])
@@ -217,17 +218,17 @@ def test_paper_composition_drops_ineffective_groups_and_sizes_replay_by_survivor
 
 def test_config_validation():
   with pytest.raises(ValueError, match="tau_max"):
-    prioritized.PrioritizedReplayConfig(tau_max=0)
+    prioritized.PrioritizedReplay(tau_max=0)
   with pytest.raises(ValueError, match="objective"):
-    prioritized.PrioritizedReplayConfig(objective="coupled")
+    prioritized.PrioritizedReplay(objective="coupled")
   with pytest.raises(ValueError, match="insert"):
-    prioritized.PrioritizedReplayConfig(insert="survivors")
+    prioritized.PrioritizedReplay(insert="survivors")
   with pytest.raises(ValueError, match="age_unit"):
-    prioritized.PrioritizedReplayConfig(age_unit="epochs")
+    prioritized.PrioritizedReplay(age_unit="epochs")
   # 10 updates with 4 per train step: replayable while at most 2 train steps old; 3 updates
   # with 4 per step would replay nothing, which is refused.
-  assert prioritized.PrioritizedReplayConfig(tau_max=10, age_unit="updates",
+  assert prioritized.PrioritizedReplay(tau_max=10, age_unit="updates",
                                          updates_per_step=4).max_age_steps == 2
   with pytest.raises(ValueError, match="less than one train step"):
-    prioritized.PrioritizedReplayConfig(tau_max=3, age_unit="updates", updates_per_step=4)
-  assert prioritized.PrioritizedReplayConfig(rho=0.5).extra_rows(256, 8) == 128
+    prioritized.PrioritizedReplay(tau_max=3, age_unit="updates", updates_per_step=4)
+  assert prioritized.PrioritizedReplay(rho=0.5).extra_rows(256, 8) == 128

@@ -15,6 +15,7 @@ from grpo_jax import configuration
 from grpo_jax.rl import losses, policy, prox, step as step_lib, update
 from grpo_jax.rl.batch import Tokens, UpdateBatch
 from grpo_jax.rl.replay import popo
+from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.types import Rollout
 from tests.rl.test_popo import ALL_EFFECTIVE, ONE_INEFFECTIVE, _buffer_with
 from tests.rl.test_step import G, _copy, _rollout
@@ -79,7 +80,7 @@ def test_gathered_pass_of_the_model_equals_the_whole_batch_pass(split):
   # all 8 rows up to float32 rounding (a matmul of other size may sum in another order).
   graphdef, params = split
   rollout = _rollout(split, ONE_INEFFECTIVE)
-  config = step_lib.StepConfig(group_size=G)
+  config = StepConfig(group_size=G)
   logp_fn = lambda rows: policy.logprobs(graphdef, params, Tokens.of(rows), config)[0]
   replayed = jnp.repeat(jnp.asarray([False, True]), G)
   bound = jnp.concatenate([jnp.arange(G, 2 * G), jnp.arange(G)]).astype(jnp.int32)
@@ -111,7 +112,7 @@ def test_interpolated_prox_by_hand():
 def test_each_update_of_the_step_reads_its_fraction_of_the_updates():
   # E = 2 epochs of M = 4 minibatches: epoch 1's updates are the step's 4th..7th of 8, so they
   # read u / U = 4/8, 5/8, 6/8, 7/8.
-  config = step_lib.StepConfig(group_size=1, num_minibatches=4, num_epochs=2, shuffle="rows")
+  config = StepConfig(group_size=1, num_minibatches=4, num_epochs=2, shuffle="rows")
   z = jnp.zeros((8, 3))
   tokens = Tokens(prompt_ids=jnp.zeros((8, 1), jnp.int32), prompt_mask=jnp.ones((8, 1), bool),
                   completion_ids=jnp.zeros((8, 3), jnp.int32))
@@ -125,7 +126,7 @@ def test_each_update_of_the_step_reads_its_fraction_of_the_updates():
 def _popo_step(split, rollout, replay, state_step, tx=None, **step_kw):
   graphdef, params = split
   tx = optax.adam(1e-2) if tx is None else tx
-  config = step_lib.StepConfig(group_size=G, replay=popo.PopoConfig(fill="replay", max_uses=1),
+  config = StepConfig(group_size=G, replay=popo.Popo(fill="replay", max_uses=1),
                                loss=losses.LossConfig(is_cap=2.0), **step_kw)
   fn = step_lib.make_train_step(graphdef, tx, config)
   state = step_lib.init_train_state(_copy(params), tx).replace(step=jnp.int32(state_step))

@@ -302,7 +302,7 @@ def _method_config(cfg, capacity, entry):
     live = _live(sh, capacity)
     n = B * G
     v = _zeros(VIOLATIONS)
-    if isinstance(cfg, popo.PopoConfig):
+    if isinstance(cfg, popo.Popo):
       replayed_B = comp.replayed.reshape(B, G)[:, 0]
       rep_ids = comp.rollout.prompt_id.reshape(B, G)[:, 0]
       v = _selection_violations(rep_ids, replayed_B, sh, step, capacity, max_age, max_uses,
@@ -323,7 +323,7 @@ def _method_config(cfg, capacity, entry):
         v["selected_order"] = _count(jnp.any(chosen) & (newest_left > oldest_chosen))
       used_ids, used = rep_ids, replayed_B
       keep = effective_B if cfg.insert == "effective" else jnp.ones((B,), bool)
-    elif isinstance(cfg, prioritized.PrioritizedReplayConfig):
+    elif isinstance(cfg, prioritized.PrioritizedReplay):
       used = comp.replayed[n:]
       used_ids = comp.rollout.prompt_id[n:]
       v = _selection_violations(used_ids, used, sh, step, capacity, max_age, max_uses, first)
@@ -351,7 +351,7 @@ def _method_config(cfg, capacity, entry):
     sh = _shadow_use(sh, jnp.maximum(used_ids, 0), used)
     sh = _shadow_insert(sh, ids, keep, step)
     v = _add(v, _buffer_violations(replay, sh, adv_by_id,
-                                   check_drift=isinstance(cfg, headroom.HeadroomConfig)))
+                                   check_drift=isinstance(cfg, headroom.HeadroomDrift)))
     cov = _add(cov, _coverage(sh, capacity, used))
     return ({**state, "replay": replay}, sh, _add(viol, v), cov), None
 
@@ -361,19 +361,19 @@ def _method_config(cfg, capacity, entry):
 CONFIGS = {
     "buffer": lambda: _raw_config(),
     "popo": lambda: _method_config(
-        popo.PopoConfig(fill="replay", max_age=2, max_uses=1), C, "group"),
+        popo.Popo(fill="replay", max_age=2, max_uses=1), C, "group"),
     "popo_stale_all_slots2": lambda: _method_config(
-        popo.PopoConfig(fill="replay", insert="all", priority="staleness", staleness=1,
+        popo.Popo(fill="replay", insert="all", priority="staleness", staleness=1,
                         max_age=3, slots=2), 20, "group"),
     "rollout": lambda: _method_config(
-        prioritized.PrioritizedReplayConfig(tau_max=2, rho=0.5, warmup_steps=2), 20, "rollout"),
+        prioritized.PrioritizedReplay(tau_max=2, rho=0.5, warmup_steps=2), 20, "rollout"),
     "rollout_all_once": lambda: _method_config(
-        prioritized.PrioritizedReplayConfig(tau_max=3, rho=0.25, warmup_steps=0, insert="all",
+        prioritized.PrioritizedReplay(tau_max=3, rho=0.25, warmup_steps=0, insert="all",
                                     max_uses=1), 20, "rollout"),
     "headroom": lambda: _method_config(
-        headroom.HeadroomConfig(slots=2, candidates=C, tau=1e-3, max_age=2), C, "group"),
+        headroom.HeadroomDrift(slots=2, candidates=C, tau=1e-3, max_age=2), C, "group"),
     "headroom_fifo_ungated": lambda: _method_config(
-        headroom.HeadroomConfig(slots=2, candidates=C, tau=1e-3, gate=False, order="fifo",
+        headroom.HeadroomDrift(slots=2, candidates=C, tau=1e-3, gate=False, order="fifo",
                                 max_age=3), C, "group"),
 }
 
@@ -389,7 +389,7 @@ def test_invariants_hold_over_random_sequences(name):
 
 @functools.lru_cache(maxsize=None)
 def _checked_popo_step():
-  body, init, num_ids = _method_config(popo.PopoConfig(fill="replay", max_uses=1), C, "group")
+  body, init, num_ids = _method_config(popo.Popo(fill="replay", max_uses=1), C, "group")
   return jax.jit(body), init, num_ids
 
 

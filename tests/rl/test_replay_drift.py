@@ -15,6 +15,7 @@ from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.models import from_pretrained
 from grpo_jax.rl import replay as replay_lib, step as step_lib
 from grpo_jax.rl.replay import headroom, popo, prioritized
+from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.types import Rollout
 from tests.rl.test_step import B, G, P, T, _copy, _rollout
 
@@ -23,12 +24,12 @@ ONE_INEFFECTIVE = [1, 0, 0, 1, 0, 0, 0, 0]  # group 1 all wrong: POPO refills it
 
 METHODS = {
     # name: (replay config, buffer capacity)
-    "popo-decoupled": (popo.PopoConfig(objective="decoupled"), 4),
-    "popo-pi_old": (popo.PopoConfig(objective="pi_old"), 4),
-    "popo-align_mu": (popo.PopoConfig(objective="align_mu"), 4),
-    "rollout-align_mu": (prioritized.PrioritizedReplayConfig(warmup_steps=0), 32),
+    "popo-decoupled": (popo.Popo(objective="decoupled"), 4),
+    "popo-pi_old": (popo.Popo(objective="pi_old"), 4),
+    "popo-align_mu": (popo.Popo(objective="align_mu"), 4),
+    "rollout-align_mu": (prioritized.PrioritizedReplay(warmup_steps=0), 32),
     # tau = 1e3: the gate admits whatever drift one Adam step causes (D ~ 13 at lr 1e-2).
-    "headroom-align_mu": (headroom.HeadroomConfig(slots=2, candidates=2, tau=1e3), 4),
+    "headroom-align_mu": (headroom.HeadroomDrift(slots=2, candidates=2, tau=1e3), 4),
 }
 
 
@@ -43,7 +44,7 @@ def test_replayed_rows_from_older_parameters_report_their_drift(split, name):
   graphdef, params = split
   cfg, capacity = METHODS[name]
   tx = optax.adam(1e-2)
-  fn = step_lib.make_train_step(graphdef, tx, step_lib.StepConfig(group_size=G, replay=cfg))
+  fn = step_lib.make_train_step(graphdef, tx, StepConfig(group_size=G, replay=cfg))
   state = step_lib.init_train_state(_copy(params), tx)
   replay = replay_lib.init_replay(capacity, cfg.entry_size(G), P, T)
   state, replay, m0 = fn(state, replay, _rollout(split, MIXED, seed=1), None, jax.random.key(0))
@@ -77,9 +78,9 @@ def test_bf16_group_replayed_at_its_own_parameters_has_no_drift(data_dir):
   the sampler's mu as pi_gen (the code before) and D measures the sampler/trainer mismatch."""
   bf16 = from_pretrained(os.fspath(data_dir / "tiny_qwen3"), dtype="bfloat16")
   graphdef, params = nnx.split(bf16)
-  cfg = headroom.HeadroomConfig(slots=2, candidates=2, tau=1e-3)
+  cfg = headroom.HeadroomDrift(slots=2, candidates=2, tau=1e-3)
   tx = optax.sgd(0.0)
-  fn = step_lib.make_train_step(graphdef, tx, step_lib.StepConfig(
+  fn = step_lib.make_train_step(graphdef, tx, StepConfig(
       group_size=G, replay=cfg, prox_pass="all"))
   state = step_lib.init_train_state(params, tx)
   replay = replay_lib.init_replay(4, G, P, T)

@@ -14,6 +14,7 @@ from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.generate.logprobs import completion_logprobs, completion_logprobs_and_entropy
 from grpo_jax.rl import advantages, losses, optim, step as step_lib
 from grpo_jax.rl.replay import init_replay
+from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.types import Rollout
 
 B, G, P, T = 2, 4, 5, 6
@@ -82,7 +83,7 @@ MIXED_ADV = [0.8660239, -0.8660239, -0.8660239, 0.8660239,
 def test_no_recompilation_across_steps(split):
   graphdef, params = split
   tx = optax.adam(1e-3)
-  config = step_lib.StepConfig(group_size=G, num_minibatches=2)
+  config = StepConfig(group_size=G, num_minibatches=2)
   fn = traced_step(graphdef, tx, config, donate=True)
   state = step_lib.init_train_state(_copy(params), tx)
   replay = init_replay(0, G, P, T)
@@ -96,7 +97,7 @@ def test_no_recompilation_across_steps(split):
 def test_zero_advantages_leave_parameters_unchanged(split):
   graphdef, params = split
   tx = optax.adam(1e-2)
-  fn = step_lib.make_train_step(graphdef, tx, step_lib.StepConfig(group_size=G,
+  fn = step_lib.make_train_step(graphdef, tx, StepConfig(group_size=G,
                                                                    reward_signal="score"))
   state = step_lib.init_train_state(_copy(params), tx)
   # Every group constant: advantages are exactly 0, so the gradient is 0 and Adam's update is 0.
@@ -119,7 +120,7 @@ def test_step_loss_equals_direct_policy_loss_with_kl_to_another_reference(split,
   graphdef, params = split
   tx = optax.sgd(0.0)
   loss_cfg = losses.LossConfig(kl_coef=0.04)
-  config = step_lib.StepConfig(group_size=G, loss=loss_cfg)
+  config = StepConfig(group_size=G, loss=loss_cfg)
   rollout = _rollout(split, MIXED, shift=SHIFT_N)
   ref_params = _perturbed(params)
   fn = step_lib.make_train_step(graphdef, tx, config)
@@ -147,7 +148,7 @@ def test_step_loss_equals_direct_policy_loss_with_kl_to_another_reference(split,
 def test_estimator_and_reward_signal_switches(split, tiny_qwen3, estimator, signal):
   graphdef, params = split
   tx = optax.sgd(0.0)
-  config = step_lib.StepConfig(group_size=G, estimator=estimator, reward_signal=signal)
+  config = StepConfig(group_size=G, estimator=estimator, reward_signal=signal)
   scores = [1.0, 0.1, 0.0, 1.0, 0.1, 1.0, 0.0, 0.1]
   rollout = _rollout(split, scores, shift=SHIFT_N)
   fn = step_lib.make_train_step(graphdef, tx, config)
@@ -173,7 +174,7 @@ def test_entropy_bonus_switch(split, tiny_qwen3):
   graphdef, params = split
   tx = optax.sgd(0.0)
   loss_cfg = losses.LossConfig(entropy_coef=0.01)
-  config = step_lib.StepConfig(group_size=G, loss=loss_cfg, compute_entropy=True)
+  config = StepConfig(group_size=G, loss=loss_cfg, compute_entropy=True)
   rollout = _rollout(split, MIXED, shift=SHIFT_N)
   fn = step_lib.make_train_step(graphdef, tx, config)
   _, _, m = fn(step_lib.init_train_state(_copy(params), tx), init_replay(0, G, P, T), rollout,
@@ -208,7 +209,7 @@ def test_minibatch_epoch_loop_equals_a_reference_loop(split, tiny_qwen3, shuffle
   # differs discontinuously, and the parameters part by 0.03-0.6 relative after 4 updates.
   tx = optax.sgd(0.3)
   loss_cfg = losses.LossConfig()
-  config = step_lib.StepConfig(group_size=G, num_minibatches=m_, num_epochs=e_, loss=loss_cfg,
+  config = StepConfig(group_size=G, num_minibatches=m_, num_epochs=e_, loss=loss_cfg,
                                shuffle=shuffle)
   rollout = _rollout(split, MIXED, shift=SHIFT_N)
   assert B % m_ == 0  # whole groups split evenly, so "groups" does not fall back to rows
@@ -265,7 +266,7 @@ def test_learning_rate_counts_train_steps_not_minibatch_updates(split):
       "opt": {"learning_rate": 1e-3, "warmup_steps": 2, "schedule": "cosine", "grad_clip": 1.0,
               "b1": 0.9, "b2": 0.999, "weight_decay": 0.0}})
   tx = optim.make_optimizer(cfg)
-  fn = step_lib.make_train_step(graphdef, tx, step_lib.StepConfig(group_size=G,
+  fn = step_lib.make_train_step(graphdef, tx, StepConfig(group_size=G,
                                                                    num_minibatches=4))
   state = step_lib.init_train_state(_copy(params), tx)
   rollout = _rollout(split, MIXED)
@@ -282,7 +283,7 @@ def test_update_raises_logprob_of_positive_advantage_rows(split, tiny_qwen3):
   graphdef, params = split
   tx = optax.sgd(0.5)
   rollout = _rollout(split, MIXED)
-  fn = step_lib.make_train_step(graphdef, tx, step_lib.StepConfig(group_size=G))
+  fn = step_lib.make_train_step(graphdef, tx, StepConfig(group_size=G))
   state, _, _ = fn(step_lib.init_train_state(_copy(params), tx), init_replay(0, G, P, T),
                    rollout, None, jax.random.key(0))
   seq_logp = lambda p: jnp.sum(completion_logprobs(
@@ -298,7 +299,7 @@ def test_effective_and_advantage_disagreement_is_counted(split):
   non-zero advantages but is ineffective (counted once); a constant-score group agrees."""
   graphdef, params = split
   tx = optax.sgd(0.0)
-  config = step_lib.StepConfig(group_size=G, reward_signal="score", effective_signal="success")
+  config = StepConfig(group_size=G, reward_signal="score", effective_signal="success")
   fn = step_lib.make_train_step(graphdef, tx, config)
   rollout = _rollout(split, [0.0, 0.1, 0.0, 0.1, 1, 1, 1, 1])
   _, _, m = fn(step_lib.init_train_state(_copy(params), tx), init_replay(0, G, P, T), rollout,
@@ -315,7 +316,7 @@ def test_prox_pass_all_measures_the_sampler_mismatch(split):
   every row has the same number of tokens; weighted by tokens in general, computed below."""
   graphdef, params = split
   tx = optax.sgd(0.0)
-  fn = step_lib.make_train_step(graphdef, tx, step_lib.StepConfig(group_size=G, prox_pass="all"))
+  fn = step_lib.make_train_step(graphdef, tx, StepConfig(group_size=G, prox_pass="all"))
   rollout = _rollout(split, MIXED, shift=SHIFT_N)
   _, _, m = fn(step_lib.init_train_state(_copy(params), tx), init_replay(0, G, P, T), rollout,
                None, jax.random.key(0))
@@ -328,9 +329,9 @@ def test_prox_pass_all_measures_the_sampler_mismatch(split):
 
 def test_step_config_validation():
   with pytest.raises(ValueError, match="reward_signal"):
-    step_lib.StepConfig(group_size=G, reward_signal="accuracy")
+    StepConfig(group_size=G, reward_signal="accuracy")
   with pytest.raises(ValueError, match="prox_pass"):
-    step_lib.StepConfig(group_size=G, prox_pass="some")
+    StepConfig(group_size=G, prox_pass="some")
 
 
 @pytest.mark.parametrize("field", ["scores", "behaviour_logp"])
@@ -341,8 +342,8 @@ def test_non_finite_input_skips_the_update_on_device(split, field):
   from grpo_jax.rl.replay import popo  # pylint: disable=g-import-not-at-top
   graphdef, params = split
   tx = optax.adam(1e-2)
-  fn = step_lib.make_train_step(graphdef, tx, step_lib.StepConfig(
-      group_size=G, replay=popo.PopoConfig(), reward_signal="score"))
+  fn = step_lib.make_train_step(graphdef, tx, StepConfig(
+      group_size=G, replay=popo.Popo(), reward_signal="score"))
   state = step_lib.init_train_state(_copy(params), tx)
   good = _rollout(split, MIXED)
   state, replay, m = fn(state, init_replay(4, G, P, T), good, None, jax.random.key(0))

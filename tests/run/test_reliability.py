@@ -23,6 +23,7 @@ from grpo_jax import tasks as tasks_lib
 from grpo_jax import train
 from grpo_jax.run import checkpoint as checkpoint_lib
 from grpo_jax.run import metrics
+from grpo_jax.run import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # 20 steps: the SIGTERM is sent once the first step record exists and lands within a step or
@@ -482,7 +483,7 @@ def test_config_record_is_replaced_whole_never_truncated(tmp_path, monkeypatch):
   two-process test failed with a JSONDecodeError on a loaded machine.)"""
   c = _config()
   workdir = os.fspath(tmp_path)
-  train._check_same_run(c, workdir)  # pylint: disable=protected-access
+  workdir_lib.check_same_run(c, workdir)
   path = tmp_path / "config.json"
   before = path.read_text()
   seen, real_dump = [], json.dump
@@ -492,7 +493,7 @@ def test_config_record_is_replaced_whole_never_truncated(tmp_path, monkeypatch):
     real_dump(obj, f, **kwargs)
 
   monkeypatch.setattr(json, "dump", dump)
-  train._check_same_run(c, workdir)  # pylint: disable=protected-access
+  workdir_lib.check_same_run(c, workdir)
   assert seen == [before] and json.loads(before)
   assert path.read_text() == before
   assert os.listdir(workdir) == ["config.json"]  # no temporary file left
@@ -503,10 +504,10 @@ def test_unreadable_config_record_is_one_clear_error(tmp_path):
   (tmp_path / "config.json").write_text('{"total_steps": 2')  # torn
   with pytest.raises(configuration.ConfigError, match=r"config.json is not readable JSON .*"
                      r"allow_config_change=true to resume without the check"):
-    train._check_same_run(_config(), os.fspath(tmp_path))  # pylint: disable=protected-access
+    workdir_lib.check_same_run(_config(), os.fspath(tmp_path))
   c = _config()
   c.checkpoint.allow_config_change = True
-  train._check_same_run(c, os.fspath(tmp_path))  # pylint: disable=protected-access
+  workdir_lib.check_same_run(c, os.fspath(tmp_path))
   assert json.loads((tmp_path / "config.json").read_text())["total_steps"] == c.total_steps
 
 

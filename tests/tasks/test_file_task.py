@@ -245,9 +245,9 @@ def test_a_held_out_set_is_its_first_prompts_that_fit(tmp_path, capsys):
   c.eval.num_prompts = 1
   run = loop.setup(c, os.fspath(tmp_path / "run"))
   assert "4 of 6 prompts of held-out set 'verl_math_train' are longer" in capsys.readouterr().out
-  assert [p.answer for p in run.eval_sets["verl_math_train"]] == ["12"]  # row 4: 3 * 4
-  assert [p.answer for p in run.eval_sets["verl_math_test"]] == ["4"]
-  run.ckpt.close()
+  assert [p.answer for p in run.setup.eval_sets["verl_math_train"]] == ["12"]  # row 4: 3 * 4
+  assert [p.answer for p in run.setup.eval_sets["verl_math_test"]] == ["4"]
+  run.setup.ckpt.close()
 
 
 TRL_TARGET = os.path.join(DATA, "trl_prompts_target.jsonl")

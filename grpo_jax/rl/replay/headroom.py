@@ -77,7 +77,7 @@ def group_drift(policy_logp_GxT: jax.Array, behaviour_logp_GxT: jax.Array,
 
 @METHODS.register("headroom")
 @dataclasses.dataclass(frozen=True)
-class HeadroomConfig(registry.Configurable):
+class HeadroomDrift(registry.Configurable):
   """Headroom-Drift replay as a replay method of the train step.
 
   Config group ``config.replay.headroom``: every field but ``objective``
@@ -121,7 +121,7 @@ class HeadroomConfig(registry.Configurable):
                        f"got {self.candidate_chunks}")
 
   @classmethod
-  def from_config(cls, config) -> HeadroomConfig:
+  def from_config(cls, config) -> HeadroomDrift:
     return cls.from_group(config.replay.headroom, objective=config.replay.objective)
 
   def check_config(self, config) -> None:

@@ -117,8 +117,8 @@ class ReplayMethod(Protocol):
 
   ``whole_groups`` (a class attribute): every row the method adds or replaces comes within a
   whole group of G rows of one prompt, aligned to G in the batch, so the update may run the
-  shared-prompt pass unchecked (``update.minibatches_are_groups``). A method without it gets
-  the per-row pass.
+  shared-prompt pass unchecked (``update.minibatches_are_groups``); False gets the per-row
+  pass.
   """
 
   objective: str

@@ -16,7 +16,7 @@ task) leaves the loss and its denominators (``unfilled="drop"``, the default), e
 GRPO-filter drops it, so that POPO with an empty buffer *is* GRPO-filter and the POPO vs
 GRPO-filter ablation compares refilling alone. ``unfilled="keep"`` keeps such groups in the
 batch with advantage 0 (counted in the seq-mean and token-mean denominators, shrinking the
-useful gradient by (effective + replayed) / B): the behaviour before 2026-12, for comparison.
+useful gradient by (effective + replayed) / B), for comparison.
 
 Variants, by config: GRPO-filter (``fill="drop"``: ineffective groups leave the loss, nothing
 refills them, and they leave its denominator too: see losses.aggregate), POPO-ineff
@@ -56,7 +56,7 @@ UNFILLED_MODES = ("drop", "keep")
 
 @METHODS.register("popo")
 @dataclasses.dataclass(frozen=True)
-class PopoConfig(registry.Configurable):
+class Popo(registry.Configurable):
   """POPO and its ablations, as a replay method of the train step (see replay/method.py).
 
   Config group ``config.replay.popo``: every field but ``objective`` (``config.replay.objective``).
@@ -74,7 +74,7 @@ class PopoConfig(registry.Configurable):
     objective: how replayed rows enter the loss, one of objectives.OBJECTIVES.
     unfilled: an ineffective slot left without a stored group: "drop" (out of the loss and its
       denominators: the batch is effective + replayed groups) or "keep" (in the batch with
-      advantage 0; the behaviour before 2026-12).
+      advantage 0).
   """
   # update.minibatches_are_groups: rows in whole groups of one prompt
   # (refills replace whole groups in place).
@@ -109,7 +109,7 @@ class PopoConfig(registry.Configurable):
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
   @classmethod
-  def from_config(cls, config) -> PopoConfig:
+  def from_config(cls, config) -> Popo:
     return cls.from_group(config.replay.popo, objective=config.replay.objective)
 
   def check_config(self, config) -> None:

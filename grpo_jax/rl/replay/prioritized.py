@@ -75,7 +75,7 @@ def priority_entropy(p_C: jax.Array) -> jax.Array:
 
 @METHODS.register("prioritized")
 @dataclasses.dataclass(frozen=True)
-class PrioritizedReplayConfig(registry.Configurable):
+class PrioritizedReplay(registry.Configurable):
   """Rollout-level prioritised replay as a replay method of the train step.
 
   Config group ``config.replay.prioritized``: every field but ``objective``
@@ -136,7 +136,7 @@ class PrioritizedReplayConfig(registry.Configurable):
       raise ValueError("warmup_steps and max_uses must be >= 0")
 
   @classmethod
-  def from_config(cls, config) -> PrioritizedReplayConfig:
+  def from_config(cls, config) -> PrioritizedReplay:
     return cls.from_group(config.replay.prioritized, objective=config.replay.objective,
                           updates_per_step=config.rl.num_minibatches * config.rl.num_epochs)
 
