@@ -11,7 +11,7 @@ import ml_collections
 
 from grpo_jax import allocation, assets, deprecated, registry, tasks
 from grpo_jax.models import lora
-from grpo_jax.rl import estimators, policy_losses
+from grpo_jax.rl import step_config
 from grpo_jax.rl.replay import method as replay_method
 
 
@@ -83,40 +83,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.top_p = 1.0  # must stay 1.0 for RL (same reason)
   c.rollout.sampler_rows = 0  # rows one sampler pass holds a KV cache for (0 = all B x G); a multiple of G dividing B x G
 
-  c.rl = ml_collections.ConfigDict()
-  # The advantage estimator (grpo_jax/rl/estimators/<name>.py; its group config.rl.<name>):
-  # grpo | drgrpo | rloo
-  c.rl.estimator = "grpo"
-  # What the advantages are computed from: the 0/1 accuracy signal ("success") or the task score
-  # with shaping ("score": Countdown's 0.1 format reward, DAPO's overlong penalty).
-  c.rl.reward_signal = "success"
-  # What a group must vary on to be "effective" (POPO refill, GRPO-filter): the accuracy signal.
-  c.rl.effective_signal = "success"
+  # The train step's group: StepConfig's fields (grpo_jax/rl/step_config.py says what each
+  # does), with the advantage estimator (rl.estimator: grpo | drgrpo | rloo, each its group
+  # rl.<name>) and the loss's group rl.loss (grpo_jax/rl/losses.py: rl.loss.policy ppo | gspo |
+  # cispo, each its group rl.loss.<name>; the behaviour weight, aggregation, KL, entropy).
+  c.rl = step_config.StepConfig.config_group()
   # What "score" starts from before the overlong penalty: task (the task's graded score) |
   # accuracy (+1 success / -1 otherwise: DAPO's rule-based reward)
   c.rl.score_base = "task"
-  c.rl.shuffle = "groups"  # minibatches of whole groups (verl's convention) | rows
-  c.rl.shared_prompts = True  # log-prob passes and prefill run each prompt once per group
-  c.rl.prox_pass = "auto"  # pi_prox pass: replayed rows | all rows | auto (all unless float32)
-  c.rl.logprob_chunk = 1024  # completion positions per LM-head block: bounds [block, V] logits
-  # The per-token policy loss (grpo_jax/rl/policy_losses/<name>.py; its group config.rl.<name>,
-  # e.g. config.rl.ppo.clip_high): ppo (clipped, clip-higher, dual clip) | gspo (sequence ratio)
-  # | cispo (clipped stop-gradient IS weight)
-  c.rl.loss = "ppo"
-  c.rl.is_mode = "truncate"  # behaviour weight pi_prox/mu: none | truncate | mask
-  c.rl.is_cap = 2.0  # cap of the behaviour weight
-  c.rl.aggregation = "seq-mean-token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
-  c.rl.norm_constant = 0.0  # divisor of seq-mean-token-sum-norm (tokens); 0 = completion_len
-  c.rl.kl_coef = 0.0  # beta of the KL penalty to the initial policy; 0 skips the reference pass
-  c.rl.kl_estimator = "k3"  # k3 (forward-KL gradient) | k2 (reverse-KL gradient); k1 rejected
-  c.rl.entropy_coef = 0.0  # entropy bonus
-  c.rl.num_minibatches = 4  # updates per epoch; > 1 so the clip acts on later minibatches
-  c.rl.num_epochs = 1  # passes over each batch
   c.rl.overlong_buffer = 0  # DAPO soft overlong penalty: buffer length in tokens; 0 disables
   c.rl.overlong_penalty = 1.0  # DAPO soft overlong penalty factor
   c.rl.max_consecutive_skips = 5  # stop after this many non-finite steps in a row; 0 = never
-  _add_groups(c.rl, estimators.ESTIMATORS)
-  _add_groups(c.rl, policy_losses.POLICY_LOSSES)
 
   c.replay = ml_collections.ConfigDict()
   c.replay.method = "none"  # a registered replay method: none | popo | prioritized | headroom
@@ -243,16 +220,16 @@ def _smoke(c):
 
 def _gspo(c):
   """GSPO (arXiv 2507.18071): the sequence-level ratio with its own clip range (3e-4 / 4e-4,
-  config.rl.gspo), averaged per sequence as the paper's objective."""
-  c.rl.loss = "gspo"
-  c.rl.aggregation = "seq-mean-token-mean"
+  config.rl.loss.gspo), averaged per sequence as the paper's objective."""
+  c.rl.loss.policy = "gspo"
+  c.rl.loss.aggregation = "seq-mean-token-mean"
 
 
 def _cispo(c):
-  """CISPO (MiniMax-M1, arXiv 2506.13585): clipped stop-gradient IS weights (config.rl.cispo),
-  every token of the batch weighing the same as MiniMax-M1's objective."""
-  c.rl.loss = "cispo"
-  c.rl.aggregation = "token-mean"
+  """CISPO (MiniMax-M1, arXiv 2506.13585): clipped stop-gradient IS weights
+  (config.rl.loss.cispo), every token of the batch weighing the same as MiniMax-M1's objective."""
+  c.rl.loss.policy = "cispo"
+  c.rl.loss.aggregation = "token-mean"
 
 
 def _bf16(c):

@@ -15,9 +15,9 @@ from configs import common
 
 def get_config(arg: str | None = None):
   c = common.base_config()
-  c.rl.ppo.clip_low = 0.2  # eps_low
-  c.rl.ppo.clip_high = 0.28  # eps_high: clip-higher
-  c.rl.aggregation = "token-mean"  # every token of the batch weighs the same
+  c.rl.loss.ppo.clip_low = 0.2  # eps_low
+  c.rl.loss.ppo.clip_high = 0.28  # eps_high: clip-higher
+  c.rl.loss.aggregation = "token-mean"  # every token of the batch weighs the same
   # Advantages from DAPO's reward: +1 correct / -1 otherwise (score_base "accuracy", no task
   # format reward) plus the overlong penalty, so the one difference from the other methods'
   # 0/1 success reward is DAPO's own overlong shaping. "Effective" stays on the accuracy
@@ -25,7 +25,7 @@ def get_config(arg: str | None = None):
   c.rl.reward_signal = "score"
   c.rl.score_base = "accuracy"
   c.rl.effective_signal = "success"
-  c.rl.kl_coef = 0.0  # no KL
+  c.rl.loss.kl_coef = 0.0  # no KL
   c.rl.overlong_buffer = 4  # L_cache in tokens: the last 4 of the 16-token budget are penalised
   c.rl.overlong_penalty = 1.0  # penalty factor
   c.allocation.method = "dynamic_sampling"  # DS: keep effective groups only

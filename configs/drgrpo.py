@@ -9,5 +9,5 @@ from configs import common
 def get_config(arg: str | None = None):
   c = common.base_config()
   c.rl.estimator = "drgrpo"  # r - mean
-  c.rl.aggregation = "seq-mean-token-sum-norm"  # sum over tokens / (rows * completion_len)
+  c.rl.loss.aggregation = "seq-mean-token-sum-norm"  # sum over tokens / (rows * completion_len)
   return common.apply_presets(c, arg)

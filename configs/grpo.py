@@ -12,5 +12,5 @@ from configs import common
 def get_config(arg: str | None = None):
   c = common.base_config()
   c.rl.estimator = "grpo"  # (r - mean) / (std + 1e-6)
-  c.rl.aggregation = "seq-mean-token-mean"  # GRPO's per-sequence average
+  c.rl.loss.aggregation = "seq-mean-token-mean"  # GRPO's per-sequence average
   return common.apply_presets(c, arg)

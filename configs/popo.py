@@ -51,8 +51,8 @@ def get_config(arg: str | None = None):
   # POPO-stale(10) collapses.
   c.replay.popo.max_age = 4
   c.replay.objective = "decoupled"
-  c.rl.is_mode = "truncate"  # behaviour weight min(pi_prox / mu, cap), as TIS / verl
-  c.rl.is_cap = 2.0  # weights of replayed tokens rarely exceed ~1.1 at this staleness
+  c.rl.loss.is_mode = "truncate"  # behaviour weight min(pi_prox / mu, cap), as TIS / verl
+  c.rl.loss.is_cap = 2.0  # weights of replayed tokens rarely exceed ~1.1 at this staleness
   rest = []
   for name in filter(None, (arg or "").split(",")):
     if name == "kl":

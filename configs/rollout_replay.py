@@ -55,9 +55,9 @@ def get_config(arg: str | None = None):
       c.replay.prioritized.age_unit = "updates"  # tau_max = 10 gradient steps
       c.rl.num_minibatches = 1  # one update per step (one epoch), as the reference
       c.rl.num_epochs = 1
-      c.rl.aggregation = "token-mean"
-      c.rl.ppo.clip_low, c.rl.ppo.clip_high = 0.2, 0.28
-      c.rl.ppo.dual_clip = 10.0
+      c.rl.loss.aggregation = "token-mean"
+      c.rl.loss.ppo.clip_low, c.rl.loss.ppo.clip_high = 0.2, 0.28
+      c.rl.loss.ppo.dual_clip = 10.0
     elif name == "decoupled":
       c.replay.objective = "decoupled"
     else:

@@ -13,13 +13,12 @@ import re
 
 import jax
 
-from grpo_jax import allocation, deprecated, errors, sharding, tasks
+from grpo_jax import allocation, deprecated, errors, registry, sharding, tasks
 from grpo_jax.models import architectures, attention, causal_lm
 from grpo_jax.rewards import functions as rewards, scoring
-from grpo_jax.rl import advantages, estimators, losses, objectives, policy_losses
+from grpo_jax.rl import losses, objectives
 from grpo_jax.rl.replay import method as method_lib
-from grpo_jax.rl.step_config import (PROX_ESTIMATES, PROX_PASSES, REMAT, SHUFFLES, SIGNALS,
-                                    StepConfig)
+from grpo_jax.rl.step_config import PROX_ESTIMATES, PROX_PASSES, REMAT, StepConfig
 from grpo_jax.tasks import row_schemas
 
 _GROUPS = ("model", "task", "rollout", "rl", "replay", "allocation", "opt", "eval", "checkpoint",
@@ -90,29 +89,21 @@ def validate(config, *, weights: bool = True) -> None:
   _check(r.top_p == 1.0, "rollout.top_p",
          f"{r.top_p}: RL rollouts must sample the full distribution (set 1.0); the loss's "
          "log-probs are not top-p filtered")
-  _components(rl, "estimator", estimators.ESTIMATORS)
-  _components(rl, "loss", policy_losses.POLICY_LOSSES)
-  for f in ("reward_signal", "effective_signal"):
-    _check(rl[f] in SIGNALS, f"rl.{f}", f"{rl[f]!r}; known: {', '.join(SIGNALS)}")
   _check(rl.score_base in scoring.SCORE_BASES, "rl.score_base",
          f"{rl.score_base!r}; known: {', '.join(scoring.SCORE_BASES)}")
   _validate_rewards(config)
-  _check(rl.shuffle in SHUFFLES, "rl.shuffle", f"{rl.shuffle!r}; known: {', '.join(SHUFFLES)}")
-  _check(isinstance(rl.shared_prompts, bool), "rl.shared_prompts",
-         f"{rl.shared_prompts!r} must be true or false")
+  # "auto" is the group's own value, resolved from the model's dtype before the step sees it.
   _check(rl.prox_pass in ("auto",) + PROX_PASSES, "rl.prox_pass",
          f"{rl.prox_pass!r}; known: auto, {', '.join(PROX_PASSES)}")
-  _check(rl.logprob_chunk >= 0, "rl.logprob_chunk", f"{rl.logprob_chunk} must be >= 0")
-  _check(rl.num_epochs >= 1, "rl.num_epochs", f"{rl.num_epochs} must be >= 1")
   _check(rl.max_consecutive_skips >= 0, "rl.max_consecutive_skips",
          f"{rl.max_consecutive_skips} must be >= 0 (0 never stops)")
   _check(0 <= rl.overlong_buffer < r.completion_len, "rl.overlong_buffer",
          f"{rl.overlong_buffer} must be in [0, completion_len={r.completion_len})")
-  try:
-    loss_config(config)
-  except ValueError as e:
-    raise ConfigError(f"config.rl: {e}") from None
   method = _replay_method(config)
+  try:
+    step_config(config, method)  # config.rl's own keys, every estimator's and loss's group
+  except registry.GroupError as e:
+    raise ConfigError(e.under("config.rl")) from None
   fresh = r.batch_prompts * r.group_size
   rows = fresh + method.extra_rows(fresh, r.group_size)
   _check(rl.num_minibatches >= 1 and rows % rl.num_minibatches == 0, "rl.num_minibatches",
@@ -133,17 +124,6 @@ def validate(config, *, weights: bool = True) -> None:
          "eval.every and checkpoint.every must be >= 1")
   _check(config.eval.k >= 1 and config.eval.num_prompts >= 1, "eval.k",
          "eval.k and eval.num_prompts must be >= 1")
-
-
-def _components(rl, key: str, table) -> None:
-  """``rl.<key>`` names a registered component, and every registered one's group is in range
-  (an inactive group's values must run too once selected)."""
-  _check(rl[key] in table, f"rl.{key}", f"{rl[key]!r}; known: {', '.join(table.names())}")
-  for name, cls in table.items():
-    try:
-      cls.from_group(rl.get(name))
-    except ValueError as e:
-      raise ConfigError(f"config.rl.{name}: {e}") from None
 
 
 def _validate_rewards(config) -> None:
@@ -241,13 +221,8 @@ def replay_method(config):
 
 
 def loss_config(config) -> losses.LossConfig:
-  """The LossConfig described by ``config.rl``."""
-  rl = config.rl
-  return losses.LossConfig(
-      policy=policy_losses.POLICY_LOSSES.get(rl.loss).from_group(rl.get(rl.loss)),
-      is_mode=rl.is_mode, is_cap=rl.is_cap, aggregation=rl.aggregation,
-      norm_constant=rl.norm_constant or float(config.rollout.completion_len),
-      kl_coef=rl.kl_coef, kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef)
+  """The LossConfig of ``config.rl.loss`` (its policy loss from that loss's own group)."""
+  return losses.LossConfig.from_group(deprecated.current(config.rl.loss))
 
 
 def check_mesh(config, mesh) -> None:
@@ -332,16 +307,17 @@ def prox_pass(config) -> str:
   return "all" if config.model.dtype != "float32" else "replayed"
 
 
-def step_config(config) -> StepConfig:
-  """The train step's static settings from a validated config."""
-  return StepConfig(
-      group_size=config.rollout.group_size,
-      estimator=advantages.make_estimator(config.rl.estimator, config.rl.get(config.rl.estimator)),
-      reward_signal=config.rl.reward_signal, effective_signal=config.rl.effective_signal,
-      prox_pass=prox_pass(config), prox_estimate=config.replay.prox,
-      prox_chunks=config.replay.prox_chunks, loss=loss_config(config),
-      num_minibatches=config.rl.num_minibatches, num_epochs=config.rl.num_epochs,
-      temperature=config.rollout.temperature, compute_entropy=config.rl.entropy_coef > 0,
-      replay=replay_method(config), logprob_chunk=config.rl.logprob_chunk,
-      remat=config.model.remat, query_block=config.model.query_block,
-      shuffle=config.rl.shuffle, shared_prompts=config.rl.shared_prompts)
+def step_config(config, replay=None) -> StepConfig:
+  """The train step's static settings: ``config.rl``'s own keys (``StepConfig.from_group``),
+  the rest from the groups they belong to; ``replay`` is the replay method when already built.
+
+  Raises:
+    registry.GroupError: a value of ``config.rl`` out of range, with its key's path.
+  """
+  r, m = config.rollout, config.model
+  return StepConfig.from_group(
+      deprecated.current(config.rl), group_size=r.group_size, prox_pass=prox_pass(config),
+      prox_estimate=config.replay.prox, prox_chunks=config.replay.prox_chunks,
+      temperature=r.temperature, compute_entropy=config.rl.loss.entropy_coef > 0,
+      replay=replay_method(config) if replay is None else replay, remat=m.remat,
+      query_block=m.query_block)

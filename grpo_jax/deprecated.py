@@ -15,7 +15,8 @@ import ml_collections
 
 from grpo_jax import errors
 
-# old key -> (type, new key); {method} is config.replay.method, {selector} the selector.
+# old key -> (type, new key); {method} is config.replay.method, {selector} the selector,
+# {loss} the policy loss (config.rl.loss.policy).
 ALIASES = {
     **{f"task.{k}": (int, f"task.countdown.{k}")
        for k in ("num_numbers", "min_number", "max_number", "min_target", "max_target")},
@@ -42,12 +43,18 @@ ALIASES = {
     "allocation.oversample": (int, "allocation.dynamic_sampling.oversample"),
     "allocation.candidates_ratio": (int, "allocation.{selector}.candidates_ratio"),
     "allocation.decay": (float, "allocation.{selector}.decay"),
-    **{f"rl.{k}": (float, f"rl.{{loss}}.{k}") for k in ("clip_low", "clip_high", "dual_clip")},
+    **{f"rl.{k}": (float, f"rl.loss.{{loss}}.{k}") for k in ("clip_low", "clip_high", "dual_clip")},
+    **{f"rl.{k}": (kind, f"rl.loss.{k}") for k, kind in (
+        ("is_mode", str), ("is_cap", float), ("aggregation", str), ("norm_constant", float),
+        ("kl_coef", float), ("kl_estimator", str), ("entropy_coef", float))},
 }
-# The key of each group that selects the component whose group a templated alias moves to.
-_SELECTOR = {"replay": "method", "allocation": "selector", "rl": "loss"}
+# The key that selects the component whose group a templated alias moves to.
+_SELECTOR = {"method": "replay.method", "selector": "allocation.selector",
+             "loss": "rl.loss.policy"}
 # A method's new name for a key of the old flat group.
 _RENAMED = {("prioritized", "max_age"): "tau_max"}
+# Old keys by name, for ``current``.
+_OLD_KEYS = {old.split(".")[1] for old in ALIASES}
 # Old replay.method values.
 METHOD_NAMES = {"rollout": "prioritized"}
 
@@ -60,15 +67,29 @@ def add_fields(config: ml_collections.ConfigDict) -> None:
       config[group][key] = ml_collections.FieldReference(None, field_type=kind)
 
 
+def current(group) -> dict:
+  """A group's keys without its old names (unset once ``apply`` has moved them): what a
+  component's ``from_group`` reads."""
+  return {k: v for k, v in group.items() if not (k in _OLD_KEYS and v is None)}
+
+
 def _notice(text: str) -> None:
   print(f"grpo_jax: {text}", file=sys.stderr, flush=True)
 
 
-def _selected(config) -> dict:
-  """The names the templates of ``ALIASES`` fill in: the selected method, selector and loss."""
-  get = lambda group, key: config[group][key] if group in config and key in config[group] else ""
-  return {"method": get("replay", "method"), "selector": get("allocation", "selector"),
-          "loss": get("rl", "loss") or "ppo"}
+def _get(config, path: str):
+  """The value at a dotted ``path`` of a ConfigDict (None where any part is missing)."""
+  for key in path.split("."):
+    if not hasattr(config, "keys") or key not in config:
+      return None
+    config = config[key]
+  return config
+
+
+def _new_key(template: str, selected: dict) -> str:
+  """An alias's new key, its template filled with the selected components' names."""
+  *parents, name = template.format(**selected).split(".")
+  return ".".join((*parents, _RENAMED.get((parents[-1], name), name)))
 
 
 def migrate_saved(flat: dict) -> dict:
@@ -76,16 +97,14 @@ def migrate_saved(flat: dict) -> dict:
   value moved to their new ones, as ``apply`` moves them in a live config: a workdir written
   before a key moved compares equal to the same run configured with the new key."""
   out = dict(flat)
-  selected = {"method": flat.get("replay.method", ""),
-              "selector": flat.get("allocation.selector", ""),
-              "loss": flat.get("rl.loss") or "ppo"}
+  selected = {name: flat.get(path) or "" for name, path in _SELECTOR.items()}
   selected["method"] = METHOD_NAMES.get(selected["method"], selected["method"])
+  selected["loss"] = selected["loss"] or "ppo"  # before the policy losses, every loss was PPO
   for old, (_, template) in ALIASES.items():
     if out.get(old) is None:
       out.pop(old, None)
       continue
-    group, sub, name = template.format(**selected).split(".")
-    out[f"{group}.{sub}.{_RENAMED.get((sub, name), name)}"] = out.pop(old)
+    out[_new_key(template, selected)] = out.pop(old)
   return out
 
 
@@ -100,17 +119,20 @@ def apply(config) -> None:
     new = METHOD_NAMES[config.replay.method]
     _notice(f"replay.method={config.replay.method!r} is deprecated: use {new!r}")
     config.replay.method = new
+  selected = {name: _get(config, path) or "" for name, path in _SELECTOR.items()}
   for old, (_, template) in ALIASES.items():
     group, key = old.split(".")
     if group not in config or config[group].get(key) is None:
       continue
-    new = template.format(**_selected(config))
-    _, sub, name = new.split(".")
-    name = _RENAMED.get((sub, name), name)
-    new = f"{group}.{sub}.{name}"
-    errors.check(sub in config[group] and name in config[group][sub], old,
-                 f"deprecated, and {group}.{_SELECTOR.get(group, 'method')}={sub!r} has no "
-                 f"{name!r} (see {group}.* in configs/common.py)")
+    new = _new_key(template, selected)
+    *parents, name = new.split(".")
+    parent = _get(config, ".".join(parents))
+    if parent is None or name not in parent:
+      by = next((f"{path}={value!r}" for value, (_, path) in zip(
+          selected.values(), _SELECTOR.items()) if f".{value}." in f".{'.'.join(parents)}."),
+                "the selected component")
+      errors.check(False, old, f"deprecated, and {by} has no {name!r} (see {group}.* in "
+                   "configs/common.py)")
     _notice(f"config.{old} is deprecated: use config.{new} (applied)")
-    config[group][sub][name] = config[group][key]
+    parent[name] = config[group][key]
     config[group][key] = None

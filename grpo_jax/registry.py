@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, ClassVar, Generic, Iterator, TypeVar
 
 import ml_collections
 
@@ -90,12 +90,66 @@ class Registry(Generic[T]):
     return name in self._entries
 
 
+class GroupError(ValueError):
+  """A value of a config group out of range, with the path of its key inside the group.
+
+  ``str()`` is ``"path.to.key: message"`` (just the message when the path is empty);
+  ``under("config.rl")`` is the one line a config check prints.
+  """
+
+  def __init__(self, path, message: str):
+    self.path, self.message = tuple(path), message
+    super().__init__(f"{'.'.join(self.path)}: {message}" if self.path else message)
+
+  def within(self, key: str) -> "GroupError":
+    """The same error one group further out (``key`` prefixed to the path)."""
+    return GroupError((key, *self.path), self.message)
+
+  def under(self, prefix: str) -> str:
+    """The error's line for a group at ``prefix`` (e.g. ``config.rl``)."""
+    return f"{'.'.join((prefix, *self.path))}: {self.message}"
+
+
+def _within(key: str, error: ValueError) -> GroupError:
+  if isinstance(error, GroupError):
+    return error.within(key)
+  return GroupError((key,), str(error))
+
+
+def component(table: "Registry", default: Any) -> Any:
+  """A dataclass field holding a registered component of ``table`` (``default``: an instance).
+
+  In the config group the field's key names the component (``config.rl.estimator = "grpo"``)
+  and every registered component with fields has its own subgroup beside it
+  (``config.rl.grpo.eps``); ``from_group`` checks every subgroup and builds the named one.
+  """
+  return dataclasses.field(default=default, metadata={"component": table})
+
+
+def nested(cls: type) -> Any:
+  """A dataclass field holding a ``Configurable`` whose group nests in this one
+  (``config.rl.loss`` for ``StepConfig.loss``); its default is ``cls()``."""
+  return dataclasses.field(default=cls(), metadata={"group": cls})
+
+
+def config_default(value: Any, default: Any) -> Any:
+  """A dataclass field whose config group starts at ``value`` while the constructor's default
+  stays ``default`` (the plainest object for code that builds one directly)."""
+  return dataclasses.field(default=default, metadata={"config_default": value})
+
+
 class Configurable:
   """Mixin for frozen dataclasses whose config group is their own fields.
 
   Every field without ``metadata=DERIVED`` is a config field: its name is the key, its default
-  the default. A field without a default has no group default and must be derived.
+  the default (``config_default`` sets another for the group). A ``component`` field is a
+  registered component named by its key, with a subgroup per registered component; a
+  ``nested`` field is a Configurable whose group nests under its key. A field without a
+  default has no group default and must be derived. ``OTHERS`` names keys of the group that
+  other parts of the program read (allowed in the group, not fields).
   """
+
+  OTHERS: ClassVar[tuple[str, ...]] = ()
 
   @classmethod
   def config_fields(cls) -> tuple[dataclasses.Field, ...]:
@@ -108,18 +162,64 @@ class Configurable:
     for f in cls.config_fields():
       if f.default is dataclasses.MISSING:
         raise TypeError(f"{cls.__name__}.{f.name}: a config field needs a default")
-      group[f.name] = f.default
+      if "component" in f.metadata:
+        table = f.metadata["component"]
+        group[f.name] = next(n for n, c in table.items() if type(f.default) is c)
+        for name, entry in table.items():
+          sub = entry.config_group()
+          if sub.keys():
+            group[name] = sub
+      elif "group" in f.metadata:
+        group[f.name] = f.metadata["group"].config_group()
+      else:
+        group[f.name] = f.metadata.get("config_default", f.default)
     return group
 
   @classmethod
   def from_group(cls, group, **derived: Any):
-    """An instance from its config group (a ConfigDict or mapping) and the derived fields.
+    """An instance from its config group (a ConfigDict or mapping) and the derived fields (a
+    derived value replaces the group's, e.g. a resolved "auto").
 
     Keys of ``group`` that are not fields are an error: a typo must not pass silently.
+
+    Raises:
+      GroupError: an unknown key, an unknown component name or a value out of range, with
+        the key's path inside the group.
     """
     group = group if group is not None else {}
-    names = {f.name for f in cls.config_fields()}
-    unknown = sorted(set(group.keys()) - names)
+    fields = cls.config_fields()
+    names = {f.name for f in fields}
+    subgroups = {n for f in fields if "component" in f.metadata
+                 for n in f.metadata["component"].names()}
+    unknown = sorted(set(group.keys()) - names - subgroups - set(cls.OTHERS))
     if unknown:
-      raise ValueError(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
-    return cls(**{k: group[k] for k in names if k in group}, **derived)
+      raise GroupError((), f"unknown key(s) {', '.join(unknown)}; known: "
+                       f"{', '.join(sorted(names | subgroups))}")
+    values = {}
+    for f in fields:
+      if "component" in f.metadata:
+        table = f.metadata["component"]
+        built = {}
+        for name, entry in table.items():  # every subgroup must hold values that run
+          try:
+            built[name] = entry.from_group(group.get(name))
+          except ValueError as e:
+            raise _within(name, e) from None
+        name = group.get(f.name, next(n for n, c in table.items() if type(f.default) is c))
+        if name not in built:
+          raise GroupError((f.name,), f"{name!r}; known: {', '.join(table.names())}")
+        values[f.name] = built[name]
+      elif "group" in f.metadata:
+        try:
+          values[f.name] = f.metadata["group"].from_group(group.get(f.name))
+        except ValueError as e:
+          raise _within(f.name, e) from None
+      elif f.name in group:
+        values[f.name] = group[f.name]
+    values.update(derived)
+    try:
+      return cls(**values)
+    except GroupError:
+      raise
+    except ValueError as e:
+      raise GroupError((), str(e)) from None

@@ -84,8 +84,10 @@ def test_an_inactive_group_is_validated_too():
     (grpo, "task.data_seed", 5, "task.countdown.seed"),
     (grpo, "allocation.probes", 2, "allocation.sara.probes"),
     (grpo, "allocation.oversample", 2, "allocation.dynamic_sampling.oversample"),
-    (grpo, "rl.clip_high", 0.28, "rl.ppo.clip_high"),
-    (grpo, "rl.dual_clip", 10.0, "rl.ppo.dual_clip"),
+    (grpo, "rl.clip_high", 0.28, "rl.loss.ppo.clip_high"),
+    (grpo, "rl.dual_clip", 10.0, "rl.loss.ppo.dual_clip"),
+    (grpo, "rl.kl_coef", 0.04, "rl.loss.kl_coef"),
+    (grpo, "rl.aggregation", "token-mean", "rl.loss.aggregation"),
 ])
 def test_a_deprecated_flat_key_moves_to_its_group_with_one_line(module, old, value, new,
                                                                  capsys):
@@ -93,26 +95,24 @@ def test_a_deprecated_flat_key_moves_to_its_group_with_one_line(module, old, val
   group, key = old.split(".")
   c[group][key] = value
   configuration.validate(c)
-  top, sub, name = new.split(".")
-  assert c[top][sub][name] == value and c[group][key] is None
+  assert deprecated._get(c, new) == value and c[group][key] is None  # pylint: disable=protected-access
   err = capsys.readouterr().err
   assert err == f"grpo_jax: config.{old} is deprecated: use config.{new} (applied)\n"
 
 
 def test_every_deprecated_key_names_an_existing_field():
-  """Each alias's target exists for some method / selector, with the alias's type."""
+  """Each alias's target exists for some method / selector / loss, with the alias's type."""
   c = common.base_config()
   for old, (kind, template) in deprecated.ALIASES.items():
-    group, _ = old.split(".")
-    candidates = [template.format(method=m, selector=s, loss=loss)
-                  for m in method_lib.METHODS.names() for s in allocation.SELECTORS.names()
-                  for loss in policy_losses.POLICY_LOSSES.names()]
     found = []
-    for new in set(candidates):
-      _, sub, name = new.split(".")
-      name = deprecated._RENAMED.get((sub, name), name)  # pylint: disable=protected-access
-      if sub in c[group] and name in c[group][sub]:
-        found.append(type(c[group][sub][name]))
+    for m in method_lib.METHODS.names():
+      for s in allocation.SELECTORS.names():
+        for loss in policy_losses.POLICY_LOSSES.names():
+          new = deprecated._new_key(  # pylint: disable=protected-access
+              template, {"method": m, "selector": s, "loss": loss})
+          value = deprecated._get(c, new)  # pylint: disable=protected-access
+          if value is not None:
+            found.append(type(value))
     assert found and all(t is kind for t in found), (old, found)
 
 
@@ -206,8 +206,8 @@ def test_the_one_module_loss_and_estimator_of_the_design_page_train(design_loss_
   """Nothing but the two modules: selected by name on a stock config, their groups installed
   and validated, and two smoke steps train with them."""
   c = grpo.get_config("smoke")
-  assert c.rl.plain.max_log_ratio == 5.0 and c.rl.batch_std.eps == 1e-6
-  c.rl.loss, c.rl.estimator = "plain", "batch_std"
+  assert c.rl.loss.plain.max_log_ratio == 5.0 and c.rl.batch_std.eps == 1e-6
+  c.rl.loss.policy, c.rl.estimator = "plain", "batch_std"
   c.rl.reward_signal = c.rl.effective_signal = "score"  # mixed groups in tiny batches
   c.total_steps, c.checkpoint.every, c.eval.every = 2, 2, 100
   configuration.validate(c)
@@ -215,9 +215,9 @@ def test_the_one_module_loss_and_estimator_of_the_design_page_train(design_loss_
   assert type(step_config.loss.policy).__name__ == "Plain"
   assert type(step_config.estimator).__name__ == "BatchStd"
   bad = grpo.get_config("smoke")
-  bad.rl.plain.max_log_ratio = 0.0
+  bad.rl.loss.plain.max_log_ratio = 0.0
   with pytest.raises(configuration.ConfigError,
-                     match=r"config.rl.plain: max_log_ratio must be > 0, got 0.0"):
+                     match=r"config.rl.loss.plain: max_log_ratio must be > 0, got 0.0"):
     configuration.validate(bad)
   workdir = str(tmp_path / "run")
   train.train_and_evaluate(c, workdir)

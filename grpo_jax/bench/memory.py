@@ -282,7 +282,7 @@ def config_memory(config) -> dict:
   ref = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, compute if jnp.issubdtype(x.dtype, jnp.floating)
                                      else x.dtype, sharding=x.sharding),
-      params) if config.rl.kl_coef > 0 and not adapters else None
+      params) if config.rl.loss.kl_coef > 0 and not adapters else None
   n, p, t = r.batch_prompts * r.group_size, r.prompt_len, r.completion_len
   rows = sharding.rows_sharding(mesh)
   s = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows)
@@ -380,7 +380,7 @@ def config_main(config):
         f"{config.rl.num_minibatches} minibatches, logprob_chunk {config.rl.logprob_chunk}, "
         f"remat {config.model.remat}, params {stored}, matmuls "
         f"{config.model.dtype}, replay {config.replay.method} ({config.replay.capacity}), "
-        f"kl_coef {config.rl.kl_coef}, LoRA rank {config.model.lora.rank}; "
+        f"kl_coef {config.rl.loss.kl_coef}, LoRA rank {config.model.lora.rank}; "
         f"{jax.device_count()} {jax.default_backend()} devices",
         flush=True)
   try:

@@ -43,6 +43,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from grpo_jax import registry
 from grpo_jax.rl.policy_losses import POLICY_LOSSES, masked_mean
 from grpo_jax.rl.policy_losses import ppo
 
@@ -52,12 +53,13 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 @dataclasses.dataclass(frozen=True)
-class LossConfig:
-  """Static switches of ``policy_loss`` (hashable).
+class LossConfig(registry.Configurable):
+  """Static switches of ``policy_loss`` (hashable); its config group is ``config.rl.loss``.
 
   Attributes:
     policy: the per-token policy-gradient term, a registered ``PolicyLoss`` (``policy_losses``:
-      ``Ppo()`` by default).
+      ``Ppo()`` by default), named by ``config.rl.loss.policy`` with its own group beside it
+      (``config.rl.loss.ppo.clip_high``).
     is_mode: behaviour importance weight pi_prox / mu: "none" (w = 1), "truncate"
       (min(w, cap)) or "mask" (w where w <= cap, else 0).
     is_cap: the cap of the behaviour weight.
@@ -69,7 +71,7 @@ class LossConfig:
     entropy_coef: alpha of the entropy bonus (0 disables it).
   """
 
-  policy: Any = ppo.Ppo()
+  policy: Any = registry.component(POLICY_LOSSES, ppo.Ppo())
   is_mode: str = "truncate"
   is_cap: float = 2.0
   aggregation: str = "seq-mean-token-mean"
@@ -79,22 +81,22 @@ class LossConfig:
   entropy_coef: float = 0.0
 
   def __post_init__(self):
+    error = registry.GroupError
     if not hasattr(self.policy, "per_token"):
-      raise ValueError(f"policy must be a registered policy loss ({', '.join(POLICY_LOSSES.names())}),"
-                       f" got {self.policy!r}")
-    if self.is_mode not in IS_MODES:
-      raise ValueError(f"is_mode must be one of {IS_MODES}, got {self.is_mode!r}")
-    if self.is_cap <= 0:
-      raise ValueError(f"is_cap must be > 0, got {self.is_cap}")
-    if self.aggregation not in AGGREGATIONS:
-      raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
-    if self.kl_estimator not in KL_ESTIMATORS:
-      raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
-    if self.kl_coef < 0 or self.entropy_coef < 0 or self.norm_constant < 0:
-      raise ValueError("kl_coef, entropy_coef and norm_constant must be >= 0")
+      raise error(("policy",), f"{self.policy!r} is not a registered policy loss "
+                  f"({', '.join(POLICY_LOSSES.names())})")
+    for name, known in (("is_mode", IS_MODES), ("aggregation", AGGREGATIONS),
+                        ("kl_estimator", KL_ESTIMATORS)):
+      if getattr(self, name) not in known:
+        raise error((name,), f"{getattr(self, name)!r}; known: {', '.join(known)}")
+    if not self.is_cap > 0:
+      raise error(("is_cap",), f"{self.is_cap} must be > 0")
+    for name in ("kl_coef", "entropy_coef", "norm_constant"):
+      if not getattr(self, name) >= 0:
+        raise error((name,), f"{getattr(self, name)} must be >= 0")
     if self.kl_coef > 0 and self.kl_estimator == "k1":
-      raise ValueError("kl_estimator 'k1' has zero expected gradient as a loss term (noise "
-                       "only); use 'k3' (GRPO) or 'k2' with kl_coef > 0")
+      raise error(("kl_estimator",), "'k1' has zero expected gradient as a loss term (noise "
+                  "only); use 'k3' (GRPO) or 'k2' with kl_coef > 0")
 
 
 def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> jax.Array:

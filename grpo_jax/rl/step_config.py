@@ -7,10 +7,11 @@ step compiles once per configuration. ``configuration.step_config`` builds it fr
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
+from grpo_jax import registry
 from grpo_jax.rl import losses
-from grpo_jax.rl.estimators import grpo
+from grpo_jax.rl.estimators import ESTIMATORS, grpo
 from grpo_jax.rl.replay import method as replay_method
 
 
@@ -22,8 +23,12 @@ SHUFFLES = ("groups", "rows")
 
 
 @dataclasses.dataclass(frozen=True)
-class StepConfig:
-  """Static settings of the train step (hashable).
+class StepConfig(registry.Configurable):
+  """Static settings of the train step (hashable); its config group is ``config.rl``.
+
+  The group's own keys are the fields not marked derived; the derived ones come from the other
+  groups (``configuration.step_config``); ``OTHERS`` are the keys of ``config.rl`` that the
+  host side reads.
 
   Attributes:
     group_size: G rollouts per prompt.
@@ -73,39 +78,45 @@ class StepConfig:
       ``prompts_repeat`` < 1), never trained on with the wrong prompts.
   """
 
-  group_size: int
-  estimator: Any = grpo.Grpo()
+  group_size: int = dataclasses.field(metadata=registry.DERIVED)
+  estimator: Any = registry.component(ESTIMATORS, grpo.Grpo())
   reward_signal: str = "success"
   effective_signal: str = "success"
-  prox_pass: str = "replayed"
-  prox_estimate: str = "exact"
-  prox_chunks: int = 0
-  loss: losses.LossConfig = losses.LossConfig()
-  num_minibatches: int = 1
+  # The group's "auto" is resolved from the model's dtype (configuration.prox_pass).
+  prox_pass: str = registry.config_default("auto", "replayed")
+  prox_estimate: str = dataclasses.field(default="exact", metadata=registry.DERIVED)
+  prox_chunks: int = dataclasses.field(default=0, metadata=registry.DERIVED)
+  loss: losses.LossConfig = registry.nested(losses.LossConfig)
+  # A run's default: more than one update per batch, so the clip acts after the first.
+  num_minibatches: int = registry.config_default(4, 1)
   num_epochs: int = 1
-  temperature: float = 1.0
-  compute_entropy: bool = False
-  replay: Any = replay_method.NoReplay()
-  logprob_chunk: int = 0
-  remat: str = "none"
-  query_block: int = 0
+  temperature: float = dataclasses.field(default=1.0, metadata=registry.DERIVED)
+  compute_entropy: bool = dataclasses.field(default=False, metadata=registry.DERIVED)
+  replay: Any = dataclasses.field(default=replay_method.NoReplay(), metadata=registry.DERIVED)
+  # A run's default bounds the [chunk, V] logits held at a time.
+  logprob_chunk: int = registry.config_default(1024, 0)
+  remat: str = dataclasses.field(default="none", metadata=registry.DERIVED)
+  query_block: int = dataclasses.field(default=0, metadata=registry.DERIVED)
   shuffle: str = "groups"
   shared_prompts: bool = True
 
+  # Keys of config.rl that the host side reads, not the step: what the advantages' "score"
+  # starts from and DAPO's overlong penalty (rewards/scoring, allocation/rounds), and the
+  # loop's stop after non-finite steps (run/loop).
+  OTHERS: ClassVar[tuple[str, ...]] = ("score_base", "overlong_buffer", "overlong_penalty",
+                                       "max_consecutive_skips")
+
   def __post_init__(self):
-    if self.shuffle not in SHUFFLES:
-      raise ValueError(f"shuffle must be one of {SHUFFLES}, got {self.shuffle!r}")
-    for name in ("reward_signal", "effective_signal"):
-      if getattr(self, name) not in SIGNALS:
-        raise ValueError(f"{name} must be one of {SIGNALS}, got {getattr(self, name)!r}")
-    if self.prox_pass not in PROX_PASSES:
-      raise ValueError(f"prox_pass must be one of {PROX_PASSES}, got {self.prox_pass!r}")
-    if self.prox_estimate not in PROX_ESTIMATES:
-      raise ValueError(f"prox_estimate must be one of {PROX_ESTIMATES}, "
-                       f"got {self.prox_estimate!r}")
-    if self.prox_chunks < 0:
-      raise ValueError(f"prox_chunks must be >= 0, got {self.prox_chunks}")
-    if self.remat not in REMAT:
-      raise ValueError(f"remat must be one of {REMAT}, got {self.remat!r}")
-    if self.query_block < 0:
-      raise ValueError(f"query_block must be >= 0, got {self.query_block}")
+    error = registry.GroupError
+    for name, known in (("shuffle", SHUFFLES), ("reward_signal", SIGNALS),
+                        ("effective_signal", SIGNALS), ("prox_pass", PROX_PASSES),
+                        ("prox_estimate", PROX_ESTIMATES), ("remat", REMAT)):
+      if getattr(self, name) not in known:
+        raise error((name,), f"{getattr(self, name)!r}; known: {', '.join(known)}")
+    if not isinstance(self.shared_prompts, bool):
+      raise error(("shared_prompts",), f"{self.shared_prompts!r} must be true or false")
+    for name, low in (("group_size", 1), ("num_minibatches", 1), ("num_epochs", 1),
+                      ("logprob_chunk", 0), ("prox_chunks", 0), ("query_block", 0)):
+      value = getattr(self, name)
+      if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+        raise error((name,), f"{value!r} must be an integer >= {low}")

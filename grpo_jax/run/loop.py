@@ -150,7 +150,7 @@ def setup(config, workdir: str) -> Run:
   graphdef, params = load_model(config, tokenizer, mesh)
   # The reference must own its buffers: the state's parameters are donated every step. Under
   # LoRA the step takes the base (adapters off) as the reference: no copy is made.
-  copy_ref = config.rl.kl_coef > 0 and not lora.has_adapters(params)
+  copy_ref = config.rl.loss.kl_coef > 0 and not lora.has_adapters(params)
   ref_params = frozen_reference(params, config.model.dtype) if copy_ref else None
   tx = optim.make_optimizer(config)
   state = step_lib.init_train_state(params, tx, mesh)

@@ -558,8 +558,9 @@ def test_a_field_added_since_the_run_started_is_no_change(tmp_path):
 def test_a_workdir_from_before_the_policy_loss_groups_resumes(tmp_path):
   """tests/data/config_json_before_policy_losses.json is the config.json that the code before
   the policy losses had their groups wrote for ``configs/dapo.py:smoke`` (rl.clip_low 0.2,
-  rl.clip_high 0.28, rl.dual_clip 0; no rl.loss, rl.ppo, ...; model.path replaced by a
-  placeholder). The same run configured today (rl.ppo.clip_high 0.28) resumes it; a run whose
+  rl.clip_high 0.28, rl.dual_clip 0, rl.aggregation token-mean; no rl.loss group; model.path
+  replaced by a placeholder). The same run configured today (rl.loss.ppo.clip_high 0.28)
+  resumes it; a run whose
   PPO clip differs is refused, naming the key at its new place."""
   import json  # pylint: disable=g-import-not-at-top
   from configs import dapo  # pylint: disable=g-import-not-at-top
@@ -574,10 +575,11 @@ def test_a_workdir_from_before_the_policy_loss_groups_resumes(tmp_path):
   configuration.validate(c)
   workdir_lib.check_same_run(c, os.fspath(tmp_path))  # resumes, and rewrites config.json
   rewritten = json.loads((tmp_path / "config.json").read_text())["rl"]
-  assert rewritten["loss"] == "ppo" and rewritten["ppo"]["clip_high"] == 0.28
+  assert rewritten["loss"]["policy"] == "ppo" and rewritten["loss"]["ppo"]["clip_high"] == 0.28
+  assert rewritten["loss"]["aggregation"] == "token-mean"
   saved["rl"]["clip_high"] = 0.2
   (tmp_path / "config.json").write_text(json.dumps(saved))
-  with pytest.raises(configuration.ConfigError, match=r"rl.ppo.clip_high \(0.2 -> 0.28\)"):
+  with pytest.raises(configuration.ConfigError, match=r"rl.loss.ppo.clip_high \(0.2 -> 0.28\)"):
     workdir_lib.check_same_run(c, os.fspath(tmp_path))
 
 

@@ -294,7 +294,7 @@ def test_gspo_and_cispo_train_from_their_presets(tmp_path, module, presets):
   assert len(steps) == 2 and all(np.isfinite(r["loss"]) for r in steps)
   saved = json.loads((tmp_path / "run" / "config.json").read_text())["rl"]
   loss = presets.split(",")[1]
-  assert saved["loss"] == loss and saved[loss] == dict(c.rl[loss])
+  assert saved["loss"]["policy"] == loss and saved["loss"][loss] == dict(c.rl.loss[loss])
 
 
 @pytest.mark.parametrize("module,preset", [
@@ -397,9 +397,9 @@ def test_cli_bad_value_is_one_readable_line(tmp_path):
 
 def test_k1_is_rejected_as_a_loss_term():
   c = grpo.get_config()
-  c.rl.kl_estimator = "k1"
+  c.rl.loss.kl_estimator = "k1"
   configuration.validate(c)  # no KL term: k1 is only a diagnostic, fine
-  c.rl.kl_coef = 0.04
+  c.rl.loss.kl_coef = 0.04
   with pytest.raises(configuration.ConfigError, match="k1.*zero expected gradient"):
     configuration.validate(c)
 
