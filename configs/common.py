@@ -7,6 +7,9 @@ checkpoint, mesh. Values are validated by ``grpo_jax.configuration.validate`` be
 compiles.
 """
 
+import dataclasses
+from typing import Any, Callable
+
 import ml_collections
 
 from grpo_jax import allocation, assets, deprecated, registry, tasks
@@ -164,47 +167,70 @@ def _add_groups(parent: ml_collections.ConfigDict, table: registry.Registry) -> 
       parent[name] = group
 
 
-_PARAMETRIC = ["pool=N", "minibatches=M", "prox=exact|interpolate", "prox_chunks=K", "lora",
-               "lora=R"]
 # LoRA's learning rate over full fine-tuning's (LoRA Without Regret, Schulman et al. 2025:
 # ~10x across model sizes, for supervised and RL fine-tuning alike).
 LORA_LR_SCALE = 10.0
 
 
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  """A named change to a config, from the argument after ':' (``configs/popo.py:stale=10``).
+
+  Attributes:
+    apply: ``apply(c)``, or ``apply(c, value)`` for a preset that takes a value.
+    value: how the text after ``name=`` reads: "" (the preset takes none), "int" (an
+      integer >= 0), or the allowed words separated by "|".
+    bare: the value when the name comes alone (None: a value is required).
+    usage: how the list of known presets shows it (``stale=S``); the name when empty.
+    last: applied after every other preset (LoRA scales the learning rate a model preset set).
+  """
+
+  apply: Callable[..., None]
+  value: str = ""
+  bare: Any = None
+  usage: str = ""
+  last: bool = False
+
+  def parse(self, text: str | None):
+    """The value of ``name=text`` (``text`` None: the name alone); None when it does not read."""
+    if not self.value:
+      return () if text is None else None
+    if text is None:
+      return None if self.bare is None else (self.bare,)
+    if self.value == "int":
+      return (int(text),) if text.isdigit() else None
+    return (text,) if text in self.value.split("|") else None
+
+
 def apply_presets(c: ml_collections.ConfigDict, arg: str | None,
-                  own: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
-  """Applies comma-separated presets; an unknown name fails listing every preset the config
-  file accepts: the common ones and the file's ``own`` (already applied by the file)."""
-  known = {"smoke": _smoke, "countdown_hard": _countdown_hard,
-           "mopps": _selector("mopps"), "dps": _selector("dps"), "qwen3_0p6b": _qwen3("0.6B"), "qwen3_1p7b": _qwen3("1.7B"),
-           "qwen3_4b": _qwen3("4B"), "qwen3_8b": _qwen3("8B"), "gsm8k": _gsm8k, "bf16": _bf16,
-           "gspo": _gspo, "cispo": _cispo}
-  lora_rank = 0
-  for name in filter(None, (arg or "").split(",")):
-    if name.startswith("pool=") and name[5:].isdigit():
-      c.task.train_size = int(name[5:])  # a finite training set of that many problems
-      continue
-    if name.startswith("prox=") and name[5:] in ("exact", "interpolate"):
-      c.replay.prox = name[5:]  # pi_prox of replayed rows: the exact pass or interpolated
-      continue
-    if name.startswith("prox_chunks=") and name[12:].isdigit():
-      c.replay.prox_chunks = int(name[12:])  # the exact pass in this many chunks (0 = whole batch)
-      continue
-    if name.startswith("minibatches=") and name[12:].isdigit():
-      c.rl.num_minibatches = int(name[12:])  # optimiser updates per train step (per epoch)
-      continue
-    if name == "lora" or (name.startswith("lora=") and name[5:].isdigit()):
-      lora_rank = int(name[5:]) if "=" in name else 32  # applied after the others (below)
-      continue
-    if name not in known:
-      raise ValueError(f"unknown config preset {name!r}; known: "
-                       f"{', '.join(sorted(set(known) | set(own)) + _PARAMETRIC)}")
-    known[name](c)
-  if lora_rank:
-    # After every other preset, so that a model preset's learning rate is the one scaled.
-    c.model.lora.update(rank=lora_rank, alpha=32.0)
-    c.opt.learning_rate *= LORA_LR_SCALE
+                  own: dict[str, Preset] | None = None) -> ml_collections.ConfigDict:
+  """Applies the comma-separated presets of ``arg``: the config file's ``own`` first, then the
+  common ones (``COMMON``), each group in the order given, and those marked ``last`` at the
+  end. An unknown name, or a value that does not read, fails in one line listing every preset
+  the file accepts."""
+  own = own or {}
+  tables = (own, COMMON)
+  chosen = [[], [], []]  # own, common, last
+  for item in filter(None, (arg or "").split(",")):
+    name, eq, text = item.partition("=")
+    for phase, table in enumerate(tables):
+      preset = table.get(name)
+      values = preset.parse(text if eq else None) if preset is not None else None
+      if values is not None:
+        chosen[2 if preset.last else phase].append((preset, values))
+        break
+    else:
+      raise ValueError(f"unknown config preset {item!r}; known: {', '.join(known(own))}")
+  for preset, values in chosen[0] + chosen[1] + chosen[2]:
+    preset.apply(c, *values)
   return c
+
+
+def known(own: dict[str, Preset]) -> list[str]:
+  """The presets a config file accepts, as the error lists them: the plain names of both
+  tables sorted, its own with values among them, then the common ones that take a value."""
+  plain = {p.usage or n for n, p in own.items()} | {n for n, p in COMMON.items() if not p.value}
+  return sorted(plain) + [p.usage for p in COMMON.values() if p.value]
 
 
 def _smoke(c):
@@ -275,3 +301,32 @@ def _gsm8k(c):
   """GSM8K through TFDS (math word problems, numeric final answer)."""
   c.task.name = "gsm8k"
   c.rollout.prompt_len = max(c.rollout.prompt_len, 256)
+
+
+def _lora(c, rank):
+  """LoRA adapters of rank ``rank`` (alpha 32), the learning rate x LORA_LR_SCALE; after every
+  other preset, so that a model preset's learning rate is the one scaled."""
+  c.model.lora.update(rank=rank, alpha=32.0)
+  c.opt.learning_rate *= LORA_LR_SCALE
+
+
+# The presets every RL config takes (a config file adds its own, applied before these).
+COMMON = {
+    "smoke": Preset(_smoke), "countdown_hard": Preset(_countdown_hard),
+    "mopps": Preset(_selector("mopps")), "dps": Preset(_selector("dps")),
+    "qwen3_0p6b": Preset(_qwen3("0.6B")), "qwen3_1p7b": Preset(_qwen3("1.7B")),
+    "qwen3_4b": Preset(_qwen3("4B")), "qwen3_8b": Preset(_qwen3("8B")),
+    "gsm8k": Preset(_gsm8k), "bf16": Preset(_bf16), "gspo": Preset(_gspo),
+    "cispo": Preset(_cispo),
+    # A finite training set of N problems.
+    "pool": Preset(lambda c, n: c.task.update(train_size=n), "int", usage="pool=N"),
+    # Optimiser updates per train step (per epoch).
+    "minibatches": Preset(lambda c, m: c.rl.update(num_minibatches=m), "int",
+                          usage="minibatches=M"),
+    # pi_prox of replayed rows: the exact pass or interpolated; the pass in K chunks.
+    "prox": Preset(lambda c, how: c.replay.update(prox=how), "exact|interpolate",
+                   usage="prox=exact|interpolate"),
+    "prox_chunks": Preset(lambda c, k: c.replay.update(prox_chunks=k), "int",
+                          usage="prox_chunks=K"),
+    "lora": Preset(_lora, "int", bare=32, usage="lora, lora=R", last=True),
+}

@@ -17,7 +17,6 @@ Presets (combine with the common ones):
 
 from configs import common
 
-PRESETS = ("headroom_only", "drift_only", "decoupled", "walk=N")
 
 
 def get_config(arg: str | None = None):
@@ -31,16 +30,13 @@ def get_config(arg: str | None = None):
   c.replay.headroom.order = "headroom"
   c.replay.objective = "align_mu"  # the paper's L_mix: ratio denominator pi_gen
   # 256 fresh + 64 replay rows = 320: 4 minibatches of 80.
-  rest = []
-  for name in filter(None, (arg or "").split(",")):
-    if name == "headroom_only":
-      c.replay.headroom.gate = False
-    elif name == "drift_only":
-      c.replay.headroom.order = "fifo"
-    elif name == "decoupled":
-      c.replay.objective = "decoupled"
-    elif name.startswith("walk=") and name[5:].isdigit():
-      c.replay.headroom.candidate_chunks = int(name[5:])
-    else:
-      rest.append(name)
-  return common.apply_presets(c, ",".join(rest), own=PRESETS)
+  return common.apply_presets(c, arg, own=PRESETS)
+
+
+PRESETS = {
+    "headroom_only": common.Preset(lambda c: c.replay.headroom.update(gate=False)),
+    "drift_only": common.Preset(lambda c: c.replay.headroom.update(order="fifo")),
+    "decoupled": common.Preset(lambda c: c.replay.update(objective="decoupled")),
+    "walk": common.Preset(lambda c, n: c.replay.headroom.update(candidate_chunks=n), "int",
+                          usage="walk=N"),
+}

@@ -25,8 +25,6 @@ Presets of the paper's comparison (combine with the common ones, e.g. ``:kl,smok
 
 from configs import common
 
-PRESETS = ("kl", "filter", "ineff", "stale=S", "pi_old", "align_mu", "reuse=K", "age=A",
-           "keep_unfilled")
 
 
 def get_config(arg: str | None = None):
@@ -53,33 +51,33 @@ def get_config(arg: str | None = None):
   c.replay.objective = "decoupled"
   c.rl.loss.is_mode = "truncate"  # behaviour weight min(pi_prox / mu, cap), as TIS / verl
   c.rl.loss.is_cap = 2.0  # weights of replayed tokens rarely exceed ~1.1 at this staleness
-  rest = []
-  for name in filter(None, (arg or "").split(",")):
-    if name == "kl":
-      c.replay.popo.priority = "lowest_kl"
-    elif name == "filter":
-      c.replay.popo.fill, c.replay.capacity = "drop", 0
-    elif name == "ineff":
-      c.replay.popo.insert = "all"
-    elif name == "stale" or (name.startswith("stale=") and name[6:].isdigit()):
-      staleness = int(name[6:]) if "=" in name else 10
-      c.replay.popo.priority = "staleness"
-      c.replay.popo.staleness = staleness
-      c.replay.popo.max_uses = 0  # old groups must stay in the buffer to be replayed
-      c.replay.popo.max_age = staleness + 1  # the target age itself must stay eligible
-      # Every group of the last S + 2 steps must fit, whatever the final batch size: a
-      # reference to rollout.batch_prompts follows presets and --config overrides.
-      c.replay.capacity = c.rollout.get_ref("batch_prompts") * (staleness + 2)
-    elif name == "pi_old":
-      c.replay.objective = "pi_old"
-    elif name == "align_mu":
-      c.replay.objective = "align_mu"
-    elif name.startswith("reuse=") and name[6:].isdigit():
-      c.replay.popo.max_uses = int(name[6:])
-    elif name.startswith("age=") and name[4:].isdigit():
-      c.replay.popo.max_age = int(name[4:])
-    elif name == "keep_unfilled":
-      c.replay.popo.unfilled = "keep"
-    else:
-      rest.append(name)
-  return common.apply_presets(c, ",".join(rest), own=PRESETS)
+  return common.apply_presets(c, arg, own=PRESETS)
+
+
+def _filter(c):
+  """GRPO-filter: ineffective groups leave the loss, nothing is stored or replayed."""
+  c.replay.popo.fill, c.replay.capacity = "drop", 0
+
+
+def _stale(c, staleness):
+  """POPO-stale(S): replay groups exactly S policy steps old."""
+  c.replay.popo.priority = "staleness"
+  c.replay.popo.staleness = staleness
+  c.replay.popo.max_uses = 0  # old groups must stay in the buffer to be replayed
+  c.replay.popo.max_age = staleness + 1  # the target age itself must stay eligible
+  # Every group of the last S + 2 steps must fit, whatever the final batch size: a
+  # reference to rollout.batch_prompts follows presets and --config overrides.
+  c.replay.capacity = c.rollout.get_ref("batch_prompts") * (staleness + 2)
+
+
+PRESETS = {
+    "kl": common.Preset(lambda c: c.replay.popo.update(priority="lowest_kl")),
+    "filter": common.Preset(_filter),
+    "ineff": common.Preset(lambda c: c.replay.popo.update(insert="all")),
+    "stale": common.Preset(_stale, "int", bare=10, usage="stale=S"),
+    "pi_old": common.Preset(lambda c: c.replay.update(objective="pi_old")),
+    "align_mu": common.Preset(lambda c: c.replay.update(objective="align_mu")),
+    "reuse": common.Preset(lambda c, k: c.replay.popo.update(max_uses=k), "int", usage="reuse=K"),
+    "age": common.Preset(lambda c, a: c.replay.popo.update(max_age=a), "int", usage="age=A"),
+    "keep_unfilled": common.Preset(lambda c: c.replay.popo.update(unfilled="keep")),
+}

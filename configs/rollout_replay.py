@@ -29,8 +29,6 @@ Presets: ``paper``, ``decoupled`` (POPO's objective for replayed rows), plus the
 
 from configs import common
 
-PRESETS = ("paper", "decoupled")
-
 
 def get_config(arg: str | None = None):
   c = common.base_config()
@@ -47,19 +45,23 @@ def get_config(arg: str | None = None):
   n_ref = c.rollout.get_ref("batch_prompts") * c.rollout.get_ref("group_size")
   c.replay.capacity = n_ref * 11
   # 256 + 128 = 384 rows: 4 minibatches of 96.
-  rest = []
-  for name in filter(None, (arg or "").split(",")):
-    if name == "paper":
-      c.replay.prioritized.drop_ineffective = True  # zero-variance fresh groups leave the loss
-      c.replay.prioritized.insert = "effective"  # only the surviving groups' rollouts are stored
-      c.replay.prioritized.age_unit = "updates"  # tau_max = 10 gradient steps
-      c.rl.num_minibatches = 1  # one update per step (one epoch), as the reference
-      c.rl.num_epochs = 1
-      c.rl.loss.aggregation = "token-mean"
-      c.rl.loss.ppo.clip_low, c.rl.loss.ppo.clip_high = 0.2, 0.28
-      c.rl.loss.ppo.dual_clip = 10.0
-    elif name == "decoupled":
-      c.replay.objective = "decoupled"
-    else:
-      rest.append(name)
-  return common.apply_presets(c, ",".join(rest), own=PRESETS)
+  return common.apply_presets(c, arg, own=PRESETS)
+
+
+def _paper(c):
+  """The paper's reference implementation (module docstring)."""
+  c.replay.prioritized.drop_ineffective = True  # zero-variance fresh groups leave the loss
+  c.replay.prioritized.insert = "effective"  # only the surviving groups' rollouts are stored
+  c.replay.prioritized.age_unit = "updates"  # tau_max = 10 gradient steps
+  c.rl.num_minibatches = 1  # one update per step (one epoch), as the reference
+  c.rl.num_epochs = 1
+  c.rl.loss.aggregation = "token-mean"
+  c.rl.loss.ppo.clip_low, c.rl.loss.ppo.clip_high = 0.2, 0.28
+  c.rl.loss.ppo.dual_clip = 10.0
+
+
+PRESETS = {
+    "paper": common.Preset(_paper),
+    # POPO's objective for replayed rows.
+    "decoupled": common.Preset(lambda c: c.replay.update(objective="decoupled")),
+}
