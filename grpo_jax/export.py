@@ -27,8 +27,8 @@ from grpo_jax.models import adapter_folder
 from grpo_jax.models import lora
 from grpo_jax.rl import optim
 from grpo_jax.rl import step as step_lib
+from grpo_jax.run import build
 from grpo_jax.run import checkpoint as checkpoint_lib
-from grpo_jax.run import loop
 
 FORMATS = ("merged", "adapter")
 
@@ -45,7 +45,7 @@ def restored_policy(config, workdir: str, step: int | None = None):
   """
   configuration.validate(config)
   tokenizer = transformers.AutoTokenizer.from_pretrained(config.model.path)
-  graphdef, params = loop.load_model(config, tokenizer, None)
+  graphdef, params = build.load_model(config, tokenizer, None)
   state = step_lib.init_train_state(params, optim.make_optimizer(config))
   ckpt = checkpoint_lib.Checkpointer(workdir, config.checkpoint.keep)
   try:
@@ -56,7 +56,7 @@ def restored_policy(config, workdir: str, step: int | None = None):
                                is not None else ""))
     step = max(steps) if step is None else step
     try:
-      state, _, _ = ckpt.restore(step, state, loop.init_replay(config, None))
+      state, _, _ = ckpt.restore(step, state, build.init_replay(config, None))
     except CheckpointError as e:  # one written before the decoder layers were stacked
       raise CheckpointError(f"checkpoint {step} of {workdir} does not fit this config: "
                             f"{e}") from None

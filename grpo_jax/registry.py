@@ -116,6 +116,11 @@ def _within(key: str, error: ValueError) -> GroupError:
   return GroupError((key,), str(error))
 
 
+def _name_of(table: "Registry", component_: Any) -> str:
+  """The name under which ``component_``'s class is registered in ``table``."""
+  return next(name for name, cls in table.items() if type(component_) is cls)
+
+
 def component(table: "Registry", default: Any) -> Any:
   """A dataclass field holding a registered component of ``table`` (``default``: an instance).
 
@@ -164,7 +169,7 @@ class Configurable:
         raise TypeError(f"{cls.__name__}.{f.name}: a config field needs a default")
       if "component" in f.metadata:
         table = f.metadata["component"]
-        group[f.name] = next(n for n, c in table.items() if type(f.default) is c)
+        group[f.name] = _name_of(table, f.default)
         for name, entry in table.items():
           sub = entry.config_group()
           if sub.keys():
@@ -205,7 +210,7 @@ class Configurable:
             built[name] = entry.from_group(group.get(name))
           except ValueError as e:
             raise _within(name, e) from None
-        name = group.get(f.name, next(n for n, c in table.items() if type(f.default) is c))
+        name = group.get(f.name, _name_of(table, f.default))
         if name not in built:
           raise GroupError((f.name,), f"{name!r}; known: {', '.join(table.names())}")
         values[f.name] = built[name]

@@ -22,8 +22,8 @@ from grpo_jax import sharding as sharding_lib
 from grpo_jax.generate import tokenization
 from grpo_jax.models import CheckpointError
 from grpo_jax.rewards import scoring
+from grpo_jax.run import build, loop
 from grpo_jax.run import compilation_cache
-from grpo_jax.run import loop
 from grpo_jax.run.loop import TrainingStopped  # re-exported: callers catch train.TrainingStopped
 
 
@@ -36,7 +36,7 @@ def define_flags():
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Runs (or resumes) training; returns the last evaluation's metrics."""
-  return loop.run(loop.setup(config, workdir))
+  return loop.run(build.setup(config, workdir))
 
 
 def main(argv):

@@ -13,7 +13,7 @@ from configs import grpo
 from grpo_jax import configuration
 from grpo_jax.generate.logprobs import completion_logprobs
 from grpo_jax.models import from_pretrained
-from grpo_jax.run import loop
+from grpo_jax.run import build
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
@@ -38,7 +38,7 @@ def test_the_reference_in_the_compute_dtype_computes_what_a_float32_copy_does():
   model = from_pretrained(os.path.join(DATA, "tiny_qwen3"), param_dtype="float32",
                           dtype="bfloat16")
   graphdef, params = nnx.split(model)
-  ref = loop.frozen_reference(params, "bfloat16")
+  ref = build.frozen_reference(params, "bfloat16")
   dtypes = {x.dtype for x in jax.tree.leaves(ref)}
   assert dtypes == {jnp.dtype(jnp.bfloat16)}
   assert sum(x.nbytes for x in jax.tree.leaves(ref)) * 2 == sum(

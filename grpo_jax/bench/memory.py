@@ -276,7 +276,7 @@ def config_memory(config) -> dict:
   replay = jax.eval_shape(lambda: replay_lib.init_replay(
       config.replay.capacity, method.entry_size(r.group_size), r.prompt_len, r.completion_len))
   replay = _with_shardings(replay, sharding.replay_shardings(mesh, replay))
-  # The KL reference as the run keeps it (loop.frozen_reference: the compute dtype); under
+  # The KL reference as the run keeps it (build.frozen_reference: the compute dtype); under
   # LoRA the base is the reference, no copy.
   compute = jnp.dtype(config.model.dtype)
   ref = jax.tree.map(

@@ -25,10 +25,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from grpo_jax.models.attention import (
-    IMPLEMENTATIONS, cache_attention, grouped_attention, self_attention)
 from grpo_jax.models import causal_lm
 from grpo_jax.models import lm_head as head_lib
+from grpo_jax.models.attention import (
+    IMPLEMENTATIONS, cache_attention, grouped_attention, self_attention)
 from grpo_jax.models.causal_lm import positions_from_mask
 from grpo_jax.models.kv_cache import KVCache
 from grpo_jax.models.layers import INIT, Dense, RMSNorm, fused_dense, rope

@@ -1,6 +1,7 @@
 """A training run: the host loop around the train step, and what it leaves on disk.
 
-Owns the loop (``loop``: setup, generate, score, step, evaluate, checkpoint), held-out
+Owns what a run builds once (``build``: the model, reference, sampler, allocator, restored
+state), the loop (``loop``: generate, score, step, evaluate, checkpoint), held-out
 evaluation (``evaluate``), the workdir and its resume checks (``workdir``), orbax checkpoints
 (``checkpoint``), preemption (``preemption``), per-step records and metrics files (``records``,
 ``metrics``), the report of a finished run (``report``) and JAX's compilation cache

@@ -18,8 +18,8 @@ from grpo_jax import assets
 from grpo_jax.models import from_pretrained
 from grpo_jax.models.attention import attention, blocked_attention
 from grpo_jax.rl import step as step_lib
-from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.rl.replay import init_replay
+from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.types import Rollout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

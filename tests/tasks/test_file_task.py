@@ -239,11 +239,11 @@ def test_a_reward_that_always_raises_stops_the_run_in_one_line(tmp_path):
 def test_a_held_out_set_is_its_first_prompts_that_fit(tmp_path, capsys):
   """The training file as a held-out set, eval.num_prompts=1: rows 1-3 (28, 25, 25 tokens) do
   not fit 24, row 4 (24) is the set; 4 of the 6 are said to be left out."""
-  from grpo_jax.run import loop  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import build  # pylint: disable=g-import-not-at-top
   c = _config(1)
   c.task.eval_paths = f"{VERL_TEST},{VERL_TRAIN}"
   c.eval.num_prompts = 1
-  run = loop.setup(c, os.fspath(tmp_path / "run"))
+  run = build.setup(c, os.fspath(tmp_path / "run"))
   assert "4 of 6 prompts of held-out set 'verl_math_train' are longer" in capsys.readouterr().out
   assert [p.answer for p in run.setup.eval_sets["verl_math_train"]] == ["12"]  # row 4: 3 * 4
   assert [p.answer for p in run.setup.eval_sets["verl_math_test"]] == ["4"]
