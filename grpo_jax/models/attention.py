@@ -73,10 +73,11 @@ def resolve(name: str, num_keys: int, backend: str | None = None) -> str:
 
 def causal_mask(key_mask_NxS, num_queries: int, offset=0):
   """[N, X, S] bool: query x (at slot ``offset + x``) sees key s iff s <= offset + x and the key
-  is real."""
+  is real. ``offset`` is one slot for every row, or one per row ([N]: a slot pool's rows)."""
   s = key_mask_NxS.shape[1]
-  causal_XxS = jnp.arange(s)[None, :] <= (offset + jnp.arange(num_queries))[:, None]
-  return causal_XxS[None] & key_mask_NxS.astype(bool)[:, None, :]
+  slots = jnp.asarray(offset)[..., None] + jnp.arange(num_queries)  # [X] or [N, X]
+  causal = jnp.arange(s) <= slots[..., None]  # [X, S] or [N, X, S]
+  return causal & key_mask_NxS.astype(bool)[:, None, :]
 
 
 def self_attention(q_NxSxKxQxW, k_NxSxKxW, v_NxSxKxW, key_mask_NxS, impl: str = "xla",
@@ -124,8 +125,8 @@ def cache_kernel(name: str, num_queries: int, num_keys: int, backend: str | None
 
 def cache_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, index,
                     impl: str = "xla", block: int = 256):
-  """X new tokens at slots ``index`` .. over a KV cache (``KVCache``'s layout): each sees the
-  real slots up to its own, by the kernel ``cache_kernel`` picks for ``impl``: ``xla`` reads
+  """X new tokens at slots ``index`` .. over a KV cache (``KVCache``'s layout; ``index`` one
+  slot, or with X = 1 one per row, [N]): each sees the real slots up to its own, by the kernel ``cache_kernel`` picks for ``impl``: ``xla`` reads
   every slot (``decode_attention`` for X = 1, else ``cached_attention``), ``blocked`` too
   (``flash.cached_flash_attention``: key blocks for X > 1), ``pallas`` only the filled blocks.
 

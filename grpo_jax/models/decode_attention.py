@@ -135,7 +135,8 @@ def decode_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, index, *,
     q_NxXxKxQxW: the new tokens' queries, X = 1.
     k_NxKxWxS, v_NxKxSxW: the cache's keys and values (any float dtype; read in place).
     key_mask_NxS: True where a slot holds a real token.
-    index: int32 scalar, the new token's slot (it sees slots 0 .. index whose key is real).
+    index: int32, the new token's slot, one for every row or one per row ([N]: a slot pool);
+      it sees slots 0 .. index whose key is real.
     block_k: slots per tile (a power of 2, >= 16).
     interpret: run in Pallas' interpreter (any backend; the tests' CPU check).
     num_warps, num_stages: Triton's launch settings (JAX's kernel's defaults).
@@ -154,7 +155,8 @@ def decode_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, index, *,
   rows = rows if q_NxXxKxQxW.shape[0] % sharding.axis_size(mesh, rows) == 0 else None
   heads = heads if q_NxXxKxQxW.shape[2] % sharding.axis_size(mesh, heads) == 0 else None
   spec = jax.sharding.PartitionSpec
-  in_specs = (spec(rows, None, heads), spec(rows, heads), spec(rows, heads), spec(rows), spec())
+  in_specs = (spec(rows, None, heads), spec(rows, heads), spec(rows, heads), spec(rows),
+              spec(rows) if args[-1].ndim else spec())
   return jax.shard_map(call, mesh=mesh, in_specs=in_specs, out_specs=spec(rows, None, heads),
                        check_vma=False)(*args)
 

@@ -256,7 +256,7 @@ def _decode_every_slot(q_NxKxQxW, k_NxKxWxS, v_NxKxSxW, visible_NxS):
 def cached_flash_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, index,
                            block_k: int = 256):
   """X new tokens (at slots ``index`` ..) over a KV cache (``KVCache``'s layout); no gradient
-  (the sampler's prefill and decode).
+  (the sampler's prefill and decode). With X = 1, ``index`` may be one slot per row ([N]).
 
   Every slot is read, those past ``index + X - 1`` masked, with no loop whose trip count
   depends on the (traced) index: X > 1 (a prefill) key block by key block with an online
@@ -285,7 +285,7 @@ def cached_flash_attention(q_NxXxKxQxW, k_NxKxWxS, v_NxKxSxW, key_mask_NxS, inde
   block_k = max(1, min(block_k, size))
   q = q_NxXxKxQxW.astype(f32) * (w ** -0.5)
   if x == 1:
-    visible_NxS = key_mask_NxS & (jnp.arange(size) <= index)[None, :]
+    visible_NxS = key_mask_NxS & (jnp.arange(size) <= jnp.reshape(index, (-1, 1)))
     out = _decode_every_slot(q[:, 0], k_NxKxWxS, v_NxKxSxW, visible_NxS)
     return out[:, None].astype(v_NxKxSxW.dtype)
   qpos = index + jnp.arange(x)

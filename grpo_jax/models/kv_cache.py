@@ -24,7 +24,8 @@ class KVCache:
     v: per layer, values [N, K, S, W].
     key_mask_NxS: True where a slot holds a real token (False for left padding and unwritten
       slots).
-    index: int32 scalar, the next slot to write.
+    index: int32, the next slot to write: a scalar, the same for every row, or [N], each row's
+      own (a slot pool, ``generate.pool``: rows at every position; X = 1 passes only).
   """
 
   k: tuple

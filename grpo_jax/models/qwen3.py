@@ -228,17 +228,25 @@ class Attention(nnx.Module):
     q_NxXxKxQxW, k, v = self._qkv(x_NxXxD, positions_NxX)
     if kv is not None:
       # New keys [N, X, K, W] -> [N, K, W, X] and values -> [N, K, X, W], written at slot
-      # ``index`` of the cache's own layout (KVCache).
-      k = jax.lax.dynamic_update_slice(
-          kv[0], jnp.transpose(k, (0, 2, 3, 1)).astype(kv[0].dtype), (0, 0, 0, index))
-      v = jax.lax.dynamic_update_slice(
-          kv[1], jnp.transpose(v, (0, 2, 1, 3)).astype(kv[1].dtype), (0, 0, index, 0))
+      # ``index`` of the cache's own layout (KVCache); one index per row ([N]) writes each
+      # row at its own slot (a slot pool's rows sit at every position).
+      write = _write_per_row if jnp.ndim(index) else jax.lax.dynamic_update_slice
+      k = write(kv[0], jnp.transpose(k, (0, 2, 3, 1)).astype(kv[0].dtype), (0, 0, 0, index))
+      v = write(kv[1], jnp.transpose(v, (0, 2, 1, 3)).astype(kv[1].dtype), (0, 0, index, 0))
       out = cache_attention(q_NxXxKxQxW, k, v, key_mask_NxS, index, c.attention,
                             c.attention_block)
     else:
       out = self_attention(q_NxXxKxQxW, k.astype(q_NxXxKxQxW.dtype), v, key_mask_NxS,
                            c.attention, query_block, c.attention_block)
     return self.o_proj(out.reshape(n, x, c.num_heads * c.head_dim)), (k, v)
+
+
+def _write_per_row(cache_Nx, update_Nx, start):
+  """``lax.dynamic_update_slice`` with the one traced entry of ``start`` an [N] array: row n's
+  update written at its own offset ``start[i][n]`` (a scatter, in place in a loop)."""
+  axis = next(i for i, s in enumerate(start) if jnp.ndim(s))
+  per_row = lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, axis - 1)
+  return jax.vmap(per_row)(cache_Nx, update_Nx, start[axis])
 
 
 class MLP(nnx.Module):
@@ -337,7 +345,8 @@ class Qwen3(nnx.Module):
     """Final-norm hidden states [N, X, D], writing the X tokens into ``cache`` when given.
 
     With a cache the tokens go to slots [cache.index, cache.index + X) and attend to every
-    earlier real slot; without one they attend causally among themselves.
+    earlier real slot (``cache.index`` one slot, or one per row with X = 1: a slot pool's
+    decode step); without one they attend causally among themselves.
 
     Without a cache the layers run as one ``lax.scan`` over the stacked parameters (``_scan``):
     the compiled program holds one block, whatever the depth. With one (the sampler's prefill
@@ -376,8 +385,8 @@ class Qwen3(nnx.Module):
                                               query_block=query_block)[0])
       return self.norm(self._scan(block, h_NxXxD, remat)), None
     index = cache.index
-    key_mask_NxS = jax.lax.dynamic_update_slice(cache.key_mask_NxS, attention_mask_NxX,
-                                                (0, index))
+    write = _write_per_row if jnp.ndim(index) else jax.lax.dynamic_update_slice
+    key_mask_NxS = write(cache.key_mask_NxS, attention_mask_NxX, (0, index))
     graphdef, stacked = nnx.split(self.layers)
     new_k, new_v = [], []
     for i in range(self.config.num_layers):

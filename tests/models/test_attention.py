@@ -184,6 +184,33 @@ def test_pallas_decode_equals_dense_and_reads_only_filled_blocks(index, block, d
   assert _max_err(got.astype(jnp.float32), dense.astype(jnp.float32), seen) <= tol
 
 
+@pytest.mark.parametrize("kernel", ["xla", "blocked", "pallas"])
+def test_one_index_per_row_equals_each_rows_own_call(kernel):
+  """A slot pool's decode step (``generate.pool``): each row at its own slot (indices 3, 20,
+  39 of 40) gives what a call with that row's index alone gives it; the Pallas kernel
+  (interpreted) reads each row up to its own index, every later block NaN."""
+  w = 16
+  ks = jax.random.split(jax.random.key(3), 3)
+  q = jax.random.normal(ks[0], (N, 1, KH, QH, w))
+  k_c = jax.random.normal(ks[1], (N, KH, w, 40))
+  v_c = jax.random.normal(ks[2], (N, KH, 40, w))
+  mask_c = jnp.arange(40)[None] >= jnp.array([0, 3, 7])[:, None]
+  index = jnp.array([3, 20, 39], jnp.int32)
+  if kernel == "pallas":
+    past = jnp.arange(40)[None, :] >= (index[:, None] // 16 + 1) * 16  # [N, S] blocks of 16
+    k_c = jnp.where(past[:, None, None, :], np.nan, k_c)
+    v_c = jnp.where(past[:, None, :, None], np.nan, v_c)
+    call = lambda i: decode_kernel.decode_attention(q, k_c, v_c, mask_c, i, block_k=16,
+                                                    interpret=True)
+  else:
+    call = lambda i: attn.cache_attention(q, k_c, v_c, mask_c, i, kernel)
+  got = call(index)
+  for row, i in enumerate(index):
+    want = np.asarray(call(jnp.int32(i)))[row] if kernel != "pallas" else np.asarray(
+        attn.cache_attention(q, jnp.nan_to_num(k_c), jnp.nan_to_num(v_c), mask_c, i, "xla"))[row]
+    assert np.abs(np.asarray(got)[row] - want).max() <= FWD, row
+
+
 @pytest.mark.parametrize("dtype,w,qh,size,block", [("bfloat16", 128, 2, 1056, 128),
                                                    ("float32", 64, 8, 300, 64)])
 def test_pallas_decode_lowers_to_one_triton_kernel(dtype, w, qh, size, block):
