@@ -231,11 +231,13 @@ def reprefill(graphdef: nnx.GraphDef, params: nnx.State, pool: Pool) -> Pool:
   return pool.replace(cache=cache.replace(index=pool.cache.index))
 
 
+@functools.lru_cache(maxsize=32)
 def make_pool_fns(graphdef: nnx.GraphDef, config: sampler_lib.SamplingConfig, steps: int):
   """(admit, decode, release, reprefill) jitted, the pool donated: ``admit(params, pool, ids,
   mask, slots, keys, tickets, stop_at, version)``, ``decode(params, pool, version) -> (pool,
   steps run)`` of chunks of ``steps`` tokens, ``release(pool, free)``, ``reprefill(params,
-  pool)``. One compilation per admitted row count M (pad M to a few sizes)."""
+  pool)``. One compilation per admitted row count M (pad M to a few sizes); the functions are
+  cached per (graphdef, config, steps), so pools of one model share their compilations."""
   return (jax.jit(functools.partial(admit, graphdef, config=config), donate_argnums=(1,)),
           jax.jit(functools.partial(decode, graphdef, steps=steps, config=config),
                   donate_argnums=(1,)),

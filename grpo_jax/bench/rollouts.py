@@ -1,0 +1,263 @@
+"""Static batch vs partial rollouts on heavy-tailed completion lengths.
+
+    python -m grpo_jax.bench.rollouts                      # T = 512, 1,024 and 2,048
+    python -m grpo_jax.bench.rollouts --completion_len=1024
+
+Each row's completion length is drawn from ``--lengths`` (``bench.lengths``: the default
+log-normal of median 0.25 T with 4% of rows at T, ``uniform``, or a ``file`` of measured
+lengths) and enforced by a benchmark-only stop rule (``pool.Pool.stop_at``; the model's EOS is
+an id it never draws), so the lengths are the workload, not the model. Per T, on the embedded
+model (``--model``), B = ``--groups`` groups of G = ``--group_size`` rows per step:
+
+* ``static``: today's schedule (``partial.Producer(static=True)``): B groups prefilled
+  together and decoded until the longest row ends.
+* ``pipeline`` at each ``--staleness``: ``--slots`` rows in flight (default B x G, the static
+  batch's memory), chunks of ``--chunk`` decode steps, a step ends as soon as B groups are
+  complete, unfinished rows continue after the update (``--cache``: ``keep`` or ``reprefill``).
+
+Measured over ``--steps`` steps after ``--warmup`` (compilation and the pipeline's fill
+excluded; the drain too: rows still in flight at the end are reported, not counted as
+trained). Per mode: tokens generated, token positions computed (decode row-steps of every slot,
+prefill and re-prefill positions), the useful-slot fraction (tokens of trained rows over
+positions computed), wall seconds per useful token of generation, and of the whole step
+(generation plus one update: a forward and backward pass over the B x G rows at [P + T] with
+an Adam step, the same in both modes, timed apart; the update's padding is not this
+benchmark's subject). The last line is one JSON object; its ``static_useful_fraction``,
+``pipeline_useful_fraction``, ``generation_speedup_per_useful_token`` and
+``step_speedup_per_useful_token`` (static over pipeline seconds per useful token: > 1 is
+faster) are at ``default_staleness``.
+
+``sampler_vs_static_pool``: today's ``sampler.sample`` and the static pool each decode the
+same B x G rows to exactly T tokens, timed once after a compiling call: the pool's per-row
+cache writes against the sampler's one slice (the ratio is the sampler's time over the pool's).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags
+from flax import nnx
+
+from grpo_jax import assets, console
+from grpo_jax.bench import lengths as lengths_lib
+from grpo_jax.generate import partial, sampler as sampler_lib
+from grpo_jax.generate.logprobs import completion_logprobs
+from grpo_jax.models import from_pretrained
+
+FLAGS = flags.FLAGS
+LENGTHS = ("lognormal", "uniform", "file")
+
+
+def define_flags() -> None:
+  """The command's flags (defined only when this module is the program)."""
+  flags.DEFINE_string("model", assets.EMBEDDED_MODEL, "Hugging Face model folder.")
+  flags.DEFINE_integer("completion_len", 0, "T; 0 runs 512, 1,024 and 2,048.")
+  flags.DEFINE_integer("prompt_len", 32, "P, prompt tokens per row.")
+  flags.DEFINE_integer("groups", 16, "B, groups trained per step.")
+  flags.DEFINE_integer("group_size", 8, "G, rows per group.")
+  flags.DEFINE_integer("slots", 0, "rows in flight in the pipeline; 0 = B x G.")
+  flags.DEFINE_integer("chunk", 16, "pipeline decode steps between two harvests.")
+  flags.DEFINE_list("staleness", ["1", "2", "4"], "pipeline max_staleness values.")
+  flags.DEFINE_integer("default_staleness", 4, "the staleness the JSON's headline is at.")
+  flags.DEFINE_enum("cache", "keep", ["keep", "reprefill"], "a continued row's KV cache.")
+  flags.DEFINE_enum("lengths", "lognormal", LENGTHS, "completion-length distribution.")
+  flags.DEFINE_string("lengths_file", None, "measured lengths (``--lengths=file``).")
+  flags.DEFINE_float("median", 0.25, "log-normal median, a fraction of T.")
+  flags.DEFINE_float("at_limit", 0.04, "log-normal share of rows reaching T.")
+  flags.DEFINE_integer("warmup", 3, "steps before the measured ones (the pipeline adds its "
+                       "staleness).")
+  flags.DEFINE_integer("steps", 4, "measured steps per mode.")
+  flags.DEFINE_bool("check_sampler", True, "time sampler.sample against the static pool.")
+  flags.DEFINE_integer("seed", 0, "lengths, prompts and keys.")
+
+
+def length_sampler(kind: str, t: int, rng: np.random.Generator, *, median: float = 0.25,
+                   at_limit: float = 0.04, measured=None):
+  """``draw(n) -> int32 [n]`` completion lengths in [1, T]."""
+  if kind == "lognormal":
+    return lambda n: lengths_lib.lognormal(rng, (n,), t, median, at_limit)
+  if kind == "uniform":
+    return lambda n: lengths_lib.uniform(rng, (n,), t)
+  if kind == "file":
+    return lambda n: lengths_lib.from_file(rng, (n,), t, measured)
+  raise ValueError(f"--lengths must be one of {LENGTHS}, got {kind!r}")
+
+
+def prompt_source(vocab: int, p: int, g: int, draw, seed: int):
+  """``prompts()`` for a ``Producer``: random prompts of 1..P tokens, lengths from ``draw``."""
+  rng = np.random.default_rng(seed + 1)
+  key = jax.random.key(seed)
+  serial = [0]
+
+  def prompts():
+    i = serial[0]
+    serial[0] += 1
+    real = int(rng.integers(p // 2, p + 1))
+    ids = np.zeros(p, np.int32)
+    ids[p - real:] = rng.integers(2, vocab, real)
+    mask = np.arange(p) >= p - real
+    return (i, ids, mask, draw(g), partial.key_data(jax.random.fold_in(key, i), g))
+  return prompts
+
+
+def run_mode(producer: partial.Producer, params, b: int, warmup: int, steps: int) -> dict:
+  """``steps`` timed steps (generation, then ``advance``) after ``warmup`` untimed ones."""
+  for _ in range(warmup):
+    producer.take(params, b)
+    producer.advance(params)
+  start_counts = partial.Counts(**vars(producer.counts))
+  seconds = 0.0
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    producer.take(params, b)
+    producer.advance(params)  # a discard (and a re-prefill) belong to the generation
+    jax.block_until_ready(producer.pool.tokens)
+    seconds += time.perf_counter() - t0
+  c = producer.counts.minus(start_counts)
+  return {"generation_s": round(seconds, 3), "tokens_generated": c.tokens_generated,
+          "tokens_trained": c.tokens_trained, "positions": c.positions,
+          "decode_positions": c.decode_positions, "prefill_positions": c.prefill_positions,
+          "reprefill_positions": c.reprefill_positions,
+          "useful_fraction": round(c.useful_fraction, 4),
+          "groups_trained": c.groups_trained, "groups_discarded": c.groups_discarded,
+          "in_flight_at_end": producer.in_flight(),
+          "generation_us_per_useful_token": round(1e6 * seconds / max(c.tokens_trained, 1), 3)}
+
+
+def update_seconds(graphdef, params, ids, mask, completions) -> float:
+  """Wall seconds of one update (after a compiling one): forward and backward over the rows, an Adam step."""
+  tx = optax.adam(1e-5)
+
+  def loss(p):
+    model = nnx.merge(graphdef, p)
+    return -jnp.mean(completion_logprobs(model, ids, mask, completions))
+
+  @jax.jit
+  def step(p, opt):
+    grads = jax.grad(loss)(p)
+    updates, opt = tx.update(grads, opt, p)
+    return optax.apply_updates(p, updates), opt
+
+  p, opt = params, tx.init(params)
+  times = []
+  for _ in range(2):  # the first call compiles
+    t0 = time.perf_counter()
+    p, opt = jax.block_until_ready(step(p, opt))
+    times.append(time.perf_counter() - t0)
+  return times[-1]
+
+
+def sampler_check(graphdef, params, model_config, config, rows: int, p: int) -> dict:
+  """Today's sampler and the static pool on the same rows, every row to T (see module doc)."""
+  t = config.max_new_tokens
+  rng = np.random.default_rng(0)
+  ids = rng.integers(2, model_config.vocab_size, (rows, p)).astype(np.int32)
+  mask = np.ones((rows, p), bool)
+  sample = sampler_lib.make_sampler(graphdef, config)
+  flat = lambda: (0, ids[0], mask[0], np.full(config.prompt_group, t, np.int32),
+                  partial.key_data(jax.random.key(0), config.prompt_group))
+  times = {}
+  for name in ("sampler", "pool"):
+    for i in range(2):
+      t0 = time.perf_counter()
+      if name == "sampler":
+        jax.block_until_ready(sample(params, ids, mask, jax.random.key(i)).completion_ids)
+      else:
+        producer = partial.Producer(graphdef, config, model_config, slots=rows, prompt_len=p,
+                                    chunk=t, max_staleness=0, prompts=flat, static=True)
+        producer.take(params, rows // config.prompt_group)
+      times[name] = time.perf_counter() - t0
+  return {"sampler_s": round(times["sampler"], 3), "static_pool_s": round(times["pool"], 3),
+          "sampler_over_pool": round(times["sampler"] / times["pool"], 3)}
+
+
+def bench_length(t: int, graphdef, params, model_config) -> dict:
+  """Every mode at completion length T."""
+  b, g, p = FLAGS.groups, FLAGS.group_size, FLAGS.prompt_len
+  slots = FLAGS.slots or b * g
+  measured = lengths_lib.read_lengths(FLAGS.lengths_file) if FLAGS.lengths == "file" else None
+  config = sampler_lib.SamplingConfig(max_new_tokens=t, eos_ids=(model_config.vocab_size,),
+                                      pad_id=0, temperature=1.0, prompt_group=g)
+
+  def producer(static, staleness):
+    rng = np.random.default_rng(FLAGS.seed)
+    draw = length_sampler(FLAGS.lengths, t, rng, median=FLAGS.median, at_limit=FLAGS.at_limit,
+                          measured=measured)
+    return partial.Producer(
+        graphdef, config, model_config, slots=b * g if static else slots, prompt_len=p,
+        chunk=FLAGS.chunk, max_staleness=staleness, static=static,
+        reprefill=FLAGS.cache == "reprefill",
+        prompts=prompt_source(model_config.vocab_size, p, g, draw, FLAGS.seed))
+
+  out = {"completion_len": t, "static": run_mode(producer(True, 0), params, b, FLAGS.warmup,
+                                                 FLAGS.steps)}
+  for s in sorted(int(v) for v in FLAGS.staleness):
+    out[f"pipeline_staleness_{s}"] = run_mode(producer(False, s), params, b, FLAGS.warmup + s,
+                                              FLAGS.steps)
+  rng = np.random.default_rng(0)
+  ids = rng.integers(2, model_config.vocab_size, (b * g, p)).astype(np.int32)
+  completions = rng.integers(2, model_config.vocab_size, (b * g, t)).astype(np.int32)
+  update = update_seconds(graphdef, params, ids, np.ones((b * g, p), bool), completions)
+  out["update_s"] = round(update, 4)
+  for key, mode in list(out.items()):
+    if isinstance(mode, dict):
+      mode["step_us_per_useful_token"] = round(
+          1e6 * (mode["generation_s"] + FLAGS.steps * update) / max(mode["tokens_trained"], 1),
+          3)
+  if FLAGS.check_sampler:
+    out["sampler_vs_static_pool"] = sampler_check(graphdef, params, model_config, config,
+                                                  b * g, p)
+  return out
+
+
+def headline(results: list[dict], staleness: int) -> dict:
+  """The JSON's summary at ``staleness`` over the lengths run (the largest T's figures first)."""
+  last = results[-1]
+  static, pipe = last["static"], last.get(f"pipeline_staleness_{staleness}")
+  if pipe is None:
+    raise ValueError(f"--default_staleness={staleness} is not among --staleness")
+  ratio = lambda k: round(static[k] / pipe[k], 3)
+  return {"completion_len": last["completion_len"], "default_staleness": staleness,
+          "static_useful_fraction": static["useful_fraction"],
+          "pipeline_useful_fraction": pipe["useful_fraction"],
+          "generation_speedup_per_useful_token": ratio("generation_us_per_useful_token"),
+          "step_speedup_per_useful_token": ratio("step_us_per_useful_token")}
+
+
+def main(argv):
+  del argv
+  console.quiet_unless_verbose()
+  if FLAGS.lengths == "file" and not FLAGS.lengths_file:
+    raise app.UsageError("--lengths=file needs --lengths_file")
+  if FLAGS.default_staleness not in [int(v) for v in FLAGS.staleness]:
+    raise app.UsageError(f"--default_staleness={FLAGS.default_staleness} is not among "
+                         f"--staleness={','.join(FLAGS.staleness)}")
+  model = from_pretrained(FLAGS.model)
+  graphdef, params = nnx.split(model)
+  lengths = [FLAGS.completion_len] if FLAGS.completion_len else [512, 1024, 2048]
+  results = []
+  for t in lengths:
+    results.append(bench_length(t, graphdef, params, model.config))
+    print(json.dumps(results[-1]), flush=True)
+  summary = headline(results, FLAGS.default_staleness)
+  summary["by_length"] = {
+      r["completion_len"]: {k: {"useful_fraction": v["useful_fraction"],
+                                "generation_us_per_useful_token":
+                                    v["generation_us_per_useful_token"]}
+                            for k, v in r.items() if isinstance(v, dict) and "useful_fraction"
+                            in v} for r in results}
+  if FLAGS.lengths == "lognormal":  # the static fraction's bound: every batch reaching T
+    summary["expected_mean_length_over_T"] = round(lengths_lib.expected_capped_mean(
+        summary["completion_len"], FLAGS.median, FLAGS.at_limit), 4)
+  print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

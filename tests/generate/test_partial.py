@@ -1,0 +1,123 @@
+"""Partial rollouts (``generate.partial.Producer``): groups complete across steps, each token
+stamped with the version that drew it, stale rows discarded with their group, every position
+counted."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from grpo_jax.generate import partial
+from grpo_jax.generate.sampler import SamplingConfig
+
+P, T = 6, 8
+EOS = 5
+
+
+def _prompts(stops, g=1, eos_free=True):
+  """``prompts()`` giving group i the stop lengths ``stops[i]`` (cycled), prompt ids >= 6."""
+  serial = [0]
+
+  def prompts():
+    i = serial[0]
+    serial[0] += 1
+    ids = np.full(P, 7 + i % 50, np.int32)
+    mask = np.ones(P, bool)
+    stop = np.full(g, stops[i % len(stops)], np.int32)
+    return (i, ids, mask, stop, partial.key_data(jax.random.key(i), g))
+  return prompts
+
+
+def _producer(split, *, g=1, slots=2, chunk=1, staleness=8, stops=(2, 8, 2), **kw):
+  # EOS is an id the tiny model never reaches with ids < 128 (vocab 128): the stop rule decides.
+  config = SamplingConfig(max_new_tokens=T, eos_ids=(10_000,), pad_id=0, prompt_group=g)
+  return partial.Producer(split[0], config, nnx.merge(*split).config, slots=slots,
+                          prompt_len=P, chunk=chunk, max_staleness=staleness,
+                          prompts=_prompts(stops, g), **kw)
+
+
+def test_a_long_row_spans_versions_and_keeps_each_tokens_version(split):
+  # Two slots, one group of one row per step, chunks of one decode step. Group 0 (2 tokens)
+  # and group 1 (8 tokens) start at version 0; each step one short group (2 tokens: the
+  # prefill's token and one decode step) completes while group 1 gains one token. Group 1's
+  # token 0 comes from the prefill at version 0 and token j >= 1 from the decode step of step
+  # j - 1, at version j - 1: versions [0, 0, 1, 2, 3, 4, 5, 6]. It completes in step 6 beside
+  # that step's short group, which was harvested first (slot 0), and is handed out at step 7,
+  # staleness 7 - 0 = 7.
+  producer = _producer(split, stops=(2, 8, 2, 2, 2, 2, 2, 2))
+  taken = []
+  for _ in range(8):
+    taken += producer.take(split[1], 1)
+    producer.advance(split[1])
+  tags = [g.tag for g in taken]
+  assert tags == [0, 2, 3, 4, 5, 6, 7, 1]
+  long = taken[-1]
+  np.testing.assert_array_equal(long.versions[0], [0, 0, 1, 2, 3, 4, 5, 6])
+  np.testing.assert_array_equal(taken[1].versions[0, :2], [1, 1])
+  assert long.lengths[0] == T and [int(g.lengths[0]) for g in taken[:-1]] == [2] * 7
+  c = producer.counts
+  assert c.groups_discarded == 0 and c.tokens_trained == 7 * 2 + T
+  # One decode step in each of steps 0..6, over both slots; step 7 hands out the ready group
+  # 1 without decoding or admitting. One prefill of P per group admitted: groups 0..7.
+  assert c.decode_steps == 7 and c.decode_positions == 14
+  assert c.prefill_positions == 8 * P
+
+
+def test_a_row_past_the_staleness_bound_is_discarded_with_its_group(split):
+  # As above with max_staleness 6: after the update to version 7 group 1 (oldest token at
+  # version 0) is 7 > 6 stale and is dropped from the ready queue, counted as generated.
+  producer = _producer(split, staleness=6, stops=(2, 8, 2, 2, 2, 2, 2, 2))
+  taken = []
+  for _ in range(8):
+    taken += producer.take(split[1], 1)
+    producer.advance(split[1])
+  assert 1 not in [g.tag for g in taken]
+  c = producer.counts
+  assert c.groups_discarded == 1 and c.rows_discarded == 1
+  assert c.tokens_generated >= c.tokens_trained + T
+
+
+def test_rows_in_flight_are_dropped_when_they_can_no_longer_be_trained(split):
+  # max_staleness 1: group 1 (8 tokens) is still decoding at the update to version 2 with its
+  # oldest token at version 0: dropped from the pool then, its slot free for new prompts.
+  producer = _producer(split, staleness=1, stops=(2, 8, 2, 2))
+  for _ in range(2):
+    producer.take(split[1], 1)
+    producer.advance(split[1])
+  assert producer.counts.groups_discarded == 1
+  assert producer.in_flight() == 0  # slot 1 released (no group waits in slot 0 either)
+
+
+def test_groups_complete_from_rows_in_any_slots_and_static_runs_to_the_longest(split):
+  # G = 2, four slots: a group completes when both its rows have ended, wherever they sit.
+  pipe = _producer(split, g=2, slots=4, chunk=2, stops=(3, 8, 5))
+  static = _producer(split, g=2, slots=4, stops=(3, 8, 5), static=True)
+  taken = {}
+  for producer in (pipe, static):
+    groups = taken[producer] = producer.take(split[1], 2)
+    assert len(groups) == 2
+    for group in groups:
+      assert group.tokens.shape == (2, T) and np.all(group.lengths == group.lengths[0])
+    assert producer.counts.decode_positions == producer.counts.decode_steps * 4
+  # The static batch (groups of 3 and 8 tokens) decodes until its longest row ends: 7 steps.
+  assert static.counts.decode_steps == 7 and not static.pool_live()
+  # The pipeline (two groups in flight, chunks of 2): group 0 (3 tokens) ends in chunk 1
+  # (steps 1-2) and group 2 (5 tokens) takes its slots, ending in chunk 3 (steps 5-6) while
+  # group 1 (8 tokens) is at 7 tokens: groups 0 and 2 after 6 decode steps, group 1 in flight.
+  assert pipe.counts.decode_steps == 6 and pipe.in_flight() == 2
+  assert [(g.tag, int(g.lengths[0])) for g in taken[pipe]] == [(0, 3), (2, 5)]
+
+
+@pytest.mark.parametrize("budget,staleness", [(3, 1), (1, 5)])
+def test_a_budget_that_can_never_finish_a_row_is_refused_in_one_line(split, budget, staleness):
+  # T = 8 needs 7 decode steps: 3 x (1 + 1) = 6 and 1 x (5 + 1) = 6 are short of it.
+  with pytest.raises(ValueError, match="can never finish a row of 8 tokens") as e:
+    _producer(split, budget=budget, staleness=staleness)
+  assert "\n" not in str(e.value)
+  _producer(split, budget=budget, staleness=staleness + 1)  # 7 or more: accepted
+
+
+def test_a_budget_ends_the_step_with_the_groups_complete_by_then(split):
+  producer = _producer(split, slots=2, budget=1, stops=(8, 8), staleness=7)
+  assert producer.take(split[1], 1) == []  # one decode step: no 8-token row has ended
+  assert producer.counts.decode_steps == 1
