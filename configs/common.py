@@ -85,6 +85,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.top_k = 0  # must stay 0 for RL: the loss's log-probs are of the full softmax
   c.rollout.top_p = 1.0  # must stay 1.0 for RL (same reason)
   c.rollout.sampler_rows = 0  # rows one sampler pass holds a KV cache for (0 = all B x G); a multiple of G dividing B x G
+  # Partial rollouts (grpo_jax/allocation/partial.py): rows in a slot pool outlive their step;
+  # a step takes the first B groups to complete, the rest continue under the next parameters.
+  c.rollout.partial = False
+  c.rollout.slots = 0  # rows in flight (0 = B x G, the static batch's KV cache); a multiple of G
+  c.rollout.max_staleness = 4  # most updates between a trained token's version and the trained one
+  c.rollout.chunk = 0  # decode steps between two looks at which rows ended (0 = T / 32, at least 1)
+  c.rollout.decode_budget = 0  # most decode steps per step (0 = until B groups are complete)
+  c.rollout.partial_cache = "keep"  # keep | reprefill: a continued row's KV cache after an update
 
   # The train step's group: StepConfig's fields (grpo_jax/rl/step_config.py says what each
   # does), with the advantage estimator (rl.estimator: grpo | drgrpo | rloo, each its group

@@ -31,6 +31,41 @@ ConfigError = errors.ConfigError  # re-exported: callers catch configuration.Con
 _check = errors.check
 
 
+PARTIAL_CACHES = ("keep", "reprefill")
+
+
+def _partial_rollouts(config) -> None:
+  """``rollout.partial`` and its knobs (``allocation/partial.py``), each refusal one line."""
+  r = config.rollout
+  for name in ("partial", "slots", "max_staleness", "chunk", "decode_budget", "partial_cache"):
+    _check(name in r, f"rollout.{name}", "missing (start from configs/common.py)")
+  _check(isinstance(r.partial, bool), "rollout.partial", f"{r.partial!r} must be true or false")
+  rows = r.batch_prompts * r.group_size
+  _check(isinstance(r.slots, int) and r.slots >= 0 and r.slots % r.group_size == 0,
+         "rollout.slots", f"{r.slots!r} must be 0 (B x G = {rows}) or a multiple of "
+         f"rollout.group_size ({r.group_size})")
+  _check(isinstance(r.max_staleness, int) and r.max_staleness >= 0, "rollout.max_staleness",
+         f"{r.max_staleness!r} must be an integer >= 0")
+  _check(isinstance(r.chunk, int) and r.chunk >= 0, "rollout.chunk",
+         f"{r.chunk!r} must be an integer >= 0 (0 = rollout.completion_len / 32, at least 1)")
+  _check(isinstance(r.decode_budget, int) and r.decode_budget >= 0, "rollout.decode_budget",
+         f"{r.decode_budget!r} must be an integer >= 0 (0 = until B groups are complete)")
+  _check(r.partial_cache in PARTIAL_CACHES, "rollout.partial_cache",
+         f"{r.partial_cache!r}; known: {', '.join(PARTIAL_CACHES)}")
+  if not r.partial:
+    return
+  budget, t = r.decode_budget, r.completion_len
+  _check(not budget or budget * (r.max_staleness + 1) >= t - 1, "rollout.decode_budget",
+         f"{budget} decode steps per step x (rollout.max_staleness {r.max_staleness} + 1) can "
+         f"never finish a row of rollout.completion_len={t} tokens ({t - 1} after the "
+         "prefill's): raise either")
+  _check(config.allocation.method == "uniform", "rollout.partial",
+         f"not yet with allocation.method={config.allocation.method!r}: partial rollouts run "
+         "the uniform allocation (any selector)")
+  _check(not r.sampler_rows, "rollout.sampler_rows",
+         f"{r.sampler_rows}: partial rollouts hold rollout.slots rows in flight; set 0 and "
+         "size the pool with rollout.slots")
+
 def validate(config, *, weights: bool = True) -> None:
   """Raises ConfigError naming the first invalid field of an RL config.
 
@@ -89,6 +124,7 @@ def validate(config, *, weights: bool = True) -> None:
   _check(r.top_p == 1.0, "rollout.top_p",
          f"{r.top_p}: RL rollouts must sample the full distribution (set 1.0); the loss's "
          "log-probs are not top-p filtered")
+  _partial_rollouts(config)
   _check(rl.score_base in scoring.SCORE_BASES, "rl.score_base",
          f"{rl.score_base!r}; known: {', '.join(scoring.SCORE_BASES)}")
   _validate_rewards(config)
@@ -241,6 +277,8 @@ def check_mesh(config, mesh) -> None:
   _check(not blocks or (blocks // r.group_size) % shards == 0, "rollout.sampler_rows",
          f"{blocks} rows = {blocks // r.group_size} groups per sampler pass must be a multiple "
          f"of mesh data x fsdp = {shards} (each pass's rows are split over those devices)")
+  _check(not r.partial, "rollout.partial",
+         f"not yet under a mesh ({shards} batch shards): the slot pool runs on one device")
   _check(config.replay.capacity % shards == 0, "replay.capacity",
          f"{config.replay.capacity} entries must be a multiple of mesh data x fsdp = {shards} "
          "(buffer entries are split like the batch)")

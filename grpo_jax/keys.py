@@ -5,6 +5,9 @@ one random function), never both, and no two consumers share a key:
 
     run          = key(seed)
     lora_init    = fold_in(run, LORA_INIT)         the LoRA adapters' A draws (models/lora.py)
+    partial      = fold_in(run, PARTIAL_ROWS)      parent of partial rollouts' groups:
+      group(i)   = fold_in(partial, i)             split into its rows' keys; a row draws
+                                                   token t with fold_in(row key, t)
     evaluation   = fold_in(run, EVALUATION)        parent of the evaluation batches:
       batch(i)   = fold_in(evaluation, i)          parent of the sampler's token keys
     train(s)     = fold_in(fold_in(run, TRAIN), s) parent of step s's consumers:
@@ -34,6 +37,7 @@ UPDATE = 4
 REPLAY = 5
 SHUFFLE = 6
 LORA_INIT = 7
+PARTIAL_ROWS = 8
 
 
 def run_key(seed: int) -> jax.Array:
@@ -44,6 +48,13 @@ def run_key(seed: int) -> jax.Array:
 def lora_init(seed: int) -> jax.Array:
   """The key of the LoRA adapters' initial draws (``nnx.Rngs(params=...)``)."""
   return jax.random.fold_in(run_key(seed), LORA_INIT)
+
+
+def partial_rows(seed: int) -> jax.Array:
+  """Parent of the keys of partial rollouts' groups (``allocation.partial``): group i's rows
+  split ``fold_in(partial_rows, i)`` (rows outlive their step, so their keys cannot hang off a
+  step's key)."""
+  return jax.random.fold_in(run_key(seed), PARTIAL_ROWS)
 
 
 def evaluation_batch(seed: int, batch: int) -> jax.Array:

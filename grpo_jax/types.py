@@ -38,8 +38,9 @@ class Rollout:
 
   The sampler fills the generation fields (prompt_*, completion_*, behaviour_logp, truncated)
   and leaves the others unset (score 0, no success, prompt_id -1, version 0); the host's
-  reward sets scores and success, and ``rounds.assemble`` the prompt's data position and the
-  policy version.
+  reward sets scores and success, and ``rounds.assemble`` the prompt's data position and, for
+  rows drawn within one step, the policy version (a slot pool's rows, ``generate.partial``,
+  come with the version of each token).
 
   Attributes:
     prompt_ids: int32 [N, P] prompts, left padded.
@@ -53,7 +54,11 @@ class Rollout:
       overlong penalty).
     success: bool [N], the task's accuracy signal.
     prompt_id: int32 [N] data position of the prompt (identifies the group's prompt).
-    version: int32 [N] policy step that generated the row.
+    version: int32 [N, T] the version of each token: the number of optimiser updates of the
+      parameters that drew it (a synchronous step's rows: the step, every token). A row's
+      version is its oldest token's, token 0's (``row_version``); the staleness of a token
+      trained at version v is v - its version. Positions past a row's end carry its last
+      token's version or 0; nothing reads them.
   """
 
   prompt_ids: Any
@@ -70,6 +75,11 @@ class Rollout:
   @property
   def num_rows(self) -> int:
     return self.completion_ids.shape[0]
+
+  @property
+  def row_version(self):
+    """int32 [N] each row's version: its oldest (first) token's."""
+    return self.version[..., 0]
 
   @property
   def lengths(self):

@@ -140,7 +140,7 @@ def rollouts(graphdef, params) -> list[Rollout]:
                        completion_mask=c.completion_mask, behaviour_logp=c.behaviour_logp,
                        scores=s, truncated=c.truncated, success=s >= 1.0,
                        prompt_id=np.repeat(np.arange(B) + 10 * i, G).astype(np.int32),
-                       version=np.full((N,), i, np.int32)))
+                       version=np.full(c.completion_ids.shape, i, np.int32)))
   return out
 
 

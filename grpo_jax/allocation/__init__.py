@@ -4,10 +4,12 @@
 names: a rule (``method``, registered in ``RULES``: uniform | dynamic_sampling | sara) over a
 selector (``selector``, registered in ``SELECTORS``: stream | mopps | dps). Each reads its own
 group (``config.allocation.sara``, ``config.allocation.mopps``, ...); ``max_rounds`` is shared.
+``rollout.partial`` replaces the uniform rule's rounds by a slot pool (``partial.py``).
 """
 
 from grpo_jax.allocation.allocator import RULES, Allocator, FullGroups
 from grpo_jax.allocation.dynamic_sampling import DynamicSampling
+from grpo_jax.allocation.partial import PartialGroups
 from grpo_jax.allocation.rounds import Prompt, RoundSampler, Rows
 from grpo_jax.allocation.sara import Sara, p_effective
 from grpo_jax.allocation.selectors import (SELECTORS, DpsSelector, MoppsSelector,
@@ -22,10 +24,12 @@ def spec(table, group, name: str):
 
 
 def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None,
-                   scorer=None) -> Allocator:
+                   scorer=None, make_producer=None) -> Allocator:
   """The allocator described by ``config.allocation`` (validated by grpo_jax.configuration);
   its rows are scored by ``scorer`` (``scoring.make_scorer`` when None) and its phases timed on
-  ``timer`` (a ``timing.PhaseTimer``; a private one when None)."""
+  ``timer`` (a ``timing.PhaseTimer``; a private one when None). With ``make_producer``
+  (``rollout.partial``: ``run.build.producer_factory``) the rows come from a slot pool
+  (``PartialGroups``)."""
   a, r = config.allocation, config.rollout
   selector = spec(SELECTORS, a, a.selector).build(
       stream, size=pool_size(task, config.task.train_size), seed=config.seed)
@@ -33,11 +37,15 @@ def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None,
                          prompt_len=r.prompt_len, overlong_buffer=config.rl.overlong_buffer,
                          overlong_factor=config.rl.overlong_penalty,
                          scorer=scorer or scoring.make_scorer(config, task), timer=timer)
+  if make_producer is not None:
+    return PartialGroups(selector, sampler, make_producer=make_producer,
+                         num_groups=r.batch_prompts, group_size=r.group_size,
+                         effective_signal=config.rl.effective_signal, seed=config.seed)
   return spec(RULES, a, a.method).build(
       selector, sampler, num_groups=r.batch_prompts, group_size=r.group_size,
       effective_signal=config.rl.effective_signal, max_rounds=a.max_rounds, seed=config.seed)
 
 
 __all__ = ["Allocator", "DpsSelector", "DynamicSampling", "FullGroups", "MoppsSelector",
-           "Prompt", "RULES", "RoundSampler", "Rows", "SELECTORS", "Sara",
+           "PartialGroups", "Prompt", "RULES", "RoundSampler", "Rows", "SELECTORS", "Sara",
            "StreamSelector", "make_allocator", "p_effective", "pool_size", "spec"]

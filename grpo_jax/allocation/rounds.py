@@ -149,9 +149,18 @@ class RoundSampler:
       out = jax.device_get(self.sample_fn(params, ids, mask, rng).replace(
           prompt_ids=ids, prompt_mask=mask))
     self.rounds += 1
+    n = len(layout)  # the free tail is sampled but never decoded or scored
+    rows = self.score(jax.tree.map(lambda x: x[:n], out), problems)
     with self.timer.phase("scoring"):
-      n = len(layout)  # the free tail is sampled but never decoded or scored
-      rollout = jax.tree.map(lambda x: x[:n], out)
+      bounds = np.cumsum([0] + counts + [c for _, c in extra])
+      parts = [rows.take(np.arange(bounds[i], bounds[i + 1])) for i in range(len(bounds) - 1)]
+    return parts[:len(counts)], list(zip(fitted, parts[len(counts):]))
+
+
+  def score(self, rollout: Rollout, problems: list) -> Rows:
+    """The host's Rows of R sampled rows (a Rollout of numpy arrays) of the given problems:
+    decoded, scored (the scorer, then DAPO's overlong penalty), timed as "scoring"."""
+    with self.timer.phase("scoring"):
       completions = tokenization.decode_completions(self.tokenizer, rollout.completion_ids,
                                                     rollout.completion_mask)
       ids = None
@@ -161,11 +170,8 @@ class RoundSampler:
       scores = scores + rewards_lib.overlong_penalty(
           rollout.lengths, rollout.truncated, rollout.completion_ids.shape[1],
           self.overlong_buffer, self.overlong_factor).astype(np.float32)
-      rows = Rows(rollout=rollout.replace(scores=scores, success=success), errors=errors,
+      return Rows(rollout=rollout.replace(scores=scores, success=success), errors=errors,
                   texts=completions)
-      bounds = np.cumsum([0] + counts + [c for _, c in extra])
-      parts = [rows.take(np.arange(bounds[i], bounds[i + 1])) for i in range(len(bounds) - 1)]
-    return parts[:len(counts)], list(zip(fitted, parts[len(counts):]))
 
 
 def empty_rows(like: Rows, n: int) -> Rows:
@@ -182,11 +188,13 @@ def empty_rows(like: Rows, n: int) -> Rows:
 
 
 def assemble(groups: list[tuple[Prompt, Rows]], num_groups: int, group_size: int,
-             version: int) -> tuple[Rollout, int]:
+             version: int | None) -> tuple[Rollout, int]:
   """The train step's Rollout: ``groups`` (each exactly G rows) then empty groups up to B.
 
   Returns:
-    (Rollout with N = B * G rows on the device, number of empty groups added).
+    (Rollout with N = B * G rows on the device, every token stamped ``version``, or keeping
+    the versions the rows carry when it is None (partial rollouts: each token its own), the
+    empty groups' at their first group's; number of empty groups added).
   """
   if not groups:
     raise ValueError("assemble needs at least one group (to shape the empty ones)")
@@ -199,8 +207,9 @@ def assemble(groups: list[tuple[Prompt, Rows]], num_groups: int, group_size: int
     parts.append(empty_rows(parts[0], empty * group_size))
     ids.append(np.full((empty * group_size,), groups[0][0].index, np.int32))
   rows = Rows.concat(parts).rollout
-  rows = rows.replace(prompt_id=np.concatenate(ids),
-                      version=np.full((len(rows.scores),), version, np.int32))
+  rows = rows.replace(prompt_id=np.concatenate(ids))
+  if version is not None:
+    rows = rows.replace(version=np.full(rows.completion_ids.shape, version, np.int32))
   rollout = jax.tree.map(jnp.asarray, rows)
   return rollout, empty
 

@@ -232,7 +232,7 @@ def train_point(tiny: bool, method: str, attention: str, rows: int, group: int, 
       completion_mask=jnp.ones((n, t), bool),
       behaviour_logp=jnp.asarray(-rng.uniform(0.1, 8.0, (n, t)), jnp.float32),
       scores=scores, truncated=jnp.ones((n,), bool), success=scores > 0,
-      prompt_id=jnp.arange(n, dtype=jnp.int32) // g, version=jnp.zeros(n, jnp.int32))
+      prompt_id=jnp.arange(n, dtype=jnp.int32) // g, version=jnp.zeros((n, t), jnp.int32))
   method_config = configuration.replay_method(config)
   replay = replay_lib.init_replay(config.replay.capacity, method_config.entry_size(g), p, t)
   tx = optim.make_optimizer(config)

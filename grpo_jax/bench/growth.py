@@ -160,7 +160,7 @@ def measure(graphdef, params, rows: int, prompt_len: int, completion_len: int,
                     behaviour_logp=out.behaviour_logp, scores=scores_N,
                     truncated=out.truncated,
                     success=scores_N > 0, prompt_id=jnp.zeros(n, jnp.int32),
-                    version=jnp.zeros(n, jnp.int32))
+                    version=jnp.zeros(out.completion_ids.shape, jnp.int32))
   tx = optax.adamw(1e-5)
   step_config = StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=kl_coef))
   holder = {"state": step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),

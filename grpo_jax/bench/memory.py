@@ -130,7 +130,7 @@ def abstract_inputs(cfg: ModelConfig, tx, b: int, g: int, p: int, t: int, with_r
                     behaviour_logp=s((n, t), jnp.float32), scores=s((n,), jnp.float32),
                     truncated=s((n,), bool),
                     success=s((n,), bool), prompt_id=s((n,), jnp.int32),
-                    version=s((n,), jnp.int32))
+                    version=s((n, t), jnp.int32))
   key = jax.eval_shape(lambda: jax.random.key(0))
   return graphdef, state, replay, rollout, (params if with_ref else None), key
 
@@ -291,7 +291,7 @@ def config_memory(config) -> dict:
                     behaviour_logp=s((n, t), jnp.float32), scores=s((n,), jnp.float32),
                     truncated=s((n,), bool),
                     success=s((n,), bool), prompt_id=s((n,), jnp.int32),
-                    version=s((n,), jnp.int32))
+                    version=s((n, t), jnp.int32))
   key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                              sharding=sharding.replicated(mesh))
   out = {"mesh": dict(mesh.shape), "params": cfg.num_params}

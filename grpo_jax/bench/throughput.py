@@ -151,7 +151,8 @@ def main(argv):
                       completion_ids=out.completion_ids, completion_mask=out.completion_mask,
                       behaviour_logp=out.behaviour_logp, truncated=out.truncated,
                       scores=scores, success=scores > 0,
-                      prompt_id=jnp.zeros(n, jnp.int32), version=jnp.full(n, i, jnp.int32))
+                      prompt_id=jnp.zeros(n, jnp.int32),
+                      version=jnp.full(out.completion_ids.shape, i, jnp.int32))
     line = f"step {i}: gen {t1 - t0:.3f}s"
     for method, run in runs.items():
       rows = _repeat_rows(rollout, run["rows"]) if "rows" in run else rollout

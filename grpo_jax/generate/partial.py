@@ -94,6 +94,10 @@ class Group:
   def oldest(self) -> int:
     return int(self.versions[:, 0].min())
 
+  def tokens_mask(self) -> np.ndarray:
+    """bool [G, T]: the rows' real tokens."""
+    return np.arange(self.tokens.shape[1])[None, :] < self.lengths[:, None]
+
 
 # One prompt of a group: (tag, prompt ids [P], mask [P], stop_at [G] or None, key data [G, 2]).
 Prompt = tuple
@@ -148,6 +152,7 @@ class Producer:
     self._serial = 0  # groups admitted so far: a group's rows have tickets serial * G + g
     self._groups: dict[int, dict] = {}  # serial -> {prompt, rows: {g: arrays}, slots}
     self.ready: collections.deque[Group] = collections.deque()
+    self._stale_cache = False  # restored rows whose cache is still to be rebuilt
 
   # -- admission ---------------------------------------------------------------------------
   def _admit_groups(self, params, free: np.ndarray) -> None:
@@ -162,8 +167,8 @@ class Producer:
       rows = size * self.g
       ids = np.repeat(np.stack([p[1] for p in prompts]), self.g, axis=0)
       mask = np.repeat(np.stack([p[2] for p in prompts]), self.g, axis=0)
-      stop = np.concatenate([self.t if p[3] is None else np.minimum(p[3], self.t) * np.ones(
-          self.g, np.int32) for p in prompts]).astype(np.int32)
+      stop = np.concatenate([np.full(self.g, self.t) if p[3] is None else np.minimum(p[3], self.t)
+                             for p in prompts]).astype(np.int32)
       keys = np.concatenate([p[4] for p in prompts]).astype(np.uint32)
       slots = free[start * self.g:start * self.g + rows]
       tickets = np.arange(self._serial * self.g, (self._serial + size) * self.g, dtype=np.int32)
@@ -207,6 +212,7 @@ class Producer:
   def take(self, params, b: int) -> list[Group]:
     """B complete groups (first completed first), decoding until they are ready or the
     ``budget`` is spent (then fewer); rows in flight stay."""
+    self._rebuild_cache(params)
     spent = 0
     while len(self.ready) < b and (not self.budget or spent < self.budget):
       free = np.flatnonzero(~np.asarray(self.pool.live))
@@ -229,6 +235,7 @@ class Producer:
   def advance(self, params) -> None:
     """After an update: the version moves on; rows too old to train are discarded (whole
     groups), and with ``reprefill`` the live rows' cache is recomputed under ``params``."""
+    self._rebuild_cache(params)
     self.version += 1
     oldest_allowed = self.version - self.max_staleness
     kept = collections.deque()
@@ -257,10 +264,76 @@ class Producer:
     self.counts.groups_discarded += 1
     self.counts.rows_discarded += rows
 
+  # -- checkpoint ----------------------------------------------------------------------------
+  def state_dict(self) -> dict:
+    """Everything in flight, JSON-ready: the pool's rows (not its KV cache, which ``restore``
+    rebuilds), the groups waiting for rows, the ready queue, the version and the counts."""
+    pool = {f: np.asarray(getattr(self.pool, f)).tolist() for f in _POOL_FIELDS}
+    groups = {str(k): {"prompt": _prompt_json(v["prompt"]),
+                       "rows": {str(g): [np.asarray(a).tolist() for a in r]
+                                for g, r in v["rows"].items()}}
+              for k, v in self._groups.items()}
+    ready = [{f.name: _jsonable(getattr(g, f.name)) for f in dataclasses.fields(Group)}
+             for g in self.ready]
+    return {"version": self.version, "serial": self._serial, "counts": vars(self.counts),
+            "pool": pool, "groups": groups, "ready": ready}
+
+  def load_state_dict(self, state: dict) -> None:
+    """Restores ``state_dict``'s rows; the pool's cache is rebuilt (a forward pass under the
+    parameters of the next ``take`` or ``advance``): exact under ``reprefill``, and under
+    ``keep`` the continued rows then attend to keys and values of the resumed parameters
+    where the run that saved them held those of older ones."""
+    self.version, self._serial = int(state["version"]), int(state["serial"])
+    self.counts = Counts(**state["counts"])
+    fields = {f: jnp.asarray(np.asarray(state["pool"][f], np.asarray(getattr(
+        self.pool, f)).dtype)) for f in _POOL_FIELDS}
+    self.pool = self.pool.replace(**fields)
+    self._groups = {int(k): {"prompt": _prompt_from_json(v["prompt"]),
+                             "rows": {int(g): tuple(np.asarray(a, d) for a, d in zip(r, _ROW_DTYPES))
+                                      for g, r in v["rows"].items()}}
+                    for k, v in state["groups"].items()}
+    self.ready = collections.deque(
+        Group(tag=g["tag"], **{k: np.asarray(g[k], d) for k, d in _GROUP_DTYPES.items()})
+        for g in state["ready"])
+    self._stale_cache = True
+
+  def _rebuild_cache(self, params) -> None:
+    if self._stale_cache:
+      self._stale_cache = False
+      if self.pool_live():
+        self.pool = self._reprefill(params, self.pool)
+        self.counts.reprefill_positions += self.slots * (self.p + self.t)
+
+  def tags_in_flight(self) -> set:
+    """The tags of the groups not yet handed out or discarded."""
+    return {v["prompt"][0] for v in self._groups.values()} | {g.tag for g in self.ready}
+
   def in_flight(self) -> int:
     """Rows live in the pool (unfinished or awaiting their group's other rows)."""
     return int(np.asarray(self.pool.live).sum()) + sum(
         len(g["rows"]) for g in self._groups.values())
+
+
+_POOL_FIELDS = ("prompt_ids", "prompt_mask", "tokens", "logp", "versions", "length", "live",
+                "done", "ended", "key", "stop_at", "ticket")
+# A harvested row: (tokens, logp, versions, length, ended).
+_ROW_DTYPES = (np.int32, np.float32, np.int32, np.int32, bool)
+_GROUP_DTYPES = {"prompt_ids": np.int32, "prompt_mask": bool, "tokens": np.int32,
+                 "logp": np.float32, "versions": np.int32, "lengths": np.int32, "ended": bool}
+
+
+def _jsonable(x):
+  return np.asarray(x).tolist() if isinstance(x, (np.ndarray, np.generic)) else x
+
+
+def _prompt_json(prompt: Prompt) -> list:
+  return [_jsonable(x) for x in prompt]
+
+
+def _prompt_from_json(values: list) -> Prompt:
+  tag, ids, mask, stop, key = values
+  return (tag, np.asarray(ids, np.int32), np.asarray(mask, bool),
+          None if stop is None else np.asarray(stop, np.int32), np.asarray(key, np.uint32))
 
 
 def key_data(key, n: int) -> np.ndarray:

@@ -192,7 +192,7 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
   Returns:
     A Rollout of the N rows: the prompts, [N, T] completion tokens, mask and behaviour
     log-probs, the truncation flags; scores, success, prompt_id and version unset (0, False,
-    -1, 0) for the host to fill.
+    -1, 0) for the host to fill (version [N, T]).
 
   Raises:
     ValueError: ``config.row_block`` does not divide N (at trace time).
@@ -271,7 +271,7 @@ def _sample_rows(model: CausalLM, prompt_ids_NxP, prompt_mask_NxP, rng,
                  completion_ids=tokens_NxT, completion_mask=mask_NxT, behaviour_logp=logp_NxT,
                  truncated=~done_N, scores=jnp.zeros((n,), jnp.float32),
                  success=jnp.zeros((n,), bool), prompt_id=jnp.full((n,), -1, jnp.int32),
-                 version=jnp.zeros((n,), jnp.int32))
+                 version=jnp.zeros((n, t_max), jnp.int32))
 
 
 def make_sampler(graphdef: nnx.GraphDef, config: SamplingConfig, mesh=None):

@@ -270,7 +270,7 @@ def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_metho
   age_N = None
   if interpolates(config, comp, full_NxT, replaying):
     # Denominators in the loss, from pi_prox interpolated in each update.
-    age_N = jnp.where(replayed_N, step - mixed.version, 0).astype(jnp.float32)
+    age_N = jnp.where(replayed_N, step - mixed.row_version, 0).astype(jnp.float32)
   elif replaying:
     objective = objectives.OBJECTIVES[config.replay.objective]
     replayed_prox_NxT = None
@@ -330,7 +330,7 @@ def _metrics(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContex
     metrics.update(more)
   if replaying:
     metrics.update(step_metrics.replay_age_metrics(batch.loss_mask, comp.replayed,
-                                                   comp.rollout.version, ctx.step))
+                                                   comp.rollout.row_version, ctx.step))
     metrics.update(comp.metrics)
   if config.effective_signal != config.reward_signal:
     metrics["effective_advantage_disagree"] = step_metrics.effective_disagreement(

@@ -8,6 +8,7 @@ newest readable checkpoint, and returns a ``Run``: ``Setup`` (frozen) and ``Prog
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any
 
@@ -24,6 +25,7 @@ from grpo_jax import keys
 from grpo_jax import sharding as sharding_lib
 from grpo_jax import tasks as tasks_lib
 from grpo_jax import timing
+from grpo_jax.generate import partial as partial_lib
 from grpo_jax.generate import prompts as prompts_lib
 from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.models import CheckpointError, from_pretrained, lora
@@ -151,14 +153,17 @@ def setup(config, workdir: str) -> Run:
   task = tasks_lib.make_task(config)
   stream = prompts_lib.PromptStream(task, tokenizer, r.prompt_len, config.task.chat_template,
                                     train_size=config.task.train_size)
-  sample_fn = sampler_lib.make_sampler(graphdef, sampler_lib.sampling_config_for(
+  sampling = sampler_lib.sampling_config_for(
       tokenizer, r.completion_len, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
       model_path=config.model.path,
       prompt_group=r.group_size if config.rl.shared_prompts else 1,
-      row_block=r.sampler_rows), mesh)
+      row_block=r.sampler_rows)
+  sample_fn = sampler_lib.make_sampler(graphdef, sampling, mesh)
   timer = timing.PhaseTimer()  # this step's phases; the allocator times its own on it
   scorer = scoring.make_scorer(config, task)  # the user's reward functions load here
-  allocator = allocation.make_allocator(config, sample_fn, tokenizer, task, stream, timer, scorer)
+  allocator = allocation.make_allocator(
+      config, sample_fn, tokenizer, task, stream, timer, scorer,
+      make_producer=producer_factory(config, graphdef, params, sampling) if r.partial else None)
 
   # Only now, after every input has been checked, is anything written.
   os.makedirs(workdir, exist_ok=True)
@@ -191,6 +196,19 @@ def setup(config, workdir: str) -> Run:
           scorer=scorer, eval_sets=_eval_sets(config, task, stream), timer=timer, start=start,
           complete=complete),
       progress=Progress(state=state, replay=replay, counters=counters, timers=timers))
+
+
+def producer_factory(config, graphdef, params, sampling):
+  """``make_producer(prompts=...)``: the slot pool of ``rollout.partial``
+  (``generate.partial.Producer``), its rows in groups of G sharing each prompt's prefill."""
+  r = config.rollout
+  return functools.partial(
+      partial_lib.Producer, graphdef,
+      dataclasses.replace(sampling, prompt_group=r.group_size, row_block=0),
+      nnx.merge(graphdef, params).config, slots=r.slots or r.batch_prompts * r.group_size,
+      prompt_len=r.prompt_len, chunk=r.chunk or max(1, r.completion_len // 32),
+      max_staleness=r.max_staleness,
+      reprefill=r.partial_cache == "reprefill", budget=r.decode_budget)
 
 
 def frozen_reference(params, dtype: str):

@@ -31,6 +31,7 @@ import threading
 import time
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from grpo_jax.models import CheckpointError, lora
@@ -267,6 +268,9 @@ class Checkpointer:
         written before the layers were stacked (this version cannot read it).
     """
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self._tree(state, replay))
+    row_versions = self._row_versions(step, abstract)
+    if row_versions is not None:  # written before tokens carried their own version
+      abstract = row_versions
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
@@ -279,10 +283,33 @@ class Checkpointer:
             "cannot restore it; export it with the version that wrote it "
             "(python -m grpo_jax.export), or start the run in a new workdir") from None
       raise
+    if row_versions is not None:  # each stored row's version, given to each of its tokens
+      old = restored.state["replay"]
+      version = jnp.broadcast_to(old.rollouts.version[..., None],
+                                 old.rollouts.completion_ids.shape)
+      restored.state["replay"] = old.replace(rollouts=old.rollouts.replace(version=version))
     train = restored.state["train"]
     # The saved adapters joined to the template's base weights (as they were loaded).
     train = train.replace(params=lora.join(train.params, lora.trainable(state.params)[1]))
     return train, restored.state.get("replay", replay), dict(restored.host)
+
+  def _row_versions(self, step: int, abstract: dict) -> dict | None:
+    """``abstract`` with the buffer's ``rollouts.version`` as [C, E] when checkpoint ``step``
+    stores it so (one version per row, before each token had its own), else None."""
+    if "replay" not in abstract:
+      return None
+    try:
+      tree = ocp.StandardCheckpointHandler().metadata(
+          pathlib.Path(self.directory, str(step), "state"))
+      saved = tree["replay"]["rollouts"]["version"].shape
+    except Exception:  # pylint: disable=broad-except
+      return None
+    want = abstract["replay"].rollouts.version
+    if len(saved) != len(want.shape) - 1:
+      return None
+    old = jax.ShapeDtypeStruct(want.shape[:-1], want.dtype, sharding=want.sharding)
+    replay = abstract["replay"]
+    return {**abstract, "replay": replay.replace(rollouts=replay.rollouts.replace(version=old))}
 
   def _per_layer(self, step: int) -> bool:
     """Whether checkpoint ``step`` keeps a subtree per decoder layer (``layers/0/...``)."""

@@ -102,7 +102,7 @@ class ScriptedRounds:
                       behaviour_logp=np.full((count, T), -0.5, np.float32),
                       truncated=np.zeros((count,), bool), scores=success.astype(np.float32),
                       success=success, prompt_id=np.full((count,), -1, np.int32),
-                      version=np.zeros((count,), np.int32))
+                      version=np.zeros((count, T), np.int32))
     return Rows(rollout=rollout, errors=np.zeros((count,), bool), texts=["x"] * count)
 
   def run(self, params, requests, rng, spare=None):
@@ -173,7 +173,7 @@ def test_uniform_is_one_round_of_full_groups():
   alloc = FullGroups(selector, ScriptedRounds(b * g, script), num_groups=b, group_size=g)
   rollout, stats = alloc.collect(None, 3, jax.random.key(0))
   assert _ids(rollout) == [0] * 4 + [1] * 4
-  np.testing.assert_array_equal(rollout.version, [3] * 8)
+  np.testing.assert_array_equal(rollout.version, np.full((8, T), 3))  # every token
   assert stats["rollouts"] == 8 and stats["alloc/rollouts_in_update"] == 8
   assert stats["alloc/rounds"] == 1 and stats["alloc/empty_groups"] == 0
   assert stats["alloc/effective_groups"] == 1  # prompt 0 is mixed, prompt 1 is not

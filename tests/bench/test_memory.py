@@ -71,7 +71,8 @@ def _rollout(split, seed=0):
                  completion_ids=out.completion_ids, completion_mask=out.completion_mask,
                  behaviour_logp=out.behaviour_logp, truncated=out.truncated,
                  scores=scores, success=scores > 0,
-                 prompt_id=jnp.repeat(jnp.arange(B), G), version=jnp.zeros(B * G, jnp.int32))
+                 prompt_id=jnp.repeat(jnp.arange(B), G),
+                 version=jnp.zeros(out.completion_ids.shape, jnp.int32))
 
 
 def _step(split, rollout, tx, **kw):

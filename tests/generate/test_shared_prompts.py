@@ -157,7 +157,7 @@ def test_train_step_with_shared_prompts_equals_per_row(split, batch):
                     behaviour_logp=jnp.asarray(-rng.rand(N, T) * 4, jnp.float32),
                     truncated=jnp.zeros((N,), bool), scores=jnp.asarray(success, jnp.float32),
                     success=jnp.asarray(success),
-                    prompt_id=jnp.repeat(jnp.arange(B), G), version=jnp.zeros(N, jnp.int32))
+                    prompt_id=jnp.repeat(jnp.arange(B), G), version=jnp.zeros((N, T), jnp.int32))
   tx = optax.sgd(0.5)  # updates linear in the gradients (Adam would magnify ~0 ones)
   results = []
   for shared in (False, True):
@@ -182,7 +182,7 @@ def _step_rollout(ids, mask, completion):
                  behaviour_logp=jnp.asarray(-rng.rand(N, T) * 4, jnp.float32),
                  truncated=jnp.zeros((N,), bool), scores=jnp.asarray(success, jnp.float32),
                  success=jnp.asarray(success),
-                 prompt_id=jnp.repeat(jnp.arange(B), G), version=jnp.zeros(N, jnp.int32))
+                 prompt_id=jnp.repeat(jnp.arange(B), G), version=jnp.zeros((N, T), jnp.int32))
 
 
 def test_a_batch_whose_groups_do_not_repeat_is_skipped_not_trained(split, batch):

@@ -79,7 +79,7 @@ def _rollout():
                  completion_mask=jnp.ones((n, T), bool), behaviour_logp=jnp.zeros((n, T)),
                  scores=jnp.asarray([1, 0, 0, 1, 0, 1, 0, 0], jnp.float32),
                  truncated=jnp.zeros(n, bool), success=jnp.zeros(n, bool),
-                 prompt_id=jnp.repeat(jnp.arange(B), G), version=jnp.zeros(n, jnp.int32))
+                 prompt_id=jnp.repeat(jnp.arange(B), G), version=jnp.zeros((n, T), jnp.int32))
 
 
 def _train_step_hlo(graphdef, params) -> str:

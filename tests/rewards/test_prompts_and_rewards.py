@@ -134,7 +134,7 @@ def test_a_round_is_group_major_with_overlong_penalty(tokenizer):
   ids_7, _ = tokenization.encode_prompts(tokenizer, [task.prompt(7)], p)
   ids_11, _ = tokenization.encode_prompts(tokenizer, [task.prompt(11)], p)
   np.testing.assert_array_equal(r.prompt_ids, np.concatenate([ids_7] * 3 + [ids_11] * 3))
-  np.testing.assert_array_equal(r.version, [5] * 6)
+  np.testing.assert_array_equal(r.version, np.full(r.completion_ids.shape, 5))
   # Scores: task value of the row's prompt plus 0.5 * the soft overlong penalty with T = 4,
   # buffer 2: length <= 2 -> 0, length 3 -> (2 - 3) / 2 = -0.5, length 4 with EOS -> -1,
   # truncated -> -1; all times 0.5.

@@ -162,7 +162,7 @@ def test_one_definition_of_effective_on_host_and_device():
       prompt_ids=np.zeros((4, 1), np.int32), prompt_mask=np.ones((4, 1), bool),
       completion_ids=np.zeros((4, 1), np.int32), completion_mask=np.ones((4, 1), bool),
       behaviour_logp=np.zeros((4, 1), np.float32), truncated=np.zeros(4, bool), scores=row,
-      success=row >= 1.0, prompt_id=np.full(4, -1, np.int32), version=np.zeros(4, np.int32)),
+      success=row >= 1.0, prompt_id=np.full(4, -1, np.int32), version=np.zeros((4, 1), np.int32)),
       errors=np.zeros(4, bool), texts=[""] * 4), "score") for row in scores]
   assert device.tolist() == host == [False, True]
   assert effective_groups(scores).tolist() == [False, True]  # numpy in, numpy out

@@ -59,7 +59,7 @@ def _group_rows(ids, adv_sign):
       behaviour_logp=jnp.full(shape(TH), -1.0), scores=jnp.zeros(shape()),
       truncated=jnp.zeros(shape(), bool),
       success=jnp.zeros(shape(), bool), prompt_id=jnp.broadcast_to(ids[:, None], shape()),
-      version=jnp.zeros(shape(), jnp.int32)), jnp.broadcast_to(
+      version=jnp.zeros(shape(TH), jnp.int32)), jnp.broadcast_to(
           jnp.asarray(adv_sign, jnp.float32)[:, None] * jnp.asarray([1.0, -1.0]), (k, GH))
 
 
@@ -102,7 +102,7 @@ def test_admission_walk_against_a_python_model(heads, shifts, valid, gate, order
                                     candidate_chunks=chunks)
   rows, adv = _group_rows(list(range(CAP)), [1.0] * CAP)
   replay = replay_lib.init_replay(CAP, GH, PH, TH)
-  replay = replay_lib.insert(replay, rows, adv, jnp.ones(CAP, bool), 0,
+  replay = replay_lib.insert(replay, rows, adv, jnp.ones(CAP, bool),
                              headroom_M=jnp.asarray(heads))
   replay = replay.replace(valid=jnp.asarray(valid))
   shift_by_id = np.zeros(102)
@@ -143,7 +143,7 @@ def test_headroom_cache_refresh_and_insertion():
   cfg = headroom_lib.HeadroomDrift(slots=1, candidates=2, tau=1e-3)
   rows, adv = _group_rows([0, 1], [1.0, 1.0])
   replay = replay_lib.init_replay(4, GH, PH, TH)
-  replay = replay_lib.insert(replay, rows, adv, jnp.ones(2, bool), 0,
+  replay = replay_lib.insert(replay, rows, adv, jnp.ones(2, bool),
                              headroom_M=jnp.asarray([0.9, 0.8]))
   fresh, fadv = _group_rows([100, 101], [1.0, 1.0])
   ctx = method_lib.StepContext(fresh=fresh, advantages=fadv,
@@ -176,7 +176,7 @@ def test_train_step_loss_with_admitted_groups(split, tiny_qwen3, objective):
   replay = replay_lib.init_replay(4, G, P, T)
   old_bg = jax.tree.map(lambda x: x.reshape((B, G) + x.shape[1:]), old)
   stored_adv = jnp.asarray([[0.5, -0.5, 0.25, -0.25], [1.0, -1.0, 0.0, 0.0]])
-  replay = replay_lib.insert(replay, old_bg, stored_adv, jnp.ones(B, bool), 0,
+  replay = replay_lib.insert(replay, old_bg, stored_adv, jnp.ones(B, bool),
                              headroom_M=jnp.asarray([0.3, 0.6]))
   cfg = headroom_lib.HeadroomDrift(slots=2, candidates=2, tau=0.1, objective=objective)
   tx = optax.sgd(0.0)
@@ -261,6 +261,7 @@ def test_no_drifted_or_over_age_group_is_ever_used(steps, max_age):
 def _sequence_step(cfg):
   def run(replay, ids, effective, shifts, step):
     fresh, adv = _group_rows(ids, jnp.ones(BH))
+    fresh = fresh.replace(version=jnp.full_like(fresh.version, step))  # drawn at this step
     ctx = method_lib.StepContext(fresh=fresh, advantages=adv, effective=effective,
                                  step=step, rng=jax.random.key(0))
     replay = cfg.evict(replay, step)

@@ -52,7 +52,8 @@ def _buffer_with(split, scores, version=0, shift=0.0):
   rollout = _rollout(split, scores, seed=9)
   fresh = jax.tree.map(lambda x: x.reshape((B, G) + x.shape[1:]), rollout)
   replay = replay_lib.init_replay(4, G, P, T)
-  replay = replay_lib.insert(replay, fresh, jnp.asarray(STORED_ADV), jnp.ones(B, bool), version)
+  fresh = fresh.replace(version=jnp.full_like(fresh.version, version))
+  replay = replay_lib.insert(replay, fresh, jnp.asarray(STORED_ADV), jnp.ones(B, bool))
   if shift:
     shifted = replay.rollouts.behaviour_logp + shift * replay.rollouts.completion_mask
     replay = replay.replace(rollouts=replay.rollouts.replace(behaviour_logp=shifted),
@@ -206,7 +207,7 @@ def test_popo_kl_ranks_by_the_kl_estimate_not_the_squared_log_ratio():
   rows = rows.replace(behaviour_logp=jnp.broadcast_to(shifts[:, None, None], (2, GC, TC)) - 1.,
                       completion_mask=jnp.ones((2, GC, TC), bool))
   replay = replay_lib.insert(replay_lib.init_replay(2, GC, PC, TC), rows, jnp.ones((2, GC)),
-                             jnp.ones(2, bool), 0)
+                             jnp.ones(2, bool))
   policy = lambda r: jnp.full(r.behaviour_logp.shape, -1.0)  # log pi = -1 everywhere
   np.testing.assert_allclose(popo.stored_kl(replay, policy)[0], [0.1065307, 0.1183122], rtol=1e-5)
   cfg = popo.Popo(fill="replay", priority="lowest_kl", slots=1)
@@ -223,10 +224,12 @@ def test_max_age_keeps_an_entry_exactly_max_age_steps_old():
   hand, not by the models below that share the implementation's rule."""
   rows = jax.tree.map(lambda x: x[:2], _fresh(0, [True, True, False, False]))
   replay = replay_lib.init_replay(2, GC, PC, TC)
-  replay = replay_lib.insert(replay, jax.tree.map(lambda x: x[:1], rows), jnp.ones((1, GC)),
-                             jnp.ones(1, bool), 5)  # prompt id 0, version 5
-  replay = replay_lib.insert(replay, jax.tree.map(lambda x: x[1:], rows), jnp.ones((1, GC)),
-                             jnp.ones(1, bool), 6)  # prompt id 1, version 6
+  at = lambda v, i: jax.tree.map(lambda x: x[i:i + 1], rows.replace(
+      version=jnp.full_like(rows.version, v)))
+  replay = replay_lib.insert(replay, at(5, 0), jnp.ones((1, GC)),
+                             jnp.ones(1, bool))  # prompt id 0, version 5
+  replay = replay_lib.insert(replay, at(6, 1), jnp.ones((1, GC)),
+                             jnp.ones(1, bool))  # prompt id 1, version 6
   cfg = popo.Popo(fill="replay", max_age=4)
   evicted = cfg.evict(replay, jnp.int32(10))
   np.testing.assert_array_equal(evicted.valid, [False, True])
@@ -258,7 +261,7 @@ def _fresh(step, effective):
                                                                    d=bool),
       behaviour_logp=jnp.zeros((BC, GC, TC)), scores=jnp.asarray(success, jnp.float32),
       truncated=jnp.zeros_like(jnp.asarray(success), bool),
-      success=jnp.asarray(success), prompt_id=full(ids), version=full(np.full(BC, step)))
+      success=jnp.asarray(success), prompt_id=full(ids), version=full(np.full(BC, step), TC))
 
 
 def _adv(step):
@@ -352,7 +355,7 @@ def test_compose_matches_the_python_model(steps, max_age, max_uses, slots, inser
         source = expected[b]["id"]
         assert ids[b] == source
         np.testing.assert_allclose(adv[b], source + np.arange(GC) / 10)
-        age = step - int(group(comp.rollout.version)[b, 0])
+        age = step - int(group(comp.rollout.row_version)[b, 0])
         assert age >= 1 and (not max_age or age <= max_age)
         np.testing.assert_array_equal(mask[b], (source % 1000) % 2 == 0)
       else:

@@ -55,7 +55,7 @@ def _fresh(step, adv_N):
       behaviour_logp=jnp.zeros(shape(TR)), scores=jnp.zeros(shape()),
       truncated=jnp.zeros(shape(), bool),
       success=jnp.zeros(shape(), bool), prompt_id=grid(ids).astype(jnp.int32),
-      version=jnp.full(shape(), step, jnp.int32)), grid(adv_N).astype(jnp.float32)
+      version=jnp.full(shape(TR), step, jnp.int32)), grid(adv_N).astype(jnp.float32)
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,7 +128,7 @@ def test_draws_follow_the_priority_distribution():
   replay = replay_lib.init_replay(4, 1, PR, TR)
   fresh, adv = _fresh(0, [4.0, -1.0, 0.25, 0.0])
   rows = jax.tree.map(lambda x: x.reshape((-1, 1) + x.shape[2:]), fresh)
-  replay = replay_lib.insert(replay, rows, adv.reshape(-1, 1), jnp.ones(4, bool), 0)
+  replay = replay_lib.insert(replay, rows, adv.reshape(-1, 1), jnp.ones(4, bool))
   fresh1, adv1 = _fresh(1, [0.0] * 4)
   ctx = lambda k: method_lib.StepContext(fresh=fresh1, advantages=adv1,
                                          effective=jnp.ones((BR,), bool), step=jnp.int32(1),
@@ -157,7 +157,8 @@ def test_train_step_loss_on_the_fresh_anchored_batch(split, tiny_qwen3):
   rows = rows.replace(behaviour_logp=rows.behaviour_logp - 0.2 * rows.completion_mask)
   # Stored at version -10: at step 0 they are exactly tau_max = 10 steps old, which the
   # definition keeps (replayed now); at step 1 they are 11 old, which it evicts.
-  replay = replay_lib.insert(replay, rows, stored_adv[:, None], stored_adv != 0, -10)
+  rows = rows.replace(version=jnp.full_like(rows.version, -10))
+  replay = replay_lib.insert(replay, rows, stored_adv[:, None], stored_adv != 0)
   cfg = prioritized.PrioritizedReplay(tau_max=10, rho=0.5, warmup_steps=0)
   tx = optax.sgd(0.0)
   fn = traced_step(graphdef, tx, StepConfig(group_size=G, replay=cfg))
@@ -196,8 +197,7 @@ def test_paper_composition_drops_ineffective_groups_and_sizes_replay_by_survivor
   replay = replay_lib.init_replay(8, 1, PR, TR)
   old, old_adv = _fresh(0, [1.0, -1.0, 0.5, 0.0])
   rows = jax.tree.map(lambda x: x.reshape((-1, 1) + x.shape[2:]), old)
-  replay = replay_lib.insert(replay, rows, old_adv.reshape(-1, 1), jnp.asarray([1, 1, 1, 0], bool),
-                             0)
+  replay = replay_lib.insert(replay, rows, old_adv.reshape(-1, 1), jnp.asarray([1, 1, 1, 0], bool))
   fresh, adv = _fresh(1, [0.7, -0.7, 0.0, 0.0])
   ctx = method_lib.StepContext(fresh=fresh, advantages=adv,
                                effective=jnp.asarray([True, False]), step=jnp.int32(1),

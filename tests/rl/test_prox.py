@@ -28,7 +28,7 @@ def _rows(n, t=3):
   return Rollout(prompt_ids=jnp.zeros((n, 1), jnp.int32), prompt_mask=jnp.ones((n, 1), bool),
                  completion_ids=ids, completion_mask=jnp.ones((n, t), bool),
                  behaviour_logp=-ids / 100.0, truncated=z.astype(bool), scores=z * 0.0,
-                 success=z.astype(bool), prompt_id=z, version=z)
+                 success=z.astype(bool), prompt_id=z, version=jnp.zeros((n, t), jnp.int32))
 
 
 def _fake_pass(rows):

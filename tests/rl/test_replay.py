@@ -14,8 +14,9 @@ from grpo_jax.types import Rollout
 C, E, P, T, M = 5, 2, 3, 2, 4  # capacity, entry size, prompt/completion lengths, candidates
 
 
-def _entries(ids):
-  """M candidate entries whose prompt_id is ``ids[m]`` in every rollout (their identity)."""
+def _entries(ids, version=0):
+  """M candidate entries whose prompt_id is ``ids[m]`` in every rollout (their identity), every
+  token at ``version``."""
   ids = jnp.asarray(ids, jnp.int32)
   z = lambda *s, d=jnp.float32: jnp.zeros((M, E) + s, d)
   return Rollout(prompt_ids=jnp.broadcast_to(ids[:, None, None], (M, E, P)),
@@ -23,14 +24,14 @@ def _entries(ids):
                  completion_mask=z(T, d=bool), behaviour_logp=z(T),
                  scores=z(), truncated=z(d=bool), success=z(d=bool),
                  prompt_id=jnp.broadcast_to(ids[:, None], (M, E)),
-                 version=z(d=jnp.int32))
+                 version=z(T, d=jnp.int32) + version)
 
 
 @jax.jit
 @chex.assert_max_traces(n=1)
 def _insert(replay, ids, keep, version):
   adv = jnp.broadcast_to(ids[:, None].astype(jnp.float32), (M, E))
-  return replay_lib.insert(replay, _entries(ids), adv, keep, version)
+  return replay_lib.insert(replay, _entries(ids, version), adv, keep)
 
 
 @jax.jit
@@ -121,7 +122,7 @@ def test_matches_reference_model(ops):
 def test_insert_more_than_capacity_keeps_the_last_ones():
   replay = replay_lib.init_replay(3, E, P, T)
   replay = replay_lib.insert(replay, _entries([1, 2, 3, 4]), jnp.zeros((M, E)),
-                             jnp.ones(M, bool), 0)
+                             jnp.ones(M, bool))
   # 4 kept into 3 slots written one by one from slot 0: 1->0, 2->1, 3->2, 4->0.
   np.testing.assert_array_equal(replay.rollouts.prompt_id[:, 0], [4, 2, 3])
   assert int(replay.write_pos) == 1 and int(replay.num_inserted) == 4
@@ -131,8 +132,8 @@ def test_staleness_and_drift_and_proportional_priorities():
   replay = replay_lib.init_replay(4, E, P, T)
   for version in range(4):  # one entry per step, versions 0..3 in slots 0..3
     keep = jnp.asarray([True, False, False, False])
-    replay = replay_lib.insert(replay, _entries([10 + version, 0, 0, 0]), jnp.zeros((M, E)),
-                               keep, version)
+    replay = replay_lib.insert(replay, _entries([10 + version, 0, 0, 0], version),
+                               jnp.zeros((M, E)), keep)
   # step 4, staleness 3: version closest to 4 - 3 = 1 is slot 1, then versions 0 and 2 at
   # distance 1 with the more recent (version 2) first.
   idx, ok = replay_lib.select(replay, 3, "staleness", step=4, staleness=3)
@@ -162,14 +163,34 @@ def test_select_pads_when_fewer_entries_exist_and_gather_layout():
 
 def test_capacity_zero_is_a_no_op_and_bytes_are_fixed():
   empty = replay_lib.init_replay(0, E, P, T)
-  assert replay_lib.insert(empty, _entries([1, 2, 3, 4]), jnp.zeros((M, E)), jnp.ones(M, bool),
-                           0) is empty
+  assert replay_lib.insert(empty, _entries([1, 2, 3, 4]), jnp.zeros((M, E)),
+                           jnp.ones(M, bool)) is empty
   idx, ok = replay_lib.select(empty, 2, "recency")
   assert idx.shape == (2,) and not bool(ok.any())
   full = replay_lib.init_replay(C, E, P, T)
   # Per rollout: P ids 4*3 + P mask 1*3 + T ids 4*2 + T mask 1*2 + T logp 4*2 + truncated 1 +
-  # score 4 + success 1 + prompt id 4 + version 4 = 12+3+8+2+8+1+4+1+4+4 = 47 bytes; x E=2 ->
-  # 94, plus advantages 2*4 = 8 and trainer log-probs at generation E*T*4 = 16 -> 118 per
-  # entry, plus version, inserted, use count, drift, headroom 4+4+4+4+4 and valid 1 = 21 per
-  # entry -> 139; C=5 -> 695, plus write_pos and num_inserted 8 -> 703.
-  assert full.nbytes == 703
+  # score 4 + success 1 + prompt id 4 + T versions 4*2 = 12+3+8+2+8+1+4+1+4+8 = 51 bytes;
+  # x E=2 -> 102, plus advantages 2*4 = 8 and trainer log-probs at generation E*T*4 = 16 ->
+  # 126 per entry, plus version, inserted, use count, drift, headroom 4+4+4+4+4 and valid 1 =
+  # 21 per entry -> 147; C=5 -> 735, plus write_pos and num_inserted 8 -> 743.
+  assert full.nbytes == 743
+
+
+def test_entries_keep_their_token_versions_and_age_from_the_oldest_real_row():
+  # Entry 0: row 0's tokens drawn at versions 5 and 6 (a continued row), row 1 at 3 and 3 ->
+  # entry version min(5, 3) = 3. Entry 1: row 0 at 1, but empty (no real token), row 1 at 4
+  # -> 4. Entries 2, 3 have no real row: their first row's version, 0.
+  entries = _entries([1, 2, 3, 4])
+  version = jnp.zeros((M, E, T), jnp.int32)
+  version = version.at[0, 0].set(jnp.array([5, 6])).at[0, 1].set(3)
+  version = version.at[1, 0].set(1).at[1, 1].set(4)
+  mask = jnp.zeros((M, E, T), bool).at[0].set(True).at[1, 1].set(True)
+  entries = entries.replace(version=version, completion_mask=mask)
+  replay = replay_lib.insert(replay_lib.init_replay(C, E, P, T), entries, jnp.zeros((M, E)),
+                             jnp.ones(M, bool))
+  np.testing.assert_array_equal(replay.version[:4], [3, 4, 0, 0])
+  np.testing.assert_array_equal(replay.rollouts.version[0, 0], [5, 6])  # kept, per token
+  # Age eviction counts from the entry's version: at step 7 with max_age 3, entry 0 (age 4)
+  # goes, entry 1 (age 3) stays.
+  kept = replay_lib.evict(replay, 7, max_age=3).valid
+  np.testing.assert_array_equal(kept[:2], [False, True])

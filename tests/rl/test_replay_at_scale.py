@@ -183,7 +183,7 @@ def _group_rows(ids_K, step, lead):
       behaviour_logp=jnp.full(shape(T), -1.0), scores=jnp.zeros(shape()),
       truncated=jnp.zeros(shape(), bool),
       success=jnp.zeros(shape(), bool), prompt_id=ids.astype(jnp.int32),
-      version=jnp.full(shape(), step, jnp.int32))
+      version=jnp.full(shape(T), step, jnp.int32))
 
 
 # ---------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def _raw_config():
     def insert(_):
       ids = i * RAW_M + jnp.arange(RAW_M, dtype=jnp.int32)
       keep = jax.random.bernoulli(k_keep, 0.6, (RAW_M,))
-      out = replay_lib.insert(replay, _group_rows(ids, step, G), adv_by_id[ids], keep, step)
+      out = replay_lib.insert(replay, _group_rows(ids, step, G), adv_by_id[ids], keep)
       return out, step + 1, _shadow_insert(sh, ids, keep, step), _zeros(VIOLATIONS), jnp.zeros((), jnp.int32)
 
     def evict(_):

@@ -67,7 +67,8 @@ def _bf16_rollout(graphdef, params, seed, scores):
   return Rollout(prompt_ids=ids, prompt_mask=mask, completion_ids=out.completion_ids,
                  completion_mask=out.completion_mask, behaviour_logp=out.behaviour_logp,
                  scores=scores, truncated=out.truncated, success=scores >= 1.0,
-                 prompt_id=jnp.repeat(jnp.arange(B), G), version=jnp.zeros(B * G, jnp.int32))
+                 prompt_id=jnp.repeat(jnp.arange(B), G),
+                 version=jnp.zeros(out.completion_ids.shape, jnp.int32))
 
 
 def test_bf16_group_replayed_at_its_own_parameters_has_no_drift(data_dir):

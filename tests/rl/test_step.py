@@ -41,7 +41,7 @@ def _rollout(split, scores, seed=0, success=None, shift=None):
   return Rollout(prompt_ids=ids, prompt_mask=mask, completion_ids=out.completion_ids,
                  completion_mask=out.completion_mask, behaviour_logp=logp,
                  scores=scores, truncated=out.truncated, success=success,
-                 prompt_id=jnp.repeat(jnp.arange(B), G), version=jnp.zeros(B * G, jnp.int32))
+                 prompt_id=jnp.repeat(jnp.arange(B), G), version=jnp.zeros((B * G, T), jnp.int32))
 
 
 _SAMPLERS = {}

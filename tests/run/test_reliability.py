@@ -14,6 +14,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -608,4 +609,30 @@ def test_checkpoint_with_per_layer_parameters_is_one_clear_error_and_kept(tmp_pa
     workdir_lib.restore_newest_readable(ckpt, step_lib.init_train_state(params, tx), replay)
   assert "\n" not in str(e.value)
   assert ckpt.manager.all_steps() == [1] and not os.path.exists(tmp_path / "checkpoints_unreadable")
+  ckpt.close()
+
+
+def test_a_buffer_saved_with_one_version_per_row_resumes_with_it_on_every_token(tmp_path):
+  """Buffers written before each token carried its own version store rollouts.version [C, E]:
+  they restore into today's [C, E, T], each row's version on each of its tokens."""
+  import optax  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  from grpo_jax import assets
+  from grpo_jax.models import from_pretrained
+  from grpo_jax.rl import step as step_lib
+  from grpo_jax.rl.replay import init_replay
+  params = nnx.split(from_pretrained(assets.EMBEDDED_MODEL))[1]
+  tx = optax.adam(1e-3)
+  state = step_lib.init_train_state(params, tx)
+  replay = init_replay(3, 2, 4, 5)
+  rows = jnp.asarray([[7, 8], [9, 10], [11, 12]], jnp.int32)
+  old = replay.replace(rollouts=replay.rollouts.replace(version=rows))  # [C, E]
+  ckpt = checkpoint_lib.Checkpointer(os.fspath(tmp_path), keep=1)
+  ckpt.save(1, state, old, {"data_position": 0})
+  ckpt.manager.wait_until_finished()
+  _, restored, _ = ckpt.restore(1, state, replay)
+  assert restored.rollouts.version.shape == (3, 2, 5)
+  np.testing.assert_array_equal(restored.rollouts.version[:, :, 3], rows)
+  np.testing.assert_array_equal(restored.rollouts.version[2, 1], [12] * 5)
   ckpt.close()

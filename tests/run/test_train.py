@@ -445,3 +445,43 @@ def test_no_advice_to_install_pytorch(first, advised):
                         cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert ("PyTorch was not found" in proc.stdout + proc.stderr) == advised
+
+
+@pytest.mark.parametrize("cache", ["reprefill", "keep"])
+def test_partial_rollouts_span_versions_and_resume(tmp_path, cache):
+  """``rollout.partial``: 4 groups in flight for a step of 2, at most 3 decode steps a step,
+  so that rows of 8 tokens span up to 3 versions (3 x (2 + 1) = 9 >= 7 decode steps). The pool
+  (tokens, log-probs, versions, keys, prompts) is in the checkpoint: with ``reprefill`` the
+  rebuilt cache is the one the run had, and the resumed run is exact; with ``keep`` the
+  continued rows attend to keys and values of the resumed parameters instead of older ones
+  (documented), so the resume is checked to run and count, not to be equal."""
+
+  def config(total):
+    c = grpo.get_config("smoke")
+    c.rl.reward_signal = c.rl.effective_signal = "score"
+    c.rl.prox_pass = "all"  # the decoupled objective over every row
+    c.rollout.update(partial=True, slots=8, decode_budget=3, max_staleness=2, chunk=1,
+                     partial_cache=cache)
+    c.total_steps = total
+    c.eval.every = 100
+    c.eval.greedy = False
+    c.checkpoint.every = 2
+    return c
+
+  straight, resumed = os.fspath(tmp_path / "straight"), os.fspath(tmp_path / "resumed")
+  train.train_and_evaluate(config(4), straight)
+  steps = [r for r in metrics.read_metrics(straight) if "loss" in r]
+  assert max(r["alloc/staleness_max"] for r in steps) >= 1  # trained tokens spanned versions
+  assert steps[-1]["alloc/rows_in_flight"] > 0  # reported, not lost
+  # A rollout counts once, when handed out or discarded: never more than were admitted.
+  assert all(r["alloc/rollouts_in_update"] <= 4 for r in steps)
+  _stopped_at_step_2(straight, resumed)
+  train.train_and_evaluate(config(4), resumed)
+  again = [r for r in metrics.read_metrics(resumed) if "loss" in r]
+  assert [r["step"] for r in again] == [1, 2, 3, 4]
+  if cache == "keep":
+    return
+  for x, y in zip(jax.tree.leaves(_final_state(straight)), jax.tree.leaves(_final_state(resumed))):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  keys = ("rollouts", "completion_tokens", "alloc/groups_discarded", "alloc/staleness_max")
+  assert [[r[k] for k in keys] for r in steps] == [[r[k] for k in keys] for r in again]

@@ -32,14 +32,15 @@ class ReplayState:
 
   Attributes:
     rollouts: a Rollout whose arrays have shape [C, E, ...] (tokens, masks, behaviour log-probs,
-      scores, success, prompt ids, version stamps of each rollout).
+      scores, success, prompt ids, per-token versions of each rollout).
     advantages: float32 [C, E] advantages frozen at insertion.
     gen_logp: float32 [C, E, T] the trainer's log-probs of the entry's tokens at the start of the step that
       generated it (pi_gen as the train step computes it). Equal to the sampler's log mu
       (``rollouts.behaviour_logp``) when the two share numerics (float32, ``prox_pass`` =
       "replayed"); under bfloat16 (``prox_pass`` = "all") they differ by the sampler/trainer
       mismatch, and ratios and drift use this one while the behaviour weight keeps mu.
-    version: int32 [C] policy step that generated the entry.
+    version: int32 [C] the entry's version: its oldest token's (``Rollout.row_version``, the
+      least over its real rows); ages and staleness are counted from it.
     inserted: int32 [C] value of ``num_inserted`` when the entry was written (insertion order).
     use_count: int32 [C] how many times the entry has been replayed.
     drift: float32 [C] last measured drift (mean squared log-ratio to the behaviour policy).
@@ -84,7 +85,7 @@ def init_replay(capacity: int, entry_size: int, prompt_len: int,
       truncated=jnp.zeros((c, e), bool),
       success=jnp.zeros((c, e), bool),
       prompt_id=jnp.zeros((c, e), jnp.int32),
-      version=jnp.zeros((c, e), jnp.int32))
+      version=jnp.zeros((c, e, t), jnp.int32))
   return ReplayState(rollouts=rollouts, advantages=jnp.zeros((c, e), jnp.float32),
                      gen_logp=jnp.zeros((c, e, t), jnp.float32),
                      version=jnp.zeros((c,), jnp.int32), inserted=jnp.zeros((c,), jnp.int32),
@@ -93,17 +94,29 @@ def init_replay(capacity: int, entry_size: int, prompt_len: int,
                      write_pos=jnp.zeros((), jnp.int32), num_inserted=jnp.zeros((), jnp.int32))
 
 
+def entry_version(entries: Rollout) -> jax.Array:
+  """int32 [M] version of each of M entries ([M, E] rows): its oldest real row's
+  (``Rollout.row_version``); an entry with no real row takes its first row's."""
+  real_MxE = jnp.any(entries.completion_mask, axis=-1)
+  big = jnp.iinfo(jnp.int32).max
+  oldest = jnp.min(jnp.where(real_MxE, entries.row_version, big), axis=-1)
+  return jnp.where(jnp.any(real_MxE, axis=-1), oldest, entries.row_version[:, 0])
+
+
 def insert(replay: ReplayState, entries: Rollout, advantages_MxE: jax.Array, keep_M: jax.Array,
-           version: jax.Array, headroom_M: jax.Array | None = None,
+           headroom_M: jax.Array | None = None,
            gen_logp_MxExT: jax.Array | None = None) -> ReplayState:
   """Writes the kept candidates into the ring in candidate order.
+
+  The entries keep the per-token versions they come with (a continued row's tokens span
+  several); the entry's ``version``, from which ages and age eviction count, is its oldest
+  token's (``entry_version``): for a synchronous step's rows, the step that drew them.
 
   Args:
     replay: the buffer (C entries of E rollouts).
     entries: M candidate entries, a Rollout of arrays [M, E, ...].
     advantages_MxE: their advantages, frozen from now on.
     keep_M: which candidates to insert (any number, including none or more than C).
-    version: int32 policy step that generated them.
     headroom_M: optional initial cached headroom of each candidate (default 0).
     gen_logp_MxExT: optional trainer log-probs at generation (default: the entries' log mu).
 
@@ -126,15 +139,12 @@ def insert(replay: ReplayState, entries: Rollout, advantages_MxE: jax.Array, kee
     return buffer.at[slot_M].set(values.astype(buffer.dtype), mode="drop")
 
   m = keep.shape[0]
-  # Each stored row carries the entry's version stamp (what the age of a replayed row is read
-  # from), whatever version the candidate rows arrived with.
-  entries = entries.replace(version=jnp.full(entries.version.shape, version, jnp.int32))
   return ReplayState(
       rollouts=jax.tree.map(put, replay.rollouts, entries),
       advantages=put(replay.advantages, advantages_MxE),
       gen_logp=put(replay.gen_logp, entries.behaviour_logp
                          if gen_logp_MxExT is None else gen_logp_MxExT),
-      version=put(replay.version, jnp.full((m,), version, jnp.int32)),
+      version=put(replay.version, entry_version(entries)),
       inserted=put(replay.inserted, replay.num_inserted + rank_M),
       use_count=put(replay.use_count, jnp.zeros((m,), jnp.int32)),
       drift=put(replay.drift, jnp.zeros((m,), jnp.float32)),

@@ -243,7 +243,7 @@ class HeadroomDrift(registry.Configurable):
     fresh = ctx.fresh
     head_B = jax.vmap(group_headroom)(ctx.fresh_gen_logp, ctx.advantages,
                                       fresh.completion_mask)
-    replay = buffer.insert(replay, fresh, ctx.advantages, ctx.effective, ctx.step,
+    replay = buffer.insert(replay, fresh, ctx.advantages, ctx.effective,
                            headroom_M=head_B, gen_logp_MxExT=ctx.fresh_gen_logp)
     return replay, {}
 

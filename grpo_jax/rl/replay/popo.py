@@ -69,8 +69,9 @@ class Popo(registry.Configurable):
     staleness: for priority "staleness": replay groups about this many steps old.
     slots: static maximum of groups replayed per step (0 = B, every slot may be refilled).
     max_uses: an entry is dropped after this many replays (1 = one-shot; 0 = no limit).
-    max_age: entries older than this many steps (step - version stamp) are never replayed
-      (0 = no limit).
+    max_age: entries older than this many steps (step - the entry's version, its oldest
+      token's, ``buffer.entry_version``: a continued row's tokens span versions) are never
+      replayed (0 = no limit).
     objective: how replayed rows enter the loss, one of objectives.OBJECTIVES.
     unfilled: an ineffective slot left without a stored group: "drop" (out of the loss and its
       denominators: the batch is effective + replayed groups) or "keep" (in the batch with
@@ -196,7 +197,7 @@ class Popo(registry.Configurable):
       return replay, {}
     replay = buffer.mark_used(replay, *comp.selection)
     keep = ctx.effective if self.insert == "effective" else jnp.ones_like(ctx.effective)
-    return buffer.insert(replay, ctx.fresh, ctx.advantages, keep, ctx.step,
+    return buffer.insert(replay, ctx.fresh, ctx.advantages, keep,
                          gen_logp_MxExT=ctx.fresh_gen_logp), {}
 
 

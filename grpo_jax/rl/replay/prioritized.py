@@ -1,7 +1,8 @@
 """Rollout-level advantage-prioritised replay (Yoo, Park, Jang, Kim, Yoon; arXiv 2606.04560).
 
 The buffer holds single rollouts (entry size E = 1): prompt, completion, behaviour log-probs,
-the advantage frozen at insertion and a version stamp. Per step:
+the advantage frozen at insertion and a version stamp (its oldest token's version:
+``buffer.entry_version``; age eviction reads it). Per step:
 
 1. **Age eviction**, before the draw: an entry older than ``tau_max`` is never replayed
    again. The paper counts tau_max in gradient steps (``age_unit="updates"``: an entry v train
@@ -212,6 +213,6 @@ class PrioritizedReplay(registry.Configurable):
     keep_N = {"nonzero": lambda: jnp.abs(adv_N) > 0,
               "effective": lambda: jnp.repeat(ctx.effective, g),
               "all": lambda: jnp.ones_like(adv_N, bool)}[self.insert]()
-    replay = buffer.insert(replay, rows, adv_N[:, None], keep_N, ctx.step,
+    replay = buffer.insert(replay, rows, adv_N[:, None], keep_N,
                            gen_logp_MxExT=flat_rows(ctx.fresh_gen_logp)[:, None])
     return replay, {"replay_inserted": jnp.sum(keep_N.astype(jnp.float32))}
