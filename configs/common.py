@@ -311,6 +311,12 @@ def _gsm8k(c):
   c.rollout.prompt_len = max(c.rollout.prompt_len, 256)
 
 
+def _partial(c, staleness):
+  """Partial rollouts (``rollout.partial``, grpo_jax/allocation/partial.py) at
+  ``rollout.max_staleness`` = ``staleness``."""
+  c.rollout.update(partial=True, max_staleness=staleness)
+
+
 def _lora(c, rank):
   """LoRA adapters of rank ``rank`` (alpha 32), the learning rate x LORA_LR_SCALE; after every
   other preset, so that a model preset's learning rate is the one scaled."""
@@ -336,5 +342,12 @@ COMMON = {
                    usage="prox=exact|interpolate"),
     "prox_chunks": Preset(lambda c, k: c.replay.update(prox_chunks=k), "int",
                           usage="prox_chunks=K"),
+    # Partial rollouts (rows outlive their step) at max_staleness S (bare: the default);
+    # their pool's size and per-step decode budget; the decoupled objective over every row.
+    "partial": Preset(_partial, "int", bare=4, usage="partial, partial=S"),
+    "slots": Preset(lambda c, n: c.rollout.update(slots=n), "int", usage="slots=N"),
+    "decode_budget": Preset(lambda c, d: c.rollout.update(decode_budget=d), "int",
+                            usage="decode_budget=D"),
+    "decoupled_all": Preset(lambda c: c.rl.update(prox_pass="all")),
     "lora": Preset(_lora, "int", bare=32, usage="lora, lora=R", last=True),
 }

@@ -368,14 +368,15 @@ def test_real_model_preset_needs_a_path():
     grpo.get_config("qwen9")
   # An unknown preset lists every preset the chosen file accepts, its own included.
   with pytest.raises(ValueError, match=r"known: age=A, align_mu, bf16, cispo, countdown_hard, "
-                                       r"dps, filter, gsm8k, gspo, "
+                                       r"decoupled_all, dps, filter, gsm8k, gspo, "
                                        r"ineff, keep_unfilled, kl, mopps, pi_old, .*reuse=K, "
                                        r"smoke, stale=S, "
                                        r"pool=N, minibatches=M"):
     popo.get_config("nope")
   assert grpo.get_config("minibatches=1,smoke").rl.num_minibatches == 2  # smoke comes after
   assert grpo.get_config("smoke,minibatches=1").rl.num_minibatches == 1
-  with pytest.raises(ValueError, match="decoupled, dps, drift_only, gsm8k, gspo, headroom_only"):
+  with pytest.raises(ValueError, match="decoupled, decoupled_all, dps, drift_only, gsm8k, gspo, "
+                                       "headroom_only"):
     headroom.get_config("nope")
 
 
@@ -485,3 +486,53 @@ def test_partial_rollouts_span_versions_and_resume(tmp_path, cache):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   keys = ("rollouts", "completion_tokens", "alloc/groups_discarded", "alloc/staleness_max")
   assert [[r[k] for k in keys] for r in steps] == [[r[k] for k in keys] for r in again]
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(slots=12), "rollout.slots: 12 must be 0 .* or a multiple of rollout.group_size \\(8\\)"),
+    (dict(max_staleness=-1), "rollout.max_staleness: -1 must be an integer >= 0"),
+    (dict(chunk=-2), "rollout.chunk: -2 must be an integer >= 0"),
+    (dict(decode_budget=-1), "rollout.decode_budget: -1 must be an integer >= 0"),
+    (dict(partial_cache="fresh"), "rollout.partial_cache: 'fresh'; known: keep, reprefill"),
+    # T = 16 needs 15 decode steps after the prefill's token: 4 x (2 + 1) = 12 cannot.
+    (dict(decode_budget=4, max_staleness=2), "rollout.decode_budget: 4 decode steps per step x "
+     "\\(rollout.max_staleness 2 \\+ 1\\) can never finish a row of rollout.completion_len=16"),
+    (dict(sampler_rows=16), "rollout.sampler_rows: 16: partial rollouts hold rollout.slots"),
+])
+def test_partial_rollout_knobs_are_refused_in_one_line(changes, message):
+  c = grpo.get_config("partial=2")
+  c.rollout.update(**changes)
+  with pytest.raises(configuration.ConfigError, match=message) as e:
+    configuration.validate(c)
+  assert "\n" not in str(e.value)
+  c = grpo.get_config("partial=2")
+  c.rollout.update(decode_budget=4, max_staleness=3)  # 4 x 4 = 16 >= 15: accepted
+  configuration.validate(c)
+  c = sara.get_config("partial")
+  with pytest.raises(configuration.ConfigError, match="rollout.partial: not yet with "
+                     "allocation.method='sara'"):
+    configuration.validate(c)
+
+
+@pytest.mark.parametrize("module,presets", [(popo, "smoke,lora=4"),
+                                            (rollout_replay, "smoke,bf16,gspo"),
+                                            (headroom, "smoke,mopps,cispo")])
+def test_partial_rollouts_compose_with_replay_lora_bf16_losses_and_selectors(tmp_path, module,
+                                                                           presets):
+  """Four steps each of partial rollouts (rows spanning versions: 8 in flight for a step of 4,
+  4 decode steps a step, so no 8-token row ends in the step that admitted it) under each replay method, with LoRA, bfloat16 matmuls (pi_prox pass
+  over every row), GSPO / CISPO and the MoPPS selector: finite losses, the buffer filled from
+  rows that carry their tokens' versions."""
+  c = module.get_config(presets + ",partial=2,slots=8,decode_budget=4")
+  c.rl.reward_signal = c.rl.effective_signal = "score"
+  c.replay.headroom.tau = 1e3
+  c.rollout.chunk = 1
+  c.total_steps, c.checkpoint.every, c.eval.every, c.eval.greedy = 4, 4, 100, False
+  workdir = os.fspath(tmp_path / "run")
+  train.train_and_evaluate(c, workdir)
+  steps = [r for r in metrics.read_metrics(workdir) if "loss" in r]
+  assert len(steps) == 4 and all(np.isfinite(r["loss"]) for r in steps)
+  assert sum(r["alloc/rollouts_in_update"] for r in steps) > 0
+  replay = _final_state(workdir)["replay"]
+  assert int(np.asarray(replay["num_inserted"])) > 0
+  assert np.asarray(replay["rollouts"]["version"]).ndim == 3  # [C, E, T]: per token
