@@ -61,9 +61,12 @@ compiles nothing that took over a second. The points, most important first:
    T 1,024, EOS disabled: tokens/s, seconds per token step, the bytes each step must move
    (``hbm.decode_bytes``) and that rate as a fraction of the HBM bandwidth by specification and
    of the measured copy: decoding is bound by memory bandwidth, so no MFU here.
-5. **larger**: the train step at the preset's 512 rows, at T 4,096, with the ``--attention``
+5. **rollouts**: the static batch against partial rollouts (``bench.rollouts``) at the longest
+   ``--lengths`` (4,096), 64 rows, log-normal completion lengths by the benchmark's stop rule:
+   the useful-slot fractions and generation time per useful token.
+6. **larger**: the train step at the preset's 512 rows, at T 4,096, with the ``--attention``
    kernels (xla, blocked) instead of auto, and POPO (replay, the decoupled objective).
-6. **tests**: ``pytest`` of the device-path test files, with whatever budget is left.
+7. **tests**: ``pytest`` of the device-path test files, with whatever budget is left.
 
 Exit status: 0 when the plan ran (points that timed out or failed are recorded as such), 2 on
 a CPU without ``--tiny``, 3 when the backend is not ``--expect``'s, 4 when the environment
@@ -116,6 +119,12 @@ def _decode(n, g, p, t, cap):
                    "prompt_len": p, "completion_len": t}}
 
 
+def _rollouts(n, g, p, t, cap):
+  return {"id": f"rollouts_n{n}_t{t}", "part": "rollouts", "cap_s": cap,
+          "spec": {"kind": "rollouts", "rows": n, "group": g, "prompt_len": p,
+                   "completion_len": t}}
+
+
 def plan(tiny: bool, rows: int, decode_rows, lengths, kernels, g: int, p: int,
          tests: bool) -> list[dict]:
   """The points in the order they run, most important first: {"id", "part", "cap_s", "spec"}.
@@ -131,11 +140,13 @@ def plan(tiny: bool, rows: int, decode_rows, lengths, kernels, g: int, p: int,
     n, g, p, t = 8, 2, 8, 16
     points += [_train("train", "grpo", "auto", n, g, p, t, 120.0),
                _decode(n, g, p, t, 60.0), _decode(n // 2, g, p, t, 60.0),
+               _rollouts(n, g, p, 64, 120.0),
                _train("larger", "popo", "auto", n, g, p, t, 120.0)]
   else:
     t = lengths[0]
     points.append(_train("train", "grpo", "auto", rows, g, p, t, 240.0))
     points += [_decode(n, g, p, t, 180.0) for n in decode_rows]
+    points.append(_rollouts(64, g, p, lengths[-1], 240.0))  # static vs partial at the longest T
     if PRESET_ROWS != rows:
       points.append(_train("larger", "grpo", "auto", PRESET_ROWS, g, p, t, 300.0))
     points += [_train("larger", "grpo", "auto", rows, g, p, longer, 300.0)
@@ -281,6 +292,10 @@ def markdown(result: dict) -> str:
               f"{_fmt(r['copy_fraction'], '.1%')} | {_fmt(r['planned_bytes'], '.0f', MIB)} | "
               f"{_fmt(r['device_peak_bytes'], '.0f', MIB)} | {r['compile_s']:.0f} |"
               for r in decodes]
+  for pt in done:
+    if pt["spec"]["kind"] == "rollouts":
+      lines += ["", f"Rollouts, static batch vs partial (bench.rollouts): "
+                    f"{pt['result']['summary']}."]
   tests = [pt for pt in done if pt["spec"]["kind"] == "tests"]
   for pt in tests:
     lines += ["", f"Tests: {pt['result']['summary']} ({pt['seconds']:.0f} s)."]

@@ -301,8 +301,39 @@ def decode_point(tiny: bool, attention: str, rows: int, group: int, prompt_len: 
           "compile_s": compile_s}
 
 
+def rollouts_point(tiny: bool, rows: int, group: int, prompt_len: int, completion_len: int,
+                   staleness: int = 4, steps: int = 2) -> dict:
+  """Static batch against partial rollouts (``bench.rollouts``) on the log-normal lengths
+  (median T / 4, 4% at T) of the benchmark's stop rule: ``rows`` rows (B = rows / G groups a
+  step) in both, the pipeline at ``staleness``, chunks of T / 32; ``steps`` timed steps each
+  after one (static) or 1 + staleness (pipeline) untimed. Generation only."""
+  from grpo_jax.bench import rollouts as rollouts_lib
+  from grpo_jax.generate import partial, sampler as sampler_lib
+  n, g, p, t = rows, group, prompt_len, completion_len
+  cfg = qwen3_0p6b_shape(tiny).replace(attention="auto")
+  graphdef, params = _init_model(cfg)
+  config = sampler_lib.SamplingConfig(max_new_tokens=t, eos_ids=(cfg.vocab_size,), pad_id=0,
+                                      temperature=1.0, prompt_group=g)
+
+  def producer(static):
+    draw = rollouts_lib.length_sampler("lognormal", t, np.random.default_rng(0))
+    return partial.Producer(graphdef, config, cfg, slots=n, prompt_len=p,
+                            chunk=max(1, t // 32), max_staleness=staleness, static=static,
+                            prompts=rollouts_lib.prompt_source(cfg.vocab_size, p, g, draw, 0))
+
+  static = rollouts_lib.run_mode(producer(True), params, n // g, 1, steps)
+  pipe = rollouts_lib.run_mode(producer(False), params, n // g, 1 + staleness, steps)
+  key = "generation_us_per_useful_token"
+  speedup = static[key] / pipe[key]
+  return {"rows": n, "G": g, "P": p, "T": t, "staleness": staleness, "static": static,
+          "pipeline": pipe, "generation_speedup_per_useful_token": speedup,
+          "summary": (f"useful fraction static {static['useful_fraction']:.3f}, partial "
+                      f"{pipe['useful_fraction']:.3f}; generation {speedup:.2f}x faster per "
+                      f"useful token (N {n}, P {p}, T {t}, staleness {staleness})")}
+
+
 POINTS = {"env": env_point, "parity": parity_point, "train": train_point,
-          "decode": decode_point}
+          "decode": decode_point, "rollouts": rollouts_point}
 
 
 def child_main(spec: dict, result_path: str, deadline: float) -> None:

@@ -49,6 +49,7 @@ def test_accelerator_check_writes_every_point_as_it_ends_and_bounds_each(tmp_pat
   assert result["status"] == "done"
   assert _statuses(result) == {"env": "ok", "parity": "ok", "train_grpo_auto_n8_t16": "ok",
                                "decode_n8_t16": "timeout", "decode_n4_t16": "ok",
+                               "rollouts_n8_t64": "not selected",
                                "train_popo_auto_n8_t16": "not selected"}
   points = {pt["id"]: pt for pt in result["points"]}
   hung = points["decode_n8_t16"]
@@ -142,7 +143,7 @@ def test_the_plan_runs_cudnn_and_the_real_configuration_first_each_point_capped(
                             True)
   assert [pt["id"] for pt in points] == [
       "env", "parity", "train_grpo_auto_n128_t1024", "decode_n256_t1024", "decode_n512_t1024",
-      "train_grpo_auto_n512_t1024", "train_grpo_auto_n128_t4096", "train_grpo_xla_n128_t1024",
+      "rollouts_n64_t4096", "train_grpo_auto_n512_t1024", "train_grpo_auto_n128_t4096", "train_grpo_xla_n128_t1024",
       "train_grpo_blocked_n128_t1024", "train_popo_auto_n128_t1024", "tests"]
   # Under a lent machine's 10-minute command, whatever the budget (the tests take what is left).
   assert all(pt["cap_s"] <= 300 for pt in points[:-1])
@@ -173,3 +174,15 @@ def test_decode_bytes_and_the_hbm_table():
   assert hbm.hbm_bandwidth("NVIDIA A100-SXM4-80GB") == 2.039e12
   assert hbm.hbm_bandwidth("TPU v5 lite") == 819e9
   assert hbm.hbm_bandwidth("NVIDIA GH200 480GB") is None and hbm.hbm_bandwidth("cpu") is None
+
+
+@pytest.mark.slow
+def test_the_rollouts_point_compares_static_and_partial_at_the_tiny_shape():
+  """The first device's static-vs-partial point, at the tiny shape: both modes trained whole
+  groups, and the pool computed far fewer positions per trained token (log-normal lengths:
+  the static batch decodes every row to its longest)."""
+  r = accelerator_points.rollouts_point(True, 8, 2, 8, 32, steps=2)
+  static, pipe = r["static"], r["pipeline"]
+  assert static["groups_trained"] == pipe["groups_trained"] == 8
+  assert 0 < static["useful_fraction"] < pipe["useful_fraction"] <= 1
+  assert r["generation_speedup_per_useful_token"] > 0 and "useful fraction" in r["summary"]
