@@ -96,7 +96,9 @@ class PartialGroups(Allocator):
         "alloc/rollouts_generated": float(done.rows_trained + done.rows_discarded),
         "alloc/groups_discarded": float(done.groups_discarded),
         "alloc/rows_in_flight": float(p.in_flight()),
-        "alloc/useful_fraction": done.useful_fraction,
+        # Since the run started: a step's own ratio exceeds 1 when it trains tokens decoded
+        # in earlier steps.
+        "alloc/useful_fraction": p.counts.useful_fraction,
         "alloc/decode_steps": float(done.decode_steps),
         "alloc/staleness_mean": float(staleness.mean()) if staleness.size else 0.0,
         "alloc/staleness_max": float(staleness.max()) if staleness.size else 0.0})

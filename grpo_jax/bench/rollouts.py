@@ -35,6 +35,7 @@ cache writes against the sampler's one slice (the ratio is the sampler's time ov
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import jax
@@ -130,17 +131,24 @@ def run_mode(producer: partial.Producer, params, b: int, warmup: int, steps: int
           "generation_us_per_useful_token": round(1e6 * seconds / max(c.tokens_trained, 1), 3)}
 
 
-def update_seconds(graphdef, params, ids, mask, completions) -> float:
-  """Wall seconds of one update (after a compiling one): forward and backward over the rows, an Adam step."""
+def update_seconds(graphdef, params, ids, mask, completions, rows_per_pass: int = 16) -> float:
+  """Wall seconds of one update (after a compiling one): forward and backward over the rows,
+  ``rows_per_pass`` at a time with the gradients summed (the dense attention's [rows, H, S, S]
+  scores of all 128 rows at T = 2,048 would not fit this machine's memory), an Adam step."""
   tx = optax.adam(1e-5)
+  n = ids.shape[0]
+  per = math.gcd(n, rows_per_pass)  # rows a pass: divides the rows
+  chunks = lambda a: a.reshape((n // per, per) + a.shape[1:])
 
-  def loss(p):
+  def loss(p, part):
     model = nnx.merge(graphdef, p)
-    return -jnp.mean(completion_logprobs(model, ids, mask, completions))
+    return -jnp.sum(completion_logprobs(model, *part)) / n
 
   @jax.jit
   def step(p, opt):
-    grads = jax.grad(loss)(p)
+    add = lambda g, part: (jax.tree.map(jnp.add, g, jax.grad(loss)(p, part)), None)
+    grads, _ = jax.lax.scan(add, jax.tree.map(jnp.zeros_like, p),
+                            (chunks(ids), chunks(mask), chunks(completions)))
     updates, opt = tx.update(grads, opt, p)
     return optax.apply_updates(p, updates), opt
 
@@ -197,9 +205,11 @@ def bench_length(t: int, graphdef, params, model_config) -> dict:
 
   out = {"completion_len": t, "static": run_mode(producer(True, 0), params, b, FLAGS.warmup,
                                                  FLAGS.steps)}
+  print(json.dumps({"completion_len": t, "static": out["static"]}), flush=True)
   for s in sorted(int(v) for v in FLAGS.staleness):
-    out[f"pipeline_staleness_{s}"] = run_mode(producer(False, s), params, b, FLAGS.warmup + s,
-                                              FLAGS.steps)
+    key = f"pipeline_staleness_{s}"
+    out[key] = run_mode(producer(False, s), params, b, FLAGS.warmup + s, FLAGS.steps)
+    print(json.dumps({"completion_len": t, key: out[key]}), flush=True)  # kept if later fails
   rng = np.random.default_rng(0)
   ids = rng.integers(2, model_config.vocab_size, (b * g, p)).astype(np.int32)
   completions = rng.integers(2, model_config.vocab_size, (b * g, t)).astype(np.int32)

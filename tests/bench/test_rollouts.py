@@ -1,0 +1,30 @@
+"""``python -m grpo_jax.bench.rollouts``: the command runs at a tiny shape and its last line is
+the JSON the docs quote (no time is asserted)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.slow
+def test_the_command_ends_with_its_summary_json():
+  cmd = [sys.executable, "-m", "grpo_jax.bench.rollouts", "--completion_len=32", "--groups=2",
+         "--group_size=2", "--prompt_len=8", "--steps=2", "--warmup=1", "--chunk=4",
+         "--staleness=1,4", "--default_staleness=4", "--nocheck_sampler"]
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = [json.loads(line) for line in proc.stdout.strip().splitlines()]
+  summary = lines[-1]
+  assert summary["completion_len"] == 32 and summary["default_staleness"] == 4
+  for key in ("static_useful_fraction", "pipeline_useful_fraction",
+              "generation_speedup_per_useful_token", "step_speedup_per_useful_token"):
+    assert summary[key] > 0, key
+  # The static batch decodes to its longest row; the pool keeps its slots busier.
+  assert summary["static_useful_fraction"] < summary["pipeline_useful_fraction"] <= 1
+  full = [r for r in lines if "update_s" in r][0]
+  assert full["static"]["groups_trained"] == 2 * 2  # B groups per measured step
