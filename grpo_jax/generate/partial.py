@@ -217,13 +217,13 @@ class Producer:
     while len(self.ready) < b and (not self.budget or spent < self.budget):
       free = np.flatnonzero(~np.asarray(self.pool.live))
       self._admit_groups(params, free)
-      before = np.asarray(self.pool.length).sum()
+      before = self.pool.length.sum()
       self.pool, steps = self._decode(params, self.pool, jnp.int32(self.version))
-      steps = int(steps)
+      steps, drawn = (int(x) for x in jax.device_get((steps, self.pool.length.sum() - before)))
       spent += steps
       self.counts.decode_steps += steps
       self.counts.decode_positions += steps * self.slots
-      self.counts.tokens_generated += int(np.asarray(self.pool.length).sum() - before)
+      self.counts.tokens_generated += drawn
       self._harvest()
     out = [self.ready.popleft() for _ in range(min(b, len(self.ready)))]
     for group in out:
@@ -252,9 +252,8 @@ class Producer:
       serials = {int(t) // self.g for t in tickets[stale]}
       drop = live & np.isin(tickets // self.g, list(serials))
       for serial in serials:
-        group = self._groups.pop(serial, None)
+        self._groups.pop(serial, None)
         self._discard(self.g)
-        del group
       self.pool = self._release(self.pool, jnp.asarray(drop))
     if self.do_reprefill and self.pool_live():
       self.pool = self._reprefill(params, self.pool)
