@@ -93,6 +93,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.chunk = 0  # decode steps between two looks at which rows ended (0 = T / 32, at least 1)
   c.rollout.decode_budget = 0  # most decode steps per step (0 = until B groups are complete)
   c.rollout.partial_cache = "keep"  # keep | reprefill: a continued row's KV cache after an update
+  # Continued rows in the loss: decoupled (off-policy rows, corrected as replayed rows are: pi_prox
+  # from the pass or interpolated per token, replay.prox) | naive (clipped pi_theta / mu)
+  c.rollout.correction = "decoupled"
 
   # The train step's group: StepConfig's fields (grpo_jax/rl/step_config.py says what each
   # does), with the advantage estimator (rl.estimator: grpo | drgrpo | rloo, each its group
@@ -349,5 +352,7 @@ COMMON = {
     "decode_budget": Preset(lambda c, d: c.rollout.update(decode_budget=d), "int",
                             usage="decode_budget=D"),
     "decoupled_all": Preset(lambda c: c.rl.update(prox_pass="all")),
+    # Continued rows trained with the clipped pi_theta / mu (no pi_prox): the naive baseline.
+    "naive": Preset(lambda c: c.rollout.update(correction="naive")),
     "lora": Preset(_lora, "int", bare=32, usage="lora, lora=R", last=True),
 }

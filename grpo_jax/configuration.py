@@ -32,12 +32,14 @@ _check = errors.check
 
 
 PARTIAL_CACHES = ("keep", "reprefill")
+CORRECTIONS = ("decoupled", "naive")
 
 
 def _partial_rollouts(config) -> None:
   """``rollout.partial`` and its knobs (``allocation/partial.py``), each refusal one line."""
   r = config.rollout
-  for name in ("partial", "slots", "max_staleness", "chunk", "decode_budget", "partial_cache"):
+  for name in ("partial", "slots", "max_staleness", "chunk", "decode_budget", "partial_cache",
+               "correction"):
     _check(name in r, f"rollout.{name}", "missing (start from configs/common.py)")
   _check(isinstance(r.partial, bool), "rollout.partial", f"{r.partial!r} must be true or false")
   rows = r.batch_prompts * r.group_size
@@ -52,6 +54,8 @@ def _partial_rollouts(config) -> None:
          f"{r.decode_budget!r} must be an integer >= 0 (0 = until B groups are complete)")
   _check(r.partial_cache in PARTIAL_CACHES, "rollout.partial_cache",
          f"{r.partial_cache!r}; known: {', '.join(PARTIAL_CACHES)}")
+  _check(r.correction in CORRECTIONS, "rollout.correction",
+         f"{r.correction!r}; known: {', '.join(CORRECTIONS)}")
   if not r.partial:
     return
   budget, t = r.decode_budget, r.completion_len
@@ -356,6 +360,7 @@ def step_config(config, replay=None) -> StepConfig:
   return StepConfig.from_group(
       deprecated.current(config.rl), group_size=r.group_size, prox_pass=prox_pass(config),
       prox_estimate=config.replay.prox, prox_chunks=config.replay.prox_chunks,
+      continued=bool(r.partial) and r.correction == "decoupled",
       temperature=r.temperature, compute_entropy=config.rl.loss.entropy_coef > 0,
       replay=replay_method(config) if replay is None else replay, remat=m.remat,
       query_block=m.query_block)

@@ -51,8 +51,9 @@ class UpdateBatch:
     replayed: [N + R] bool, the row comes from the buffer; None when the method never replays.
     gen_logp: [N + R, T] float32 pi_gen of each row (the trainer's log-probs when it was
       generated), for the replay drift metrics; None when the method never replays.
-    age: [N + R] float32 steps since each row was generated (0 on fresh rows), when the loss
-      interpolates the replayed rows' pi_prox (``prox.interpolated``); else None, and
+    age: [N + R, T] float32 updates since each token was drawn (step - its version) on the
+      tokens whose pi_prox the loss interpolates (replayed rows', and continued rows' drawn
+      before the step), 0 elsewhere (``prox.interpolated``); else None, and
       ``prox_logp`` / ``behaviour_logp`` are final.
   """
 

@@ -89,19 +89,21 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   start_logp = functools.partial(_start_logp, graphdef, state.params, config, grouped=grouped)
   ctx = _context(config, rollout, state.step, rng)
   evicted, comp, evict_metrics = _compose(config, ctx, replay, start_logp, replaying)
-  full_NxT = _proximal_pass(config, comp, start_logp, replaying)
+  off_policy_N = _off_policy_rows(config, comp, state.step)
+  full_NxT = _proximal_pass(config, comp, off_policy_N, start_logp, replaying)
   ctx, mismatch_metrics = _sampler_mismatch(config, rollout, ctx, comp, full_NxT)
   if lora.has_adapters(state.params):
     # The reference is the base model: the adapters switched off, no second copy of weights.
     ref_params = lora.without_adapters(state.params)
-  batch = _update_batch(graphdef, config, comp, full_NxT, ref_params, replaying, state.step,
-                        grouped)
+  batch = _update_batch(graphdef, config, comp, off_policy_N, full_NxT, ref_params, replaying,
+                        state.step, grouped)
   (params, opt_state), per_update = update.update_scan(graphdef, tx, config, state, batch, rng,
                                                        replaying)
   # After selection and the update: nothing is replayed in the step that produced it.
   replay_out, insert_metrics = config.replay.after_update(ctx, evicted, comp)
   metrics = _metrics(config, rollout, ctx, comp, batch, per_update, replay_out, replaying,
-                     [evict_metrics, mismatch_metrics], insert_metrics)
+                     [evict_metrics, mismatch_metrics,
+                      _continued_metrics(config, comp, off_policy_N)], insert_metrics)
   new_state, replay_out, skipped = _finite_guard(state, replay, params, opt_state, replay_out,
                                                  per_update)
   return new_state, replay_out, {**metrics, "skipped": skipped}
@@ -175,34 +177,71 @@ def _compose(config: StepConfig, ctx: replay_method.StepContext, replay: ReplayS
   return evicted, rc.compose(ctx, evicted, start_logp), metrics
 
 
-def _proximal_pass(config: StepConfig, comp: replay_method.Composition, start_logp,
+def _off_policy_rows(config: StepConfig, comp: replay_method.Composition,
+                     step: jax.Array) -> jax.Array:
+  """bool [N + R]: the rows the objective corrects: the replayed ones and, with
+  ``config.continued`` (partial rollouts), the rows holding a token drawn before ``step``
+  (``prox.continued_rows``).
+  """
+  if not config.continued:
+    return comp.replayed
+  return comp.replayed | prox_lib.continued_rows(comp.rollout, step)
+
+
+def _corrects(config: StepConfig, replaying: bool) -> bool:
+  """Whether any row may be off-policy in the loss (static): the method replays, or rows may
+  be continued from earlier steps."""
+  return replaying or config.continued
+
+
+def _proximal_pass(config: StepConfig, comp: replay_method.Composition,
+                   off_policy_N: jax.Array, start_logp,
                    replaying: bool) -> jax.Array | None:
   """The no-grad pass at the start-of-step parameters, when one is needed.
 
   With ``prox_pass="all"``: one pass over every row. Else, when the objective uses pi_prox and
-  the method did not measure it (``Composition.prox_logp``) and the step does not interpolate
-  it (``prox_estimate``): a pass over the rows the method may replay (``prox.gathered``, in
-  ``prox_chunks`` chunks), or over the whole batch with ``prox_chunks=0`` or no bound.
+  the step does not interpolate it (``prox_estimate``): a pass over the off-policy rows the
+  method did not measure (``Composition.prox_logp``). Replayed rows only: over the rows the
+  method may replay (``prox.gathered`` over ``Composition.prox_rows``, in ``prox_chunks``
+  chunks), or over the whole batch with ``prox_chunks=0`` or no bound. With continued rows
+  (``config.continued``) any row may need it: over the whole batch, the off-policy rows first,
+  a chunk without one skipped.
 
   Args:
-    config: StepConfig (prox_pass, prox_estimate, prox_chunks, the method's objective).
+    config: StepConfig (prox_pass, prox_estimate, prox_chunks, continued, the objective).
     comp: the Composition of N + R rows.
+    off_policy_N: bool [N + R] the rows the objective corrects (``_off_policy_rows``).
     start_logp: Rollout of n rows -> [n, T] log pi_prox.
     replaying: the method can replay (static).
 
   Returns:
-    [N + R, T] float32 log pi_prox (exact on every replayed row; mu or the pass on the others),
-    or None when no pass is needed.
+    [N + R, T] float32 log pi_prox (exact on every off-policy row; mu or the pass on the
+    others), or None when no pass is needed.
   """
   if config.prox_pass == "all":
     return start_logp(comp.rollout)
-  uses_prox = replaying and objectives.OBJECTIVES[config.replay.objective].uses_prox
-  if not uses_prox or comp.prox_logp is not None or config.prox_estimate == "interpolate":
+  uses_prox = (_corrects(config, replaying)
+               and objectives.OBJECTIVES[config.replay.objective].uses_prox)
+  if not uses_prox or config.prox_estimate == "interpolate":
     return None
-  if config.prox_chunks and comp.prox_rows is not None:
-    return prox_lib.gathered(comp.rollout, comp.replayed, comp.prox_rows, start_logp,
-                             config.prox_chunks, config.group_size)
-  return start_logp(comp.rollout)
+  if not config.continued:
+    if comp.prox_logp is not None:
+      return None
+    if config.prox_chunks and comp.prox_rows is not None:
+      return prox_lib.gathered(comp.rollout, comp.replayed, comp.prox_rows, start_logp,
+                               config.prox_chunks, config.group_size)
+    return start_logp(comp.rollout)
+  measured_N = comp.replayed if comp.prox_logp is not None else jnp.zeros_like(comp.replayed)
+  need_N = off_policy_N & ~measured_N
+  if config.prox_chunks:
+    full_NxT = prox_lib.gathered(comp.rollout, need_N,
+                                 prox_lib.off_policy_first(need_N, config.group_size),
+                                 start_logp, config.prox_chunks, config.group_size)
+  else:
+    full_NxT = start_logp(comp.rollout)
+  if comp.prox_logp is not None:
+    full_NxT = jnp.where(measured_N[:, None], comp.prox_logp, full_NxT)
+  return full_NxT
 
 
 def _sampler_mismatch(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContext,
@@ -220,66 +259,81 @@ def _sampler_mismatch(config: StepConfig, rollout: Rollout, ctx: replay_method.S
 
   Returns:
     (ctx with ``gen_logp_BxGxT`` set, {"fresh_logp_mismatch": mean |log pi_prox - log mu| over
-    the fresh rows' loss tokens}), or (ctx, {}) unchanged with ``prox_pass="replayed"``.
+    the fresh rows' loss tokens of the current version}), or (ctx, {}) unchanged with
+    ``prox_pass="replayed"``.
   """
   if config.prox_pass != "all":
     return ctx, {}
   n = rollout.num_rows
   mu_NxT, replayed_N = comp.rollout.behaviour_logp, comp.replayed
-  fresh_tok = (comp.loss_mask & ~replayed_N[:, None]).astype(jnp.float32)
+  # Tokens drawn by the start-of-step parameters: the fresh rows' (a continued row's earlier
+  # tokens came from earlier parameters, whose trainer log-probs the step does not have).
+  current_NxT = ~replayed_N[:, None] & (comp.rollout.version >= ctx.step)
+  fresh_tok = (comp.loss_mask & current_NxT).astype(jnp.float32)
   mismatch = (jnp.sum(jnp.abs(full_NxT - mu_NxT) * fresh_tok)
               / jnp.maximum(jnp.sum(fresh_tok), 1.0))
-  # What this step's rows store as pi_gen: the pass over the fresh rows at their places in the
-  # batch (rows 0..N-1; POPO's replaced ineffective groups are not in the batch and keep mu,
-  # which matters only for POPO-ineff, whose stored ineffective groups have advantage 0).
-  fresh_gen_NxT = jnp.where(replayed_N[:n, None], rollout.behaviour_logp, full_NxT[:n])
+  # What this step's rows store as pi_gen: the pass over the fresh rows' current tokens at
+  # their places in the batch (rows 0..N-1; POPO's replaced ineffective groups are not in the
+  # batch and keep mu, which matters only for POPO-ineff, whose stored ineffective groups have
+  # advantage 0); a continued row's earlier tokens keep mu, the log-prob of the distribution
+  # that drew them.
+  fresh_gen_NxT = jnp.where(current_NxT[:n], full_NxT[:n], rollout.behaviour_logp)
   ctx = ctx.replace(gen_logp=fresh_gen_NxT.reshape(ctx.fresh.behaviour_logp.shape))
   return ctx, {"fresh_logp_mismatch": mismatch}
 
 
 def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_method.Composition,
-                  full_NxT: jax.Array | None, ref_params, replaying: bool,
-                  step: jax.Array, grouped: bool | None = None) -> UpdateBatch:
+                  off_policy_N: jax.Array, full_NxT: jax.Array | None, ref_params,
+                  replaying: bool, step: jax.Array, grouped: bool | None = None) -> UpdateBatch:
   """The UpdateBatch: the composed rows with the loss's denominators and reference log-probs.
 
   Fresh rows: mu is the sampler's log mu and pi_prox is mu (or the start-of-step pass with
   ``prox_pass="all"``, so that rho starts at 1 exactly and w = pi_prox / mu corrects the
-  sampler/trainer mismatch). Replayed rows: the objective's denominators (``objectives.py``)
-  of their mu, their pi_prox (the method's own pass when it made one, else ``full_NxT``) and
-  their stored pi_gen. With ``prox_estimate="interpolate"`` and no pass, the replayed rows
-  keep mu here and carry their age: the loss applies the objective to the interpolated pi_prox
-  in each update (``update.py``, ``prox.interpolated``).
+  sampler/trainer mismatch). Off-policy rows (replayed; continued with ``config.continued``):
+  the objective's denominators (``objectives.py``) of their mu, their pi_prox (the method's own
+  pass when it made one, else ``full_NxT``) and their stored pi_gen. With
+  ``prox_estimate="interpolate"`` and no pass, those rows keep mu here and carry the age of
+  each token: the loss applies the objective to the interpolated pi_prox in each update
+  (``update.py``, ``prox.interpolated``).
 
   Args:
     graphdef: the model's structure.
     config: StepConfig.
     comp: the Composition of N + R rows.
+    off_policy_N: bool [N + R] the rows the objective corrects (``_off_policy_rows``).
     full_NxT: [N + R, T] float32 log pi_prox, or None (``_proximal_pass``).
     ref_params: the frozen reference's parameters (used when the KL coefficient is > 0).
     replaying: the method can replay (static).
-    step: int32 the state's step (the rows' ages are counted from it).
+    step: int32 the state's step (the tokens' ages are counted from it).
     grouped: the reference pass's ``policy.logprobs`` argument (see ``train_step``).
 
   Returns:
     UpdateBatch of N + R rows.
   """
-  mixed, replayed_N = comp.rollout, comp.replayed
+  mixed = comp.rollout
   mu_NxT = mixed.behaviour_logp
   prox_NxT = full_NxT if config.prox_pass == "all" else mu_NxT
   behaviour_NxT = mu_NxT
-  age_N = None
-  if interpolates(config, comp, full_NxT, replaying):
-    # Denominators in the loss, from pi_prox interpolated in each update.
-    age_N = jnp.where(replayed_N, step - mixed.row_version, 0).astype(jnp.float32)
-  elif replaying:
+  age_NxT = None
+  if _corrects(config, replaying):
     objective = objectives.OBJECTIVES[config.replay.objective]
-    replayed_prox_NxT = None
-    if objective.uses_prox:
-      replayed_prox_NxT = full_NxT if comp.prox_logp is None else comp.prox_logp
-    replayed_mu_NxT, replayed_ratio_NxT = objective.denominators(mu_NxT, replayed_prox_NxT,
-                                                                 comp.gen_logp)
-    behaviour_NxT = jnp.where(replayed_N[:, None], replayed_mu_NxT, mu_NxT)
-    prox_NxT = jnp.where(replayed_N[:, None], replayed_ratio_NxT, prox_NxT)
+    known_N = off_policy_N  # rows whose denominators are final here
+    if interpolates(config, comp, full_NxT, replaying):
+      # Denominators in the loss, from pi_prox interpolated in each update; a method's own
+      # pass keeps its replayed rows' values.
+      measured_N = (comp.replayed if comp.prox_logp is not None
+                    else jnp.zeros_like(comp.replayed))
+      interpolated_NxT = (off_policy_N & ~measured_N)[:, None] & mixed.completion_mask
+      age_NxT = jnp.where(interpolated_NxT, step - mixed.version, 0).astype(jnp.float32)
+      known_N = measured_N
+    if not objective.uses_prox or full_NxT is not None or comp.prox_logp is not None:
+      replayed_prox_NxT = None
+      if objective.uses_prox:
+        replayed_prox_NxT = full_NxT if comp.prox_logp is None else comp.prox_logp
+      replayed_mu_NxT, replayed_ratio_NxT = objective.denominators(mu_NxT, replayed_prox_NxT,
+                                                                   comp.gen_logp)
+      behaviour_NxT = jnp.where(known_N[:, None], replayed_mu_NxT, mu_NxT)
+      prox_NxT = jnp.where(known_N[:, None], replayed_ratio_NxT, prox_NxT)
   tokens = Tokens.of(mixed)
   ref_NxT = None
   if config.loss.kl_coef > 0:
@@ -290,17 +344,27 @@ def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_metho
       tokens=tokens, loss_mask=comp.loss_mask, advantages=comp.advantages,
       behaviour_logp=behaviour_NxT, prox_logp=prox_NxT, ref_logp=ref_NxT,
       # The loss pass measures how far pi_theta is from each replayed row's pi_gen.
-      replayed=replayed_N if replaying else None,
-      gen_logp=comp.gen_logp if replaying else None, age=age_N)
+      replayed=comp.replayed if replaying else None,
+      gen_logp=comp.gen_logp if _corrects(config, replaying) else None, age=age_NxT)
 
 
 def interpolates(config: StepConfig, comp: replay_method.Composition,
                  full_NxT: jax.Array | None, replaying: bool) -> bool:
-  """Whether the loss interpolates the replayed rows' pi_prox (static): asked for, used by the
-  objective, and neither measured by the method nor made by a pass."""
-  return (replaying and config.prox_estimate == "interpolate" and full_NxT is None
-          and comp.prox_logp is None
+  """Whether the loss interpolates off-policy rows' pi_prox (static): asked for, used by the
+  objective, made by no pass, and not all measured by the method (continued rows never are)."""
+  return (_corrects(config, replaying) and config.prox_estimate == "interpolate"
+          and full_NxT is None and (comp.prox_logp is None or config.continued)
           and objectives.OBJECTIVES[config.replay.objective].uses_prox)
+
+
+def _continued_metrics(config: StepConfig, comp: replay_method.Composition,
+                       off_policy_N: jax.Array) -> dict:
+  """With ``config.continued``: {"continued_rows": rows the objective corrects that are not
+  replayed (partial rollouts continued across updates), among the loss's rows}; else {}."""
+  if not config.continued:
+    return {}
+  used_N = off_policy_N & ~comp.replayed & jnp.any(comp.loss_mask, axis=-1)
+  return {"continued_rows": jnp.sum(used_N.astype(jnp.float32))}
 
 
 def _metrics(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContext,

@@ -50,6 +50,11 @@ class StepConfig(registry.Configurable):
       static bound, ``Composition.prox_rows``), gathered replayed-first into this many chunks,
       a chunk holding no replayed row skipped at run time; 0 runs one pass over the whole
       batch.
+    continued: rows may hold tokens drawn by earlier parameters (partial rollouts,
+      ``rollout.partial`` with ``rollout.correction=decoupled``): each such row is off-policy
+      and the replay objective corrects it as it does a replayed row (pi_prox from the pass, or
+      interpolated per token with ``prox_estimate``); False leaves them to the clipped
+      pi_theta / mu of a fresh row (``correction=naive``).
     loss: LossConfig of the policy loss.
     num_minibatches: minibatches per epoch (rows split evenly).
     num_epochs: passes over the batch (mu of GRPO).
@@ -86,6 +91,7 @@ class StepConfig(registry.Configurable):
   prox_pass: str = registry.config_default("auto", "replayed")
   prox_estimate: str = dataclasses.field(default="exact", metadata=registry.DERIVED)
   prox_chunks: int = dataclasses.field(default=0, metadata=registry.DERIVED)
+  continued: bool = dataclasses.field(default=False, metadata=registry.DERIVED)
   loss: losses.LossConfig = registry.nested(losses.LossConfig)
   # A run's default: more than one update per batch, so the clip acts after the first.
   num_minibatches: int = registry.config_default(4, 1)

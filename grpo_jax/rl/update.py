@@ -118,26 +118,27 @@ def _loss(graphdef: nnx.GraphDef, config: StepConfig, replaying: bool, params,
 
 def with_interpolated_prox(mb: UpdateBatch, logp_UxT: jax.Array, fraction: jax.Array,
                            objective: str) -> UpdateBatch:
-  """The minibatch with its replayed rows' denominators from the interpolated pi_prox.
+  """The minibatch with its off-policy tokens' denominators from the interpolated pi_prox.
 
   Args:
-    mb: UpdateBatch of U rows carrying ages; its replayed rows hold log mu in
+    mb: UpdateBatch of U rows carrying per-token ages ([U, T]: > 0 on the tokens of replayed
+      and continued rows drawn before this step); those tokens hold log mu in
       ``behaviour_logp``.
     logp_UxT: [U, T] float32 log pi_theta of the loss pass.
     fraction: float32 u / U of this update.
     objective: the replay objective (``objectives.OBJECTIVES``; one that uses pi_prox).
 
   Returns:
-    UpdateBatch with ``behaviour_logp`` and ``prox_logp`` of the replayed rows set by the
+    UpdateBatch with ``behaviour_logp`` and ``prox_logp`` of the tokens of age > 0 set by the
     objective's denominators of (mu, the interpolated pi_prox, pi_gen).
   """
   mu_UxT = mb.behaviour_logp
   prox_UxT = prox_lib.interpolated(mu_UxT, logp_UxT, mb.age, fraction)
   mu2_UxT, prox2_UxT = objectives.OBJECTIVES[objective].denominators(mu_UxT, prox_UxT,
                                                                      mb.gen_logp)
-  rep = mb.replayed[:, None]
-  return mb.replace(behaviour_logp=jnp.where(rep, mu2_UxT, mu_UxT),
-                    prox_logp=jnp.where(rep, prox2_UxT, mb.prox_logp))
+  old = mb.age > 0
+  return mb.replace(behaviour_logp=jnp.where(old, mu2_UxT, mu_UxT),
+                    prox_logp=jnp.where(old, prox2_UxT, mb.prox_logp))
 
 
 def _minibatch_update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,

@@ -99,7 +99,7 @@ def test_interpolated_prox_by_hand():
   # in the step's first update (u = 0) alpha = 1: pi_prox = pi_theta = -2.
   mu = jnp.full((3, 2), -1.0)
   theta = jnp.full((3, 2), -2.0)
-  age = jnp.asarray([0.0, 2.0, 1.0])
+  age = jnp.asarray([[0.0], [2.0], [1.0]])  # per token: [U, 1] broadcasts over T
   np.testing.assert_allclose(prox.interpolated(mu, theta, age, jnp.float32(0.5)),
                              [[-1, -1], [-1.8, -1.8], [-5 / 3, -5 / 3]], rtol=1e-6)
   np.testing.assert_array_equal(prox.interpolated(mu, theta, age, jnp.float32(0.0)),

@@ -494,6 +494,7 @@ def test_partial_rollouts_span_versions_and_resume(tmp_path, cache):
     (dict(chunk=-2), "rollout.chunk: -2 must be an integer >= 0"),
     (dict(decode_budget=-1), "rollout.decode_budget: -1 must be an integer >= 0"),
     (dict(partial_cache="fresh"), "rollout.partial_cache: 'fresh'; known: keep, reprefill"),
+    (dict(correction="none"), "rollout.correction: 'none'; known: decoupled, naive"),
     # T = 16 needs 15 decode steps after the prefill's token: 4 x (2 + 1) = 12 cannot.
     (dict(decode_budget=4, max_staleness=2), "rollout.decode_budget: 4 decode steps per step x "
      "\\(rollout.max_staleness 2 \\+ 1\\) can never finish a row of rollout.completion_len=16"),
