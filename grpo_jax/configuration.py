@@ -63,9 +63,6 @@ def _partial_rollouts(config) -> None:
          f"{budget} decode steps per step x (rollout.max_staleness {r.max_staleness} + 1) can "
          f"never finish a row of rollout.completion_len={t} tokens ({t - 1} after the "
          "prefill's): raise either")
-  _check(config.allocation.method == "uniform", "rollout.partial",
-         f"not yet with allocation.method={config.allocation.method!r}: partial rollouts run "
-         "the uniform allocation (any selector)")
   _check(not r.sampler_rows, "rollout.sampler_rows",
          f"{r.sampler_rows}: partial rollouts hold rollout.slots rows in flight; set 0 and "
          "size the pool with rollout.slots")

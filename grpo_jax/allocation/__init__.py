@@ -4,7 +4,8 @@
 names: a rule (``method``, registered in ``RULES``: uniform | dynamic_sampling | sara) over a
 selector (``selector``, registered in ``SELECTORS``: stream | mopps | dps). Each reads its own
 group (``config.allocation.sara``, ``config.allocation.mopps``, ...); ``max_rounds`` is shared.
-``rollout.partial`` replaces the uniform rule's rounds by a slot pool (``partial.py``).
+``rollout.partial`` replaces the rule's rounds by a slot pool (``partial.py``), each rule
+deciding on it from the rows as they end (``pool_policy``).
 """
 
 from grpo_jax.allocation.allocator import RULES, Allocator, FullGroups
@@ -38,9 +39,12 @@ def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None,
                          overlong_factor=config.rl.overlong_penalty,
                          scorer=scorer or scoring.make_scorer(config, task), timer=timer)
   if make_producer is not None:
+    policy = spec(RULES, a, a.method).pool_policy(
+        group_size=r.group_size, effective_signal=config.rl.effective_signal, seed=config.seed)
     return PartialGroups(selector, sampler, make_producer=make_producer,
                          num_groups=r.batch_prompts, group_size=r.group_size,
-                         effective_signal=config.rl.effective_signal, seed=config.seed)
+                         effective_signal=config.rl.effective_signal, seed=config.seed,
+                         policy=policy, max_rounds=a.max_rounds)
   return spec(RULES, a, a.method).build(
       selector, sampler, num_groups=r.batch_prompts, group_size=r.group_size,
       effective_signal=config.rl.effective_signal, max_rounds=a.max_rounds, seed=config.seed)

@@ -46,6 +46,10 @@ class RuleSpec(Protocol):
             group_size: int, effective_signal: str, max_rounds: int, seed: int) -> Allocator:
     """The allocator over ``selector`` and ``sampler``."""
 
+  def pool_policy(self, *, group_size: int, effective_signal: str, seed: int):
+    """The rule on the slot pool of partial rollouts (``partial.PoolPolicy``; None: whole
+    groups at once)."""
+
 
 class Allocator:
   """Base: a selector, a round sampler and the batch shape; ``collect`` is the rule."""
@@ -154,3 +158,8 @@ class UniformSpec(registry.Configurable):
   def build(self, selector, sampler, *, max_rounds: int, seed: int, **shape) -> FullGroups:
     del max_rounds, seed
     return FullGroups(selector, sampler, **shape)
+
+  def pool_policy(self, **unused):
+    """On the pool of partial rollouts: none (G rows a group, admitted at once)."""
+    del unused
+    return None

@@ -14,6 +14,13 @@ Effective groups beyond B are dropped, as in DAPO (the first B in draw order are
 ``alloc/effective_dropped`` counts the rest). Every generated rollout is counted, kept or not.
 A step that hits the cap trains on the groups it has, the remaining slots being empty groups
 (``rounds.py``): the update sees fewer groups, never an ineffective one.
+
+On the slot pool of partial rollouts (``rollout.partial``) the filter is ``PoolFilter``: each
+group is judged as it completes and dropped if ineffective, so the step ends as soon as B
+effective groups are ready and nothing beyond them is generated for the step (what a group in
+flight completes later trains in a later step); ``oversample`` has nothing to batch there and
+is not read. The cap is the same number of rollouts: ``max_rounds`` x B x G rows admitted a
+step.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import dataclasses
 from grpo_jax import errors, registry
 from grpo_jax.allocation import allocator as allocator_lib
 from grpo_jax.allocation import rounds as rounds_lib
+from grpo_jax.generate import partial as partial_lib
 
 
 class DynamicSampling(allocator_lib.Allocator):
@@ -81,6 +89,40 @@ class DynamicSampling(allocator_lib.Allocator):
                                "alloc/effective_dropped": float(effective - len(kept))})
 
 
+class PoolFilter:
+  """DAPO's filter on the slot pool (``allocation.partial.PoolPolicy``): whole groups of G, a
+  group whose rewards all agree on the effective signal dropped when it completes.
+
+  Args:
+    effective_signal: "success" or "score" (``rounds.is_effective``).
+    group_size: G.
+  """
+
+  def __init__(self, effective_signal: str, group_size: int):
+    self.signal, self.first_rows = effective_signal, group_size
+    self._dropped = 0
+
+  def verdict(self, tag, rows: rounds_lib.Rows, group_size: int) -> int:
+    del tag, group_size
+    if rounds_lib.is_effective(rows, self.signal):
+      return 0
+    self._dropped += 1
+    return partial_lib.DROP
+
+  def forget(self, tag) -> None:
+    del tag
+
+  def take_stats(self) -> dict:
+    out, self._dropped = {"alloc/ineffective_dropped": float(self._dropped)}, 0
+    return out
+
+  def state_dict(self) -> dict:
+    return {}
+
+  def load_state_dict(self, state: dict) -> None:
+    del state
+
+
 @allocator_lib.RULES.register("dynamic_sampling")
 @dataclasses.dataclass(frozen=True)
 class DynamicSamplingSpec(registry.Configurable):
@@ -108,3 +150,8 @@ class DynamicSamplingSpec(registry.Configurable):
     del seed
     return DynamicSampling(selector, sampler, max_rounds=max_rounds,
                            oversample=self.oversample, **shape)
+
+  def pool_policy(self, *, group_size: int, effective_signal: str, **unused) -> PoolFilter:
+    """The rule on the pool of partial rollouts."""
+    del unused
+    return PoolFilter(effective_signal, group_size)

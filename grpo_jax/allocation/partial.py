@@ -10,14 +10,25 @@ rows' importance correction is the train step's: ``rl.prox_pass=all`` gives ever
 decoupled objective (ratio to pi_prox, behaviour weight pi_prox / mu: Hilton et al., arXiv
 2110.00641); ``replayed`` (the default) clips pi_theta / mu, the naive baseline.
 
-Counted (the run's budgets): a rollout once, when it is handed to the update or discarded;
-completion tokens when they are decoded. Rows in flight at the end of a run are in the
-checkpoint and reported (``alloc/rows_in_flight``), not counted.
+The rule over the pool (``allocation.method``): uniform (G rows a group, admitted at once);
+dynamic_sampling (DAPO: a group whose rewards all agree is dropped when it completes, and the
+step waits for B effective ones: ``dynamic_sampling.PoolFilter``); sara (K probe rows, then
+commit, one more rollout or abandon as each group's admitted rows end: ``sara.PoolSara``).
+Their groups persist across steps on the same pool: a group committed or completed after its
+step ended trains in the next one. Rows are scored as their group's admitted rows end (the
+rule decides from their rewards), each row once. DAPO and SARA admit at most
+``allocation.max_rounds`` x B x G rows a step (the static rules' cap); a step that reaches it
+with fewer than B groups trains on those, the rest empty groups.
+
+Counted (the run's budgets): a rollout once, when it is handed to the update, discarded or
+dropped by the rule; completion tokens when they are decoded. Rows in flight at the end of a
+run are in the checkpoint and reported (``alloc/rows_in_flight``), not counted.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 import jax
 import numpy as np
@@ -30,30 +41,58 @@ from grpo_jax.generate import tokenization
 from grpo_jax.types import Rollout
 
 
+class PoolPolicy(Protocol):
+  """A sequential rule on the pool, from scored rows (``PoolFilter``, ``PoolSara``)."""
+
+  first_rows: int  # rows a new group admits first
+
+  def verdict(self, tag, rows: rounds_lib.Rows, group_size: int) -> int:
+    """Rows to add (>= 1), 0 (the group of G is complete) or ``partial_lib.DROP``, from the
+    group's scored rows so far."""
+
+  def forget(self, tag) -> None:
+    """The group left the pool without a verdict (discarded for staleness)."""
+
+  def take_stats(self) -> dict:
+    """``alloc/`` metrics since the last call."""
+
+  def state_dict(self) -> dict: ...
+
+  def load_state_dict(self, state: dict) -> None: ...
+
+
 class PartialGroups(Allocator):
-  """Uniform allocation (G rollouts per prompt) on a pool of rows that outlive their step.
+  """B complete groups a step from a pool of rows that outlive their step.
 
   Args:
     selector: which prompts (``selectors.py``); drawn one group at a time.
     sampler: the RoundSampler whose scorer, tokenizer and timer the rows use (its sampler is
       not called: the producer generates).
-    make_producer: ``make_producer(prompts=...) -> generate.partial.Producer``.
+    make_producer: ``make_producer(prompts=..., rule=..., admit_cap=...) ->
+      generate.partial.Producer``.
     num_groups, group_size: B, G.
     effective_signal: as every allocator.
     seed: the run's seed (rows' keys: ``keys.partial_rows``).
+    policy: the sequential rule (``PoolPolicy``; None: uniform, G rows a group at once).
+    max_rounds: with a policy, at most max_rounds x B x G rows are admitted a step.
   """
 
   name = "partial"
 
   def __init__(self, selector, sampler: rounds_lib.RoundSampler, *, make_producer,
                num_groups: int, group_size: int, effective_signal: str = "success",
-               seed: int = 0):
+               seed: int = 0, policy: PoolPolicy | None = None, max_rounds: int = 10):
     super().__init__(selector, sampler, num_groups=num_groups, group_size=group_size,
                      effective_signal=effective_signal)
     self._key = keys.partial_rows(seed)
     self._prompts: dict[int, rounds_lib.Prompt] = {}  # group serial -> its prompt
     self._serial = 0
-    self.producer = make_producer(prompts=self._next_prompt)
+    self.policy = policy
+    self._scored: dict[int, rounds_lib.Rows] = {}  # a group's rows scored so far (policy)
+    self._dropped: list[tuple[rounds_lib.Prompt, rounds_lib.Rows]] = []  # since the last step
+    cap = max_rounds * num_groups * group_size if policy is not None else 0
+    self.producer = make_producer(prompts=self._next_prompt,
+                                  rule=None if policy is None else self, admit_cap=cap)
 
   def _next_prompt(self) -> partial_lib.Prompt:
     """The next group's prompt (a ``generate.partial.Prompt``); its rows' keys fold the
@@ -68,6 +107,30 @@ class PartialGroups(Allocator):
     key = partial_lib.key_data(jax.random.fold_in(self._key, serial), self.group_size)
     return (serial, np.asarray(ids[0]), np.asarray(mask[0]), None, key)
 
+  # -- the producer's rule (``generate.partial.Rule``), with a policy -------------------------
+  def first_rows(self) -> int:
+    return self.policy.first_rows
+
+  def decide(self, prompt: partial_lib.Prompt, rows: list) -> int:
+    """Scores the group's rows not scored yet and asks the policy; a dropped group's prompt
+    and rows are kept for the step's selector and stats."""
+    tag = prompt[0]
+    scored = self._scored.get(tag)
+    done = 0 if scored is None else len(scored)
+    if done < len(rows):
+      new = self._score_rows(prompt, rows[done:])
+      scored = new if scored is None else rounds_lib.Rows.concat([scored, new])
+      self._scored[tag] = scored
+    verdict = self.policy.verdict(tag, scored, self.group_size)
+    if verdict == partial_lib.DROP:
+      self._dropped.append((self._prompts.pop(tag), self._scored.pop(tag)))
+    return verdict
+
+  def forget(self, tag) -> None:
+    self._scored.pop(tag, None)
+    self.policy.forget(tag)
+
+  # -- a step ---------------------------------------------------------------------------------
   def collect(self, params, step: int, rng):
     del rng  # each row has its own key (``_next_prompt``)
     p = self.producer
@@ -82,18 +145,23 @@ class PartialGroups(Allocator):
       if serial not in p.tags_in_flight():
         del self._prompts[serial]
     rows = self._score(groups, prompts)
+    pairs = list(zip(prompts, rows))
+    dropped, self._dropped = self._dropped, []
+    touched = pairs + dropped
     if groups:
-      pairs = list(zip(prompts, rows))
-      rollout, stats = self._finish(pairs, rows, pairs, None, rounds=1)
-    else:  # the decode budget ran out before any group completed: an all-empty batch
-      rollout, stats = self._empty_batch(step)
+      rollout, stats = self._finish(pairs, [r for _, r in touched], touched, None, rounds=1)
+    else:  # the budget or the cap ended the step before any group completed: all empty
+      rollout, stats = self._empty_batch(step, touched)
     trained = np.concatenate([g.versions[g.tokens_mask()] for g in groups]) if groups else (
         np.zeros(0, np.int32))
     staleness = step - trained
+    spent = done.rows_trained + done.rows_discarded + done.rows_dropped
+    effective = stats["alloc/effective_groups"]
     stats.update({
-        "rollouts": done.rows_trained + done.rows_discarded,
+        "rollouts": spent,
         "completion_tokens": done.tokens_generated,
-        "alloc/rollouts_generated": float(done.rows_trained + done.rows_discarded),
+        "alloc/rollouts_generated": float(spent),
+        "alloc/effective_per_1k_rollouts": 1000.0 * effective / max(spent, 1),
         "alloc/groups_discarded": float(done.groups_discarded),
         "alloc/rows_in_flight": float(p.in_flight()),
         # Since the run started: a step's own ratio exceeds 1 when it trains tokens decoded
@@ -102,33 +170,65 @@ class PartialGroups(Allocator):
         "alloc/decode_steps": float(done.decode_steps),
         "alloc/staleness_mean": float(staleness.mean()) if staleness.size else 0.0,
         "alloc/staleness_max": float(staleness.max()) if staleness.size else 0.0})
+    if self.policy is not None:
+      stats.update({"alloc/groups_dropped": float(done.groups_dropped),
+                    "alloc/capped": float(len(groups) < self.num_groups),
+                    **self.policy.take_stats()})
     return rollout, stats
 
   def _score(self, groups: list[partial_lib.Group], prompts) -> list[rounds_lib.Rows]:
-    """Each group's host Rows (decoded and scored in one call for the step)."""
-    if not groups:
-      return []
-    g = self.group_size
-    cat = lambda f: np.concatenate([f(x) for x in groups])
-    rep = lambda a: np.repeat(a[None], g, axis=0)
-    lengths = cat(lambda x: x.lengths)
-    t = groups[0].tokens.shape[1]
-    mask = np.arange(t)[None, :] < lengths[:, None]
-    n = len(lengths)
-    rollout = Rollout(prompt_ids=cat(lambda x: rep(x.prompt_ids)),
-                      prompt_mask=cat(lambda x: rep(x.prompt_mask)),
-                      completion_ids=cat(lambda x: x.tokens), completion_mask=mask,
-                      behaviour_logp=np.where(mask, cat(lambda x: x.logp), 0.0).astype(
-                          np.float32),
-                      truncated=~cat(lambda x: x.ended), scores=np.zeros(n, np.float32),
-                      success=np.zeros(n, bool), prompt_id=np.full(n, -1, np.int32),
-                      version=cat(lambda x: x.versions))
-    problems = [p.problem for p in prompts for _ in range(g)]
-    rows = self.sampler.score(rollout, problems)
-    return [rows.take(np.arange(i * g, (i + 1) * g)) for i in range(len(groups))]
+    """Each complete group's host Rows: a policy's scored rows, or scored now (one call for
+    the step's groups)."""
+    out, todo = [None] * len(groups), []
+    for i, (group, prompt) in enumerate(zip(groups, prompts)):
+      scored = self._scored.pop(group.tag, None)
+      if scored is not None and len(scored) == self.group_size:
+        out[i] = scored
+      else:  # uniform, or a group restored ready from a checkpoint
+        todo.append(i)
+    if todo:
+      parts = [(prompts[i], groups[i].prompt_ids, groups[i].prompt_mask,
+                (groups[i].tokens, groups[i].logp, groups[i].versions, groups[i].lengths,
+                 groups[i].ended)) for i in todo]
+      for i, rows in zip(todo, self._host_rows(parts)):
+        out[i] = rows
+    return out
 
-  def _empty_batch(self, step: int):
-    """B empty groups (no rollout spent) shaped like the pool's rows."""
+  def _score_rows(self, prompt: partial_lib.Prompt, rows: list) -> rounds_lib.Rows:
+    """Host Rows of one group's harvested rows (``generate.partial.Row`` tuples)."""
+    tag, ids, mask = prompt[:3]
+    arrays = tuple(np.stack(c) for c in zip(*rows))
+    return self._host_rows([(self._prompts[tag], ids, mask, arrays)])[0]
+
+  def _host_rows(self, parts) -> list[rounds_lib.Rows]:
+    """Scored host Rows of each part, decoded and scored in one call.
+
+    Args:
+      parts: (rounds.Prompt, prompt ids [P], mask [P], (tokens [R, T], logp [R, T],
+        versions [R, T], lengths [R], ended [R])) each.
+    """
+    cat = lambda i: np.concatenate([x[3][i] for x in parts])
+    rep = lambda j: np.concatenate([np.repeat(x[j][None], len(x[3][3]), axis=0) for x in parts])
+    tokens, logp, versions, lengths, ended = (cat(i) for i in range(5))
+    mask = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
+    n = len(lengths)
+    rollout = Rollout(prompt_ids=rep(1), prompt_mask=rep(2), completion_ids=tokens,
+                      completion_mask=mask,
+                      behaviour_logp=np.where(mask, logp, 0.0).astype(np.float32),
+                      truncated=~ended, scores=np.zeros(n, np.float32),
+                      success=np.zeros(n, bool), prompt_id=np.full(n, -1, np.int32),
+                      version=versions)
+    problems = [x[0].problem for x in parts for _ in range(len(x[3][3]))]
+    rows = self.sampler.score(rollout, problems)
+    bounds = np.cumsum([0] + [len(x[3][3]) for x in parts])
+    return [rows.take(np.arange(bounds[i], bounds[i + 1])) for i in range(len(parts))]
+
+  def _empty_batch(self, step: int, touched):
+    """B empty groups (no rollout spent) shaped like the pool's rows; the selector still
+    sees the ``touched`` groups (a policy's drops)."""
+    if touched:
+      self.selector.observe([(pr.index, int(np.sum(r.rollout.success)), len(r))
+                             for pr, r in touched])
     pool = self.producer.pool
     g, t = self.group_size, pool.tokens.shape[1]
     p = pool.prompt_ids.shape[1]
@@ -143,19 +243,24 @@ class PartialGroups(Allocator):
     with self.timer.phase("assembly"):
       rollout, _ = rounds_lib.assemble([(prompt, blank)], self.num_groups, self.group_size,
                                        None)
-    stats = rounds_lib.row_stats(blank.take([]))
+    stats = rounds_lib.row_stats(rounds_lib.Rows.concat([r for _, r in touched])
+                                 if touched else blank.take([]))
     stats.update({"alloc/rollouts_in_update": 0.0, "alloc/effective_groups": 0.0,
                   "alloc/effective_per_1k_rollouts": 0.0, "alloc/rounds": 1.0,
-                  "alloc/prompts_touched": 0.0, "alloc/empty_groups": float(self.num_groups)})
+                  "alloc/prompts_touched": float(len(touched)),
+                  "alloc/empty_groups": float(self.num_groups)})
     scorer = getattr(self.sampler, "scorer", None)
     if scorer is not None:
       stats.update(scorer.take_stats())
     return rollout, stats
 
   def state_dict(self) -> dict:
+    """The selector, the groups' prompts and the producer; a policy's state. A group's rows
+    scored so far are not saved: they are scored again when its group is next decided."""
     return {"selector": self.selector.state_dict(), "serial": self._serial,
             "prompts": {str(k): p.index for k, p in self._prompts.items()},
-            "producer": self.producer.state_dict()}
+            "producer": self.producer.state_dict(),
+            **({"policy": self.policy.state_dict()} if self.policy is not None else {})}
 
   def load_state_dict(self, state: dict) -> None:
     self.selector.load_state_dict(state["selector"])
@@ -166,3 +271,6 @@ class PartialGroups(Allocator):
       problem = stream.problem(int(index))
       self._prompts[int(serial)] = rounds_lib.Prompt(int(index), problem, stream.render(problem))
     self.producer.load_state_dict(state["producer"])
+    self._scored, self._dropped = {}, []
+    if self.policy is not None and "policy" in state:
+      self.policy.load_state_dict(state["policy"])

@@ -43,6 +43,15 @@ SARA decides when to stop each one).
 Wrong abandonments are measured outside the budget: the slots a round leaves free (its shape is
 fixed) complete a random sample of the step's abandoned prompts, which counts as wrong when the
 completed group would have been effective. Those rows are neither counted nor trained on.
+
+On the slot pool of partial rollouts (``rollout.partial``) the same rule runs as ``PoolSara``:
+a new prompt admits its K probe rows into free slots; when every row admitted to it has ended
+it commits (the rest of its group is admitted, ahead of any new prompt), abandons (its slots
+already went to the next prompts) or asks for one more rollout. Nothing is surplus or
+undecided at a step's end: a group committed late, or still being decided, stays in the pool
+and trains in a later step (within ``rollout.max_staleness``); every slot freed goes at once to
+the next request, so there is no spare slot to audit abandonments with (not measured there).
+At most ``max_rounds`` x B x G rows are admitted a step, the static rule's rollouts.
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ import numpy as np
 from grpo_jax import errors, registry
 from grpo_jax.allocation import allocator as allocator_lib
 from grpo_jax.allocation import rounds as rounds_lib
+from grpo_jax.generate import partial as partial_lib
 
 
 def p_effective(num_probes: int, num_successes: int, group_size: int, alpha0: float = 1.0,
@@ -246,6 +256,58 @@ class Sara(allocator_lib.Allocator):
                          **({"alloc/wrong_abandon_rate": wrong / len(audits)} if audits else {})})
 
 
+class PoolSara:
+  """SARA on the slot pool (``allocation.partial.PoolPolicy``; module doc): K probe rows, then
+  commit (the rest of the group), one more rollout, or abandon, each time every row admitted
+  to a prompt has ended.
+
+  Args:
+    probes: K.
+    tau_lo, tau_hi: abandon / commit thresholds on P_eff.
+    alpha0, beta0: the Beta prior of every prompt.
+  """
+
+  def __init__(self, *, probes: int, tau_lo: float, tau_hi: float, alpha0: float = 1.0,
+               beta0: float = 1.0):
+    self.first_rows, self.tau_lo, self.tau_hi = probes, tau_lo, tau_hi
+    self.alpha0, self.beta0 = alpha0, beta0
+    self._committed: set = set()  # tags committed whose group is not complete yet
+    self._counts = {"committed": 0, "abandoned": 0}
+
+  def verdict(self, tag, rows: rounds_lib.Rows, group_size: int) -> int:
+    n, g = len(rows), group_size
+    if tag in self._committed:  # the rest of a committed group has ended: complete
+      self._committed.discard(tag)
+      return 0
+    verdict = decide(n, int(np.sum(rows.rollout.success)), g, self.tau_lo, self.tau_hi,
+                     self.alpha0, self.beta0)
+    if verdict == "abandon":
+      self._counts["abandoned"] += 1
+      return partial_lib.DROP
+    if verdict == "commit":
+      self._counts["committed"] += 1
+      if n == g:
+        return 0
+      self._committed.add(tag)
+      return g - n
+    return 1
+
+  def forget(self, tag) -> None:
+    self._committed.discard(tag)
+
+  def take_stats(self) -> dict:
+    c, a = self._counts["committed"], self._counts["abandoned"]
+    self._counts = {"committed": 0, "abandoned": 0}
+    return {"alloc/committed": float(c), "alloc/abandoned": float(a),
+            "alloc/abandon_rate": a / max(a + c, 1)}
+
+  def state_dict(self) -> dict:
+    return {"committed": sorted(self._committed)}
+
+  def load_state_dict(self, state: dict) -> None:
+    self._committed = set(state["committed"])
+
+
 @allocator_lib.RULES.register("sara")
 @dataclasses.dataclass(frozen=True)
 class SaraSpec(registry.Configurable):
@@ -281,3 +343,9 @@ class SaraSpec(registry.Configurable):
   def build(self, selector, sampler, *, max_rounds: int, seed: int, **shape) -> Sara:
     return Sara(selector, sampler, probes=self.probes, tau_lo=self.tau_lo, tau_hi=self.tau_hi,
                 alpha0=self.alpha0, beta0=self.beta0, max_rounds=max_rounds, seed=seed, **shape)
+
+  def pool_policy(self, **unused) -> PoolSara:
+    """The rule on the pool of partial rollouts."""
+    del unused
+    return PoolSara(probes=self.probes, tau_lo=self.tau_lo, tau_hi=self.tau_hi,
+                    alpha0=self.alpha0, beta0=self.beta0)

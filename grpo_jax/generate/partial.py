@@ -14,6 +14,13 @@ trained at version v has staleness v - its version. After each update (``advance
 whose oldest token would exceed ``max_staleness`` is discarded, with its whole group (a GRPO
 group is trained whole or not at all), and counted as generated: its positions were computed.
 
+A ``rule`` (optional) makes the allocation sequential: a new group admits ``first_rows(tag)``
+rows, and whenever every row admitted to a group has ended the rule ``decide``s from them: more
+rows (SARA's one more rollout, or the rest of a committed group), the group complete as it is,
+or ``DROP`` (SARA's abandonment, DAPO's filter of a group whose rewards all agree): its rows
+are counted as generated and never trained. Rows added to a group take slots before any new
+group does. Without a rule every group admits its G rows at once and is complete when they end.
+
 Accounting (``Counts``): positions computed are the decode row-steps of every slot (a decode
 step runs the whole pool), the prefill positions (P per prompt prefilled: a group's rows share
 its prefill) and any re-prefill positions; the useful-slot fraction is the completion tokens of
@@ -28,7 +35,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import Callable
+from typing import Callable, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +57,8 @@ class Counts:
     tokens_trained: completion tokens of the rows handed out.
     rows_trained, rows_discarded: rows handed out / discarded for staleness.
     groups_trained, groups_discarded: the same in groups.
+    rows_dropped, groups_dropped: rows / groups the rule dropped (``DROP``).
+    rows_admitted: rows admitted (each a prefill or its share of one).
   """
 
   decode_steps: int = 0
@@ -62,6 +71,9 @@ class Counts:
   rows_discarded: int = 0
   groups_trained: int = 0
   groups_discarded: int = 0
+  rows_dropped: int = 0
+  groups_dropped: int = 0
+  rows_admitted: int = 0
 
   @property
   def positions(self) -> int:
@@ -101,6 +113,25 @@ class Group:
 
 # One prompt of a group: (tag, prompt ids [P], mask [P], stop_at [G] or None, key data [G, 2]).
 Prompt = tuple
+# A harvested row: (tokens [T], logp [T], versions [T], length, ended).
+Row = tuple
+
+DROP = -1  # a rule's verdict: the group is dropped, its rows counted as generated
+
+
+class Rule(Protocol):
+  """Sequential allocation on the pool (module doc); the allocator's side of SARA or DAPO."""
+
+  def first_rows(self) -> int:
+    """Rows a new group admits first (1..G)."""
+
+  def decide(self, prompt: Prompt, rows: list[Row]) -> int:
+    """Once every admitted row of the group of ``prompt`` has ended (``rows``, in row order):
+    rows to add (>= 1, at most G - len(rows)), 0 for a complete group (len(rows) = G), or
+    DROP."""
+
+  def forget(self, tag) -> None:
+    """Group ``tag`` left the pool without a decision (discarded for staleness)."""
 
 
 class Producer:
@@ -121,6 +152,10 @@ class Producer:
       complete by then, fewer than B. A row of T tokens can then finish within the staleness
       bound only if budget x (max_staleness + 1) >= T - 1 (token 0 comes with the prefill):
       refused otherwise.
+    rule: the sequential allocation (``Rule``; None: G rows a group, admitted at once).
+    admit_cap: most rows admitted per ``take`` (0: none); a step that reaches it decodes what
+      is in flight and returns the groups complete by then (DAPO's and SARA's cap of
+      ``max_rounds`` x B x G rollouts a step).
 
   Raises:
     ValueError: the slots are not a multiple of G, or the budget can never finish a row of T.
@@ -128,7 +163,8 @@ class Producer:
 
   def __init__(self, graphdef, config, model_config, *, slots: int, prompt_len: int, chunk: int,
                max_staleness: int, prompts: Callable[[], Prompt], static: bool = False,
-               reprefill: bool = False, budget: int = 0):
+               reprefill: bool = False, budget: int = 0, rule: Rule | None = None,
+               admit_cap: int = 0):
     g, t = config.prompt_group, config.max_new_tokens
     if slots % g:
       raise ValueError(f"rollout slots ({slots}) must be a multiple of the group size ({g})")
@@ -137,33 +173,51 @@ class Producer:
           f"a decode budget of {budget} steps per step x (max_staleness {max_staleness} + 1) "
           f"= {budget * (max_staleness + 1)} decode steps can never finish a row of {t} "
           f"tokens ({t - 1} after the prefill's): raise the budget or the staleness")
+    if static and rule is not None:
+      raise ValueError("the static schedule admits whole groups: no rule")
     self.budget = 0 if static else budget
     self.g, self.slots, self.p = g, slots, prompt_len
     self.t = config.max_new_tokens
     self.static, self.max_staleness, self.do_reprefill = static, max_staleness, reprefill
+    self.rule, self.admit_cap = rule, admit_cap
     # A chunk that divides the budget, so that a step spends it exactly.
     self.chunk = self.t if static else math.gcd(chunk, self.budget) if self.budget else chunk
     self._admit, self._decode, self._release, self._reprefill = pool_lib.make_pool_fns(
         graphdef, config, self.chunk)
+    # Rows of any groups in one call: each row prefilled on its own.
+    self._admit_rows = pool_lib.make_pool_fns(
+        graphdef, dataclasses.replace(config, prompt_group=1), self.chunk)[0]
     self.pool = pool_lib.init(model_config, slots, prompt_len, config)
     self.prompts = prompts
     self.counts = Counts()
     self.version = 0
     self._serial = 0  # groups admitted so far: a group's rows have tickets serial * G + g
-    self._groups: dict[int, dict] = {}  # serial -> {prompt, rows: {g: arrays}, slots}
+    # serial -> {prompt, rows: {g: Row}, admitted: rows admitted, oldest: version at admission}
+    self._groups: dict[int, dict] = {}
+    self._pending: collections.deque[tuple[int, int]] = collections.deque()  # (serial, rows)
     self.ready: collections.deque[Group] = collections.deque()
     self._stale_cache = False  # restored rows whose cache is still to be rebuilt
 
   # -- admission ---------------------------------------------------------------------------
-  def _admit_groups(self, params, free: np.ndarray) -> None:
-    """Admits as many whole groups as the free slots hold (in calls of 2^k groups)."""
-    count = len(free) // self.g
+  def _new_group(self) -> int:
+    prompt = self.prompts()
+    serial = self._serial
+    self._serial += 1
+    self._groups[serial] = {"prompt": prompt, "rows": {}, "admitted": 0,
+                            "oldest": self.version}
+    return serial
+
+  def _admit_groups(self, params, free: np.ndarray, cap: int) -> int:
+    """Admits as many whole groups as the free slots (and ``cap`` rows) hold, in calls of 2^k
+    groups (few compilations); the rows admitted."""
+    count = min(len(free), cap) // self.g
     if self.static and (self.pool_live() or count * self.g < self.slots):
-      return
-    start = 0
+      return 0
+    start = admitted = 0
     while count:
       size = 1 << (count.bit_length() - 1)  # admit 2^k groups per call: few compilations
-      prompts = [self.prompts() for _ in range(size)]
+      serials = [self._new_group() for _ in range(size)]
+      prompts = [self._groups[s]["prompt"] for s in serials]
       rows = size * self.g
       ids = np.repeat(np.stack([p[1] for p in prompts]), self.g, axis=0)
       mask = np.repeat(np.stack([p[2] for p in prompts]), self.g, axis=0)
@@ -171,16 +225,56 @@ class Producer:
                              for p in prompts]).astype(np.int32)
       keys = np.concatenate([p[4] for p in prompts]).astype(np.uint32)
       slots = free[start * self.g:start * self.g + rows]
-      tickets = np.arange(self._serial * self.g, (self._serial + size) * self.g, dtype=np.int32)
-      for j, p in enumerate(prompts):
-        self._groups[self._serial + j] = {"prompt": p, "rows": {}}
-      self._serial += size
+      tickets = np.arange(serials[0] * self.g, (serials[-1] + 1) * self.g, dtype=np.int32)
+      for s in serials:
+        self._groups[s]["admitted"] = self.g
       self.pool = self._admit(params, self.pool, ids, mask, slots.astype(np.int32), keys,
                               tickets, stop, jnp.int32(self.version))
       self.counts.prefill_positions += size * self.p
       self.counts.tokens_generated += rows
       start += size
       count -= size
+      admitted += rows
+    return admitted
+
+  def _admit_by_rule(self, params, free: np.ndarray, cap: int) -> int:
+    """Admits the rows the rule asked for (oldest request first; one that does not fit holds
+    back everything after it), then new groups' first rows while they fit; the rows admitted.
+    Each row is prefilled on its own, in one call padded to a power of two rows."""
+    room = min(len(free), cap)
+    wanted = []  # (serial, row g)
+    while self._pending and self._pending[0][1] <= room:
+      serial, n = self._pending.popleft()
+      group = self._groups[serial]
+      wanted += [(serial, group["admitted"] + j) for j in range(n)]
+      group["admitted"] += n
+      room -= n
+    while not self._pending and room:
+      first = self.rule.first_rows()
+      if first > room:
+        break
+      serial = self._new_group()
+      self._groups[serial]["admitted"] = first
+      wanted += [(serial, j) for j in range(first)]
+      room -= first
+    if not wanted:
+      return 0
+    m = len(wanted)
+    size = min(1 << (m - 1).bit_length(), self.slots)  # padded: few compilations
+    prompts = [self._groups[s]["prompt"] for s, _ in wanted]
+    pad = lambda a, fill: np.concatenate([a, np.full((size - m,) + a.shape[1:], fill, a.dtype)])
+    ids = pad(np.stack([p[1] for p in prompts]), 0)
+    mask = pad(np.stack([p[2] for p in prompts]), True)
+    stop = pad(np.asarray([self.t if p[3] is None else min(int(p[3][g]), self.t)
+                           for p, (_, g) in zip(prompts, wanted)], np.int32), self.t)
+    keys = pad(np.stack([p[4][g] for p, (_, g) in zip(prompts, wanted)]).astype(np.uint32), 0)
+    tickets = pad(np.asarray([s * self.g + g for s, g in wanted], np.int32), -1)
+    slots = pad(free[:m].astype(np.int32), self.slots)  # slot N: dropped
+    self.pool = self._admit_rows(params, self.pool, ids, mask, slots, keys, tickets, stop,
+                                 jnp.int32(self.version))
+    self.counts.prefill_positions += m * self.p
+    self.counts.tokens_generated += m
+    return m
 
   def pool_live(self) -> bool:
     return bool(np.asarray(self.pool.live).any())
@@ -201,22 +295,46 @@ class Producer:
       if group is None:  # its group was discarded
         continue
       group["rows"][g] = tuple(f[i] for f in fields)
-      if len(group["rows"]) == self.g:
-        del self._groups[serial]
-        rows = [group["rows"][k] for k in range(self.g)]
-        tag, ids, mask = group["prompt"][:3]
-        self.ready.append(Group(tag, ids, mask, *(np.stack(c) for c in zip(*rows))))
+      if len(group["rows"]) == group["admitted"]:
+        self._settle(serial)
     self.pool = self._release(self.pool, jnp.asarray(done))
+
+  def _settle(self, serial: int) -> None:
+    """Every admitted row of group ``serial`` has ended: ready, more rows, or dropped."""
+    group = self._groups[serial]
+    n = group["admitted"]
+    rows = [group["rows"][k] for k in range(n)]
+    verdict = 0 if self.rule is None else self.rule.decide(group["prompt"], rows)
+    if verdict == DROP:
+      del self._groups[serial]
+      self.counts.groups_dropped += 1
+      self.counts.rows_dropped += n
+    elif verdict > 0:
+      if n + verdict > self.g:
+        raise ValueError(f"the rule asked for {verdict} more rows of a group of {n} / {self.g}")
+      self._pending.append((serial, verdict))
+    else:
+      if n != self.g:
+        raise ValueError(f"the rule completed a group of {n} rows, not {self.g}")
+      del self._groups[serial]
+      tag, ids, mask = group["prompt"][:3]
+      self.ready.append(Group(tag, ids, mask, *(np.stack(c) for c in zip(*rows))))
 
   # -- a step ------------------------------------------------------------------------------
   def take(self, params, b: int) -> list[Group]:
-    """B complete groups (first completed first), decoding until they are ready or the
-    ``budget`` is spent (then fewer); rows in flight stay."""
+    """B complete groups (first completed first), decoding until they are ready, the
+    ``budget`` is spent, or the ``admit_cap`` is reached with nothing left in flight (then
+    fewer); rows in flight stay."""
     self._rebuild_cache(params)
-    spent = 0
+    spent = admitted = 0
+    admit = self._admit_groups if self.rule is None else self._admit_by_rule
     while len(self.ready) < b and (not self.budget or spent < self.budget):
       free = np.flatnonzero(~np.asarray(self.pool.live))
-      self._admit_groups(params, free)
+      room = self.admit_cap - admitted if self.admit_cap else len(free)
+      now = admit(params, free, room)
+      admitted += now
+      if len(free) == self.slots and not now:
+        break  # nothing in flight and nothing admitted (the cap is reached)
       before = self.pool.length.sum()
       self.pool, steps = self._decode(params, self.pool, jnp.int32(self.version))
       steps, drawn = (int(x) for x in jax.device_get((steps, self.pool.length.sum() - before)))
@@ -225,6 +343,7 @@ class Producer:
       self.counts.decode_positions += steps * self.slots
       self.counts.tokens_generated += drawn
       self._harvest()
+    self.counts.rows_admitted += admitted
     out = [self.ready.popleft() for _ in range(min(b, len(self.ready)))]
     for group in out:
       self.counts.groups_trained += 1
@@ -233,8 +352,9 @@ class Producer:
     return out
 
   def advance(self, params) -> None:
-    """After an update: the version moves on; rows too old to train are discarded (whole
-    groups), and with ``reprefill`` the live rows' cache is recomputed under ``params``."""
+    """After an update: the version moves on; groups too old to train are discarded (ready,
+    waiting for rows or in flight: their whole group), and with ``reprefill`` the live rows'
+    cache is recomputed under ``params``."""
     self._rebuild_cache(params)
     self.version += 1
     oldest_allowed = self.version - self.max_staleness
@@ -245,16 +365,18 @@ class Producer:
       else:
         kept.append(group)
     self.ready = kept
-    live = np.asarray(self.pool.live)
-    stale = live & (np.asarray(self.pool.oldest) < oldest_allowed)
-    if stale.any():
+    stale = {s for s, v in self._groups.items() if v["oldest"] < oldest_allowed}
+    if stale:
       tickets = np.asarray(self.pool.ticket)
-      serials = {int(t) // self.g for t in tickets[stale]}
-      drop = live & np.isin(tickets // self.g, list(serials))
-      for serial in serials:
-        self._groups.pop(serial, None)
-        self._discard(self.g)
-      self.pool = self._release(self.pool, jnp.asarray(drop))
+      drop = np.asarray(self.pool.live) & np.isin(tickets // self.g, list(stale))
+      for serial in stale:
+        group = self._groups.pop(serial)
+        self._discard(group["admitted"])
+        if self.rule is not None:
+          self.rule.forget(group["prompt"][0])
+      self._pending = collections.deque(x for x in self._pending if x[0] not in stale)
+      if drop.any():
+        self.pool = self._release(self.pool, jnp.asarray(drop))
     if self.do_reprefill and self.pool_live():
       self.pool = self._reprefill(params, self.pool)
       self.counts.reprefill_positions += self.slots * (self.p + self.t)
@@ -266,16 +388,19 @@ class Producer:
   # -- checkpoint ----------------------------------------------------------------------------
   def state_dict(self) -> dict:
     """Everything in flight, JSON-ready: the pool's rows (not its KV cache, which ``restore``
-    rebuilds), the groups waiting for rows, the ready queue, the version and the counts."""
+    rebuilds), the groups waiting for rows, the rule's requests, the ready queue, the version
+    and the counts."""
     pool = {f: np.asarray(getattr(self.pool, f)).tolist() for f in _POOL_FIELDS}
     groups = {str(k): {"prompt": _prompt_json(v["prompt"]),
                        "rows": {str(g): [np.asarray(a).tolist() for a in r]
-                                for g, r in v["rows"].items()}}
+                                for g, r in v["rows"].items()},
+                       "admitted": v["admitted"], "oldest": v["oldest"]}
               for k, v in self._groups.items()}
     ready = [{f.name: _jsonable(getattr(g, f.name)) for f in dataclasses.fields(Group)}
              for g in self.ready]
     return {"version": self.version, "serial": self._serial, "counts": vars(self.counts),
-            "pool": pool, "groups": groups, "ready": ready}
+            "pool": pool, "groups": groups, "ready": ready,
+            "pending": [list(x) for x in self._pending]}
 
   def load_state_dict(self, state: dict) -> None:
     """Restores ``state_dict``'s rows; the pool's cache is rebuilt (a forward pass under the
@@ -287,10 +412,21 @@ class Producer:
     fields = {f: jnp.asarray(np.asarray(state["pool"][f], np.asarray(getattr(
         self.pool, f)).dtype)) for f in _POOL_FIELDS}
     self.pool = self.pool.replace(**fields)
-    self._groups = {int(k): {"prompt": _prompt_from_json(v["prompt"]),
-                             "rows": {int(g): tuple(np.asarray(a, d) for a, d in zip(r, _ROW_DTYPES))
-                                      for g, r in v["rows"].items()}}
-                    for k, v in state["groups"].items()}
+    oldest = np.asarray(state["pool"]["versions"])[:, 0]
+    tickets = np.asarray(state["pool"]["ticket"])
+
+    def group(k: int, v: dict) -> dict:
+      rows = {int(g): tuple(np.asarray(a, d) for a, d in zip(r, _ROW_DTYPES))
+              for g, r in v["rows"].items()}
+      if "oldest" not in v:  # saved before groups recorded it: whole groups, admitted at once
+        live = oldest[tickets // self.g == k]
+        firsts = [int(r[2][0]) for r in rows.values()] + [int(x) for x in live]
+        v = {**v, "admitted": self.g, "oldest": min(firsts, default=self.version)}
+      return {"prompt": _prompt_from_json(v["prompt"]), "rows": rows,
+              "admitted": int(v["admitted"]), "oldest": int(v["oldest"])}
+
+    self._groups = {int(k): group(int(k), v) for k, v in state["groups"].items()}
+    self._pending = collections.deque(tuple(x) for x in state.get("pending", []))
     self.ready = collections.deque(
         Group(tag=g["tag"], **{k: np.asarray(g[k], d) for k, d in _GROUP_DTYPES.items()})
         for g in state["ready"])
@@ -304,7 +440,7 @@ class Producer:
         self.counts.reprefill_positions += self.slots * (self.p + self.t)
 
   def tags_in_flight(self) -> set:
-    """The tags of the groups not yet handed out or discarded."""
+    """The tags of the groups not yet handed out, dropped or discarded."""
     return {v["prompt"][0] for v in self._groups.values()} | {g.tag for g in self.ready}
 
   def in_flight(self) -> int:

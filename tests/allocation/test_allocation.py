@@ -673,3 +673,57 @@ def test_the_run_summary_line_of_an_allocator():
       "2 empty group slots")
   uniform = [{"loss": 0.0, "alloc/rounds": 1.0, "alloc/rollouts_generated": 8.0}]
   assert console._allocation_line(uniform) == ""  # pylint: disable=protected-access
+
+
+def _scored(successes):
+  """Host Rows with the given successes (what a pool policy reads)."""
+  n = len(successes)
+  success = np.asarray(successes, bool)
+  rollout = Rollout(prompt_ids=np.zeros((n, 1), np.int32), prompt_mask=np.ones((n, 1), bool),
+                    completion_ids=np.ones((n, 2), np.int32),
+                    completion_mask=np.ones((n, 2), bool),
+                    behaviour_logp=np.zeros((n, 2), np.float32), truncated=np.zeros(n, bool),
+                    scores=success.astype(np.float32), success=success,
+                    prompt_id=np.zeros(n, np.int32), version=np.zeros((n, 2), np.int32))
+  return Rows(rollout=rollout, errors=np.zeros(n, bool), texts=["x"] * n)
+
+
+def test_sara_on_the_pool_by_hand():
+  # G = 8, K = 4, Beta(1, 1), tau_lo 0.3, tau_hi 0.9. After n agreeing rollouts
+  # P_eff = 1 - (n + 1) / 9: 4 -> 0.444, 5 -> 0.333 (continue: one more each), 6 -> 0.222
+  # (abandon). Mixed probes: P_eff = 1, commit: the other 4 rows, then complete at 8.
+  from grpo_jax.allocation.sara import PoolSara  # pylint: disable=g-import-not-at-top
+  from grpo_jax.generate.partial import DROP  # pylint: disable=g-import-not-at-top
+  sara = PoolSara(probes=4, tau_lo=0.3, tau_hi=0.9)
+  assert sara.first_rows == 4
+  assert [sara.verdict("a", _scored([0] * n), 8) for n in (4, 5, 6)] == [1, 1, DROP]
+  assert sara.verdict("b", _scored([1, 0, 0, 0]), 8) == 4
+  # A checkpoint between the commit and the group's end: the resumed rule still knows "b" is
+  # committed, so its 8 rows complete it without a second commit; a fresh rule would decide
+  # again and count "b" committed twice.
+  state = sara.state_dict()
+  assert sara.take_stats() == {"alloc/committed": 1.0, "alloc/abandoned": 1.0,
+                               "alloc/abandon_rate": 0.5}
+  resumed = PoolSara(probes=4, tau_lo=0.3, tau_hi=0.9)
+  resumed.load_state_dict(state)
+  assert resumed.verdict("b", _scored([1, 0, 0, 0, 1, 1, 1, 1]), 8) == 0
+  assert resumed.take_stats()["alloc/committed"] == 0.0
+  # Agreeing probes with tau_hi = 0.4 commit (0.444 >= 0.4); the completed group agrees too,
+  # and is still complete (committed), not abandoned.
+  eager = PoolSara(probes=4, tau_lo=0.3, tau_hi=0.4)
+  assert eager.verdict("c", _scored([0] * 4), 8) == 4
+  assert eager.verdict("c", _scored([0] * 8), 8) == 0
+  # K = G: the probes are the group; it commits (mixed) or is abandoned (agreeing) at once.
+  whole = PoolSara(probes=8, tau_lo=0.45, tau_hi=0.9)
+  assert whole.verdict("d", _scored([1] + [0] * 7), 8) == 0
+  assert whole.verdict("e", _scored([0] * 8), 8) == DROP
+
+
+def test_dynamic_sampling_on_the_pool_drops_agreeing_groups():
+  from grpo_jax.allocation.dynamic_sampling import PoolFilter  # pylint: disable=g-import-not-at-top
+  from grpo_jax.generate.partial import DROP  # pylint: disable=g-import-not-at-top
+  dapo = PoolFilter("success", 4)
+  assert dapo.first_rows == 4
+  assert dapo.verdict("a", _scored([1, 1, 1, 1]), 4) == DROP
+  assert dapo.verdict("b", _scored([1, 0, 1, 1]), 4) == 0
+  assert dapo.take_stats() == {"alloc/ineffective_dropped": 1.0}

@@ -121,3 +121,71 @@ def test_a_budget_ends_the_step_with_the_groups_complete_by_then(split):
   producer = _producer(split, slots=2, budget=1, stops=(8, 8), staleness=7)
   assert producer.take(split[1], 1) == []  # one decode step: no 8-token row has ended
   assert producer.counts.decode_steps == 1
+
+
+class _Rule:
+  """A rule by hand: ``first`` rows a group, then ``more[tag]`` (a list of verdicts, one per
+  decision) -- rows to add, 0 (complete) or DROP; records each decision's row count."""
+
+  def __init__(self, first, more):
+    self.first, self.more, self.seen, self.forgotten = first, more, [], []
+
+  def first_rows(self):
+    return self.first
+
+  def decide(self, prompt, rows):
+    tag = prompt[0]
+    self.seen.append((tag, len(rows)))
+    return self.more[tag].pop(0)
+
+  def forget(self, tag):
+    self.forgotten.append(tag)
+
+
+def test_a_rule_adds_rows_to_a_group_and_drops_another(split):
+  # G = 4 in 4 slots, 2 probe rows a group, 3-token rows (2 decode steps after the prefill's).
+  # Group 0: 2 rows, then one more, then the last one (complete). Group 1: its 2 probes are
+  # dropped. Group 2: 2 probes, then the other 2 at once. By hand, slots in order:
+  #   admit g0 (slots 0, 1), g1 (2, 3); 2 steps; all end: decide (0, 2) -> +1, (1, 2) -> DROP;
+  #   admit g0's row 2 (slot 0) before the new g2 (slots 1, 2); slot 3 stays free (g3 needs 2);
+  #   2 steps: decide (0, 3) -> +1, (2, 2) -> +2;
+  #   admit g0's row 3, then g2's rows 2, 3 (requests first, in order); 2 steps: (0, 4) and
+  #   (2, 4) complete, ready in that order; the step takes g0.
+  rule = _Rule(2, {0: [1, 1, 0], 1: [partial.DROP], 2: [2, 0], 3: [2, 0], 4: [2, 0]})
+  producer = _producer(split, g=4, slots=4, chunk=1, stops=(3,), rule=rule)
+  groups = producer.take(split[1], 1)
+  assert [g.tag for g in groups] == [0] and [g.tag for g in producer.ready] == [2]
+  assert rule.seen == [(0, 2), (1, 2), (0, 3), (2, 2), (0, 4), (2, 4)]
+  c = producer.counts
+  assert c.groups_dropped == 1 and c.rows_dropped == 2
+  uniform = _producer(split, g=4, slots=4, chunk=1, stops=(3,)).take(split[1], 1)[0]
+  np.testing.assert_array_equal(groups[0].tokens, uniform.tokens)
+  np.testing.assert_allclose(groups[0].logp, uniform.logp, atol=1e-5)
+  assert np.all(groups[0].lengths == 3)
+
+
+def test_a_group_waiting_for_rows_ages_from_its_first_rows(split):
+  # Two slots, G = 2, one probe row a group, 8-token rows: in the step's 7 decode steps the
+  # probes of groups 0 and 1 (version 0) end and each asks for one more row, which waits for
+  # the next step. With max_staleness 0 the update to version 1 discards both groups (their
+  # oldest token is of version 0, whatever version their next row would have), their requests
+  # with them, and tells the rule; each had 1 row admitted.
+  rule = _Rule(1, {0: [1, 0], 1: [1, 0], 2: [1, 0]})
+  producer = _producer(split, g=2, slots=2, chunk=1, staleness=0, stops=(8,), rule=rule,
+                       budget=7)
+  assert producer.take(split[1], 1) == []
+  assert rule.seen == [(0, 1), (1, 1)]
+  producer.advance(split[1])
+  assert sorted(rule.forgotten) == [0, 1]
+  c = producer.counts
+  assert c.groups_discarded == 2 and c.rows_discarded == 2
+  assert not producer._pending and not producer._groups  # pylint: disable=protected-access
+
+
+def test_the_admission_cap_ends_a_step_with_what_completed(split):
+  # A rule that drops every group, a cap of 4 rows: 2 groups of 2 admitted and dropped, then
+  # nothing in flight and nothing admitted: the step ends with no group instead of looping.
+  rule = _Rule(2, {i: [partial.DROP] for i in range(10)})
+  producer = _producer(split, g=2, slots=2, chunk=1, stops=(2,), rule=rule, admit_cap=4)
+  assert producer.take(split[1], 1) == []
+  assert producer.counts.rows_admitted == 4 and producer.counts.groups_dropped == 2

@@ -509,10 +509,41 @@ def test_partial_rollout_knobs_are_refused_in_one_line(changes, message):
   c = grpo.get_config("partial=2")
   c.rollout.update(decode_budget=4, max_staleness=3)  # 4 x 4 = 16 >= 15: accepted
   configuration.validate(c)
-  c = sara.get_config("partial")
-  with pytest.raises(configuration.ConfigError, match="rollout.partial: not yet with "
-                     "allocation.method='sara'"):
-    configuration.validate(c)
+
+
+@pytest.mark.parametrize("module", [dapo, sara])
+def test_dapo_and_sara_decide_on_the_pool_and_resume_exactly(tmp_path, module):
+  """DAPO's filter and SARA's probe / commit / abandon as rules on the slot pool: groups they
+  drop are counted as generated and never trained, their decisions persist across steps, and a
+  run resumed from step 2 (``partial_cache=reprefill``) ends as the straight one, bit for bit,
+  SARA's committed groups in the checkpoint."""
+
+  def config(total):
+    c = module.get_config("smoke,partial=2,slots=16,decode_budget=4")
+    c.rollout.update(chunk=1, partial_cache="reprefill")
+    c.total_steps, c.checkpoint.every, c.eval.every, c.eval.greedy = total, 2, 100, False
+    return c
+
+  straight, resumed = os.fspath(tmp_path / "straight"), os.fspath(tmp_path / "resumed")
+  train.train_and_evaluate(config(4), straight)
+  steps = [r for r in metrics.read_metrics(straight) if "loss" in r]
+  assert len(steps) == 4 and all(np.isfinite(r["loss"]) for r in steps)
+  assert sum(r["alloc/groups_dropped"] for r in steps) > 0  # the rule dropped groups
+  # A dropped or discarded rollout is generated, never trained.
+  assert all(r["rollouts"] >= r["alloc/rollouts_in_update"] for r in steps)
+  assert sum(r["rollouts"] for r in steps) > sum(r["alloc/rollouts_in_update"] for r in steps)
+  if module is sara:
+    assert sum(r["alloc/committed"] for r in steps) > 0
+    assert sum(r["alloc/abandoned"] for r in steps) > 0
+  _stopped_at_step_2(straight, resumed)
+  train.train_and_evaluate(config(4), resumed)
+  again = [r for r in metrics.read_metrics(resumed) if "loss" in r]
+  for x, y in zip(jax.tree.leaves(_final_state(straight)), jax.tree.leaves(_final_state(resumed))):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  keys = ("rollouts", "completion_tokens", "alloc/groups_dropped", "alloc/groups_discarded")
+  if module is sara:  # a group committed before the save is not committed again after it
+    keys += ("alloc/committed", "alloc/abandoned")
+  assert [[r[k] for k in keys] for r in steps] == [[r[k] for k in keys] for r in again]
 
 
 @pytest.mark.parametrize("module,presets", [(popo, "smoke,lora=4"),
