@@ -278,8 +278,13 @@ def check_mesh(config, mesh) -> None:
   _check(not blocks or (blocks // r.group_size) % shards == 0, "rollout.sampler_rows",
          f"{blocks} rows = {blocks // r.group_size} groups per sampler pass must be a multiple "
          f"of mesh data x fsdp = {shards} (each pass's rows are split over those devices)")
-  _check(not r.partial, "rollout.partial",
-         f"not yet under a mesh ({shards} batch shards): the slot pool runs on one device")
+  slots = r.slots or rows
+  _check(not r.partial or slots % shards == 0, "rollout.slots",
+         f"{slots} rows in flight must be a multiple of mesh data x fsdp = {shards} (the slot "
+         "pool's rows are split over those devices)")
+  _check(not r.partial or jax.process_count() == 1, "rollout.partial",
+         f"not yet across {jax.process_count()} processes: the producer reads which of the "
+         "pool's rows ended on one host (one process may drive every local device)")
   _check(config.replay.capacity % shards == 0, "replay.capacity",
          f"{config.replay.capacity} entries must be a multiple of mesh data x fsdp = {shards} "
          "(buffer entries are split like the batch)")

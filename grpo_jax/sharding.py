@@ -321,6 +321,16 @@ def put(tree, shardings):
                       is_leaf=lambda s: s is None or isinstance(s, jax.sharding.Sharding))
 
 
+def logical_sharding(mesh: Mesh, shape: Sequence[int],
+                     logical_axes: Sequence[Optional[str]]) -> NamedSharding:
+  """The NamedSharding of an array of ``shape`` by logical axes, as ``constrain`` lays it out:
+  replicated when a dimension does not split evenly."""
+  spec = logical_spec(logical_axes)
+  if any(dim % axis_size(mesh, axes) for dim, axes in zip(shape, spec)):
+    spec = PartitionSpec()
+  return NamedSharding(mesh, spec)
+
+
 def constrain(x: jax.Array, logical_axes: Sequence[Optional[str]]) -> jax.Array:
   """Pins an activation's layout by logical axes inside jitted code under ``use_mesh``.
 

@@ -32,6 +32,7 @@ from flax import nnx  # noqa: E402
 
 from grpo_jax import assets  # noqa: E402
 from grpo_jax import sharding  # noqa: E402
+from grpo_jax.generate import partial as partial_lib  # noqa: E402
 from grpo_jax.generate import sampler as sampler_lib  # noqa: E402
 from grpo_jax.models import family, from_pretrained, hf, lora  # noqa: E402
 from grpo_jax.rl import losses, step as step_lib  # noqa: E402
@@ -201,6 +202,34 @@ def with_adapters(model):
   return nnx.split(model)
 
 
+def pool_run(graphdef, params, mesh, steps=3):
+  """Partial rollouts' producer (G = 4, 8 slots, chunks of 2 decode steps, rows of 3..8
+  tokens by a stop rule) for ``steps`` steps of one group each; (groups, counts, pool specs)."""
+  config = sampler_lib.SamplingConfig(max_new_tokens=T, eos_ids=(5,), pad_id=0, prompt_group=G)
+  serial = [0]
+
+  def prompts():
+    i = serial[0]
+    serial[0] += 1
+    ids = np.random.RandomState(100 + i).randint(6, 1000, P).astype(np.int32)
+    stop = np.asarray([3 + (i + j) % 6 for j in range(G)], np.int32)
+    return (i, ids, np.ones(P, bool), stop, partial_lib.key_data(jax.random.key(i), G))
+
+  make = lambda: partial_lib.Producer(graphdef, config, nnx.merge(graphdef, params).config,
+                                      slots=2 * G, prompt_len=P, chunk=2, max_staleness=4,
+                                      prompts=prompts, mesh=mesh)
+  producer = make()
+  groups = []
+  for i in range(steps):
+    if i == steps - 1:  # the last step after a checkpoint round trip (its cache rebuilt)
+      saved = json.loads(json.dumps(producer.state_dict()))
+      producer = make()
+      producer.load_state_dict(saved)
+    groups += producer.take(params, 1)
+    producer.advance(params)
+  return groups, vars(producer.counts), specs(producer.pool) if mesh is not None else {}
+
+
 def main(out_path: str):
   results = {"devices": jax.device_count()}
   t0 = time.time()
@@ -236,6 +265,22 @@ def main(out_path: str):
       "tokens_spec": str(many.completion_ids.sharding.spec),
       "cache_size": sharded_sample._cache_size(),  # pylint: disable=protected-access
       "generated": int(np.sum(one.completion_mask)),
+  }
+
+  # The slot pool of partial rollouts: rows split over the batch axes vs one device.
+  with optimised():
+    one_groups, one_counts, _ = pool_run(graphdef, params, None)
+    many_groups, many_counts, pool_specs = pool_run(sharded_graphdef, sharded_params, mesh)
+  results["pool"] = {
+      "tags": [[g.tag for g in one_groups], [g.tag for g in many_groups]],
+      "tokens_equal": all(np.array_equal(a.tokens, b.tokens) and
+                          np.array_equal(a.versions, b.versions) and
+                          np.array_equal(a.lengths, b.lengths)
+                          for a, b in zip(one_groups, many_groups)),
+      "logp_max_abs_diff": max(max_abs_diff(a.logp, b.logp)
+                               for a, b in zip(one_groups, many_groups)),
+      "counts_equal": one_counts == many_counts,
+      "specs": pool_specs,
   }
 
   batches = rollouts(graphdef, params)

@@ -169,6 +169,16 @@ def test_rows_and_buffer_must_split_over_the_batch_shards():
     configuration.check_mesh(c, AbstractMesh((2, 4, 1), sharding.MESH_AXES))
 
 
+def test_the_slot_pool_must_split_over_the_batch_shards():
+  c = grpo.get_config("smoke,partial")  # 2 prompts x 2 rollouts = 4 rows in flight
+  configuration.check_mesh(c, AbstractMesh((2, 2, 1), sharding.MESH_AXES))  # 4 | 4
+  c.rollout.slots = 6  # 3 groups of 2
+  with pytest.raises(configuration.ConfigError, match=(
+      r"config.rollout.slots: 6 rows in flight must be a multiple of mesh data x fsdp = 4")):
+    configuration.check_mesh(c, AbstractMesh((2, 2, 1), sharding.MESH_AXES))
+  configuration.check_mesh(c, AbstractMesh((2, 1, 2), sharding.MESH_AXES))  # 6 | 2
+
+
 def test_real_model_presets_use_float32_master_weights_fsdp_and_remat():
   c = popo.get_config("qwen3_8b")
   assert (c.model.param_dtype, c.model.dtype, c.model.remat) == ("float32", "bfloat16", "layer")

@@ -156,6 +156,8 @@ class Producer:
     admit_cap: most rows admitted per ``take`` (0: none); a step that reaches it decodes what
       is in flight and returns the groups complete by then (DAPO's and SARA's cap of
       ``max_rounds`` x B x G rollouts a step).
+    mesh: the pool's rows split over its batch axes (``pool.constrain_pool``); None: one
+      device.
 
   Raises:
     ValueError: the slots are not a multiple of G, or the budget can never finish a row of T.
@@ -164,7 +166,7 @@ class Producer:
   def __init__(self, graphdef, config, model_config, *, slots: int, prompt_len: int, chunk: int,
                max_staleness: int, prompts: Callable[[], Prompt], static: bool = False,
                reprefill: bool = False, budget: int = 0, rule: Rule | None = None,
-               admit_cap: int = 0):
+               admit_cap: int = 0, mesh=None):
     g, t = config.prompt_group, config.max_new_tokens
     if slots % g:
       raise ValueError(f"rollout slots ({slots}) must be a multiple of the group size ({g})")
@@ -183,11 +185,11 @@ class Producer:
     # A chunk that divides the budget, so that a step spends it exactly.
     self.chunk = self.t if static else math.gcd(chunk, self.budget) if self.budget else chunk
     self._admit, self._decode, self._release, self._reprefill = pool_lib.make_pool_fns(
-        graphdef, config, self.chunk)
+        graphdef, config, self.chunk, mesh)
     # Rows of any groups in one call: each row prefilled on its own.
     self._admit_rows = pool_lib.make_pool_fns(
-        graphdef, dataclasses.replace(config, prompt_group=1), self.chunk)[0]
-    self.pool = pool_lib.init(model_config, slots, prompt_len, config)
+        graphdef, dataclasses.replace(config, prompt_group=1), self.chunk, mesh)[0]
+    self.pool = pool_lib.init(model_config, slots, prompt_len, config, mesh)
     self.prompts = prompts
     self.counts = Counts()
     self.version = 0
@@ -409,8 +411,9 @@ class Producer:
     where the run that saved them held those of older ones."""
     self.version, self._serial = int(state["version"]), int(state["serial"])
     self.counts = Counts(**state["counts"])
-    fields = {f: jnp.asarray(np.asarray(state["pool"][f], np.asarray(getattr(
-        self.pool, f)).dtype)) for f in _POOL_FIELDS}
+    # Each field back on the device(s) and layout of the one it replaces.
+    fields = {f: jax.device_put(np.asarray(state["pool"][f], getattr(self.pool, f).dtype),
+                                getattr(self.pool, f).sharding) for f in _POOL_FIELDS}
     self.pool = self.pool.replace(**fields)
     oldest = np.asarray(state["pool"]["versions"])[:, 0]
     tickets = np.asarray(state["pool"]["ticket"])

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from grpo_jax import sharding as sharding_lib
 from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.models.causal_lm import CausalLM
 from grpo_jax.models.kv_cache import KVCache
@@ -83,8 +84,13 @@ class Pool:
     return self.versions[:, 0]
 
 
-def init(model_config, slots: int, prompt_len: int, config: sampler_lib.SamplingConfig) -> Pool:
-  """An empty pool of ``slots`` rows for prompts of P = ``prompt_len`` tokens."""
+def init(model_config, slots: int, prompt_len: int, config: sampler_lib.SamplingConfig,
+         mesh=None) -> Pool:
+  """An empty pool of ``slots`` rows for prompts of P = ``prompt_len`` tokens; with a ``mesh``
+  laid out as ``constrain_pool`` says (N a multiple of the batch shards)."""
+  if mesh is not None:
+    make = lambda: init(model_config, slots, prompt_len, config)
+    return jax.jit(make, out_shardings=shardings(mesh, jax.eval_shape(make)))()
   n, p, t = slots, prompt_len, config.max_new_tokens
   cache = KVCache.init(model_config, n, p + t)
   return Pool(cache=cache.replace(index=jnp.full((n,), p, jnp.int32)),
@@ -95,6 +101,30 @@ def init(model_config, slots: int, prompt_len: int, config: sampler_lib.Sampling
               done=jnp.zeros((n,), bool), ended=jnp.zeros((n,), bool),
               key=jnp.zeros((n, 2), jnp.uint32), stop_at=jnp.full((n,), t, jnp.int32),
               ticket=jnp.full((n,), -1, jnp.int32))
+
+
+def _by_layout(pool: Pool, fn) -> Pool:
+  """``fn(field, logical axes)`` of every field: rows over the batch axes, and the cache's
+  key/value heads like the k/v projections."""
+  rows = lambda x: fn(x, ("batch",) + (None,) * (len(x.shape) - 1))
+  heads = lambda x: fn(x, ("batch", "kv_heads", None, None))
+  c = pool.cache
+  cache = c.replace(k=tuple(map(heads, c.k)), v=tuple(map(heads, c.v)),
+                    key_mask_NxS=rows(c.key_mask_NxS), index=rows(c.index))
+  return jax.tree.map(rows, pool.replace(cache=None)).replace(cache=cache)
+
+
+def constrain_pool(pool: Pool) -> Pool:
+  """The pool's layout under a mesh (``sharding.use_mesh``; a no-op on one device): every
+  field's rows split over the batch axes, as the sampler's batch is, and the cache's key/value
+  heads split like the k/v projections. Each jitted pool call ends with it, so the pool keeps
+  one layout from call to call and its donation aliases."""
+  return _by_layout(pool, sharding_lib.constrain)
+
+
+def shardings(mesh, pool: Pool) -> Pool:
+  """``constrain_pool``'s layout as NamedShardings of ``pool``'s fields (arrays or shapes)."""
+  return _by_layout(pool, lambda x, axes: sharding_lib.logical_sharding(mesh, x.shape, axes))
 
 
 def _model(graphdef: nnx.GraphDef, params: nnx.State) -> CausalLM:
@@ -153,7 +183,7 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, pool: Pool, prompt_ids_MxP,
                   v=tuple(map(put, pool.cache.v, cache.v)),
                   key_mask_NxS=put(pool.cache.key_mask_NxS, cache.key_mask_NxS),
                   index=put(pool.cache.index, jnp.full((m,), p, jnp.int32)))
-  return Pool(cache=cache, prompt_ids=put(pool.prompt_ids, prompt_ids_MxP),
+  return constrain_pool(Pool(cache=cache, prompt_ids=put(pool.prompt_ids, prompt_ids_MxP),
               prompt_mask=put(pool.prompt_mask, prompt_mask_MxP),
               tokens=put(pool.tokens, first(token_M, config.pad_id, jnp.int32)),
               logp=put(pool.logp, first(logp_M, 0.0, jnp.float32)),
@@ -161,7 +191,7 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, pool: Pool, prompt_ids_MxP,
               length=put(pool.length, one), live=put(pool.live, jnp.ones((m,), bool)),
               done=put(pool.done, done_M), ended=put(pool.ended, eos_M),
               key=put(pool.key, key_Mx2), stop_at=put(pool.stop_at, stop_at_M),
-              ticket=put(pool.ticket, ticket_M))
+              ticket=put(pool.ticket, ticket_M)))
 
 
 def decode(graphdef: nnx.GraphDef, params: nnx.State, pool: Pool, version, *, steps: int,
@@ -205,13 +235,13 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, pool: Pool, version, *, st
     return i + 1, pool
 
   steps_run, pool = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), pool))
-  return pool, steps_run
+  return constrain_pool(pool), steps_run
 
 
 def release(pool: Pool, free_N) -> Pool:
   """The pool with the slots where ``free_N`` is True emptied (harvested or discarded rows)."""
-  return pool.replace(live=pool.live & ~free_N, done=pool.done & ~free_N,
-                      ticket=jnp.where(free_N, -1, pool.ticket))
+  return constrain_pool(pool.replace(live=pool.live & ~free_N, done=pool.done & ~free_N,
+                                    ticket=jnp.where(free_N, -1, pool.ticket)))
 
 
 def reprefill(graphdef: nnx.GraphDef, params: nnx.State, pool: Pool) -> Pool:
@@ -228,18 +258,24 @@ def reprefill(graphdef: nnx.GraphDef, params: nnx.State, pool: Pool) -> Pool:
   positions = jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1
   fresh = model.init_cache(n, p + t)
   _, cache = model.hidden_states(ids, mask, jnp.maximum(positions, 0), fresh)
-  return pool.replace(cache=cache.replace(index=pool.cache.index))
+  return constrain_pool(pool.replace(cache=cache.replace(index=pool.cache.index)))
 
 
 @functools.lru_cache(maxsize=32)
-def make_pool_fns(graphdef: nnx.GraphDef, config: sampler_lib.SamplingConfig, steps: int):
+def make_pool_fns(graphdef: nnx.GraphDef, config: sampler_lib.SamplingConfig, steps: int,
+                  mesh=None):
   """(admit, decode, release, reprefill) jitted, the pool donated: ``admit(params, pool, ids,
   mask, slots, keys, tickets, stop_at, version)``, ``decode(params, pool, version) -> (pool,
   steps run)`` of chunks of ``steps`` tokens, ``release(pool, free)``, ``reprefill(params,
   pool)``. One compilation per admitted row count M (pad M to a few sizes); the functions are
-  cached per (graphdef, config, steps), so pools of one model share their compilations."""
-  return (jax.jit(functools.partial(admit, graphdef, config=config), donate_argnums=(1,)),
-          jax.jit(functools.partial(decode, graphdef, steps=steps, config=config),
+  cached per (graphdef, config, steps, mesh), so pools of one model share their compilations.
+  With a ``mesh`` each is traced under it: the pool (from ``init(..., mesh=mesh)``) keeps its
+  rows split over the batch axes (``constrain_pool``), the parameters their own layout, and
+  the host's inputs (prompts, slots, keys) are placed by the call."""
+  under = (lambda fn: fn) if mesh is None else (
+      lambda fn: sharding_lib.use_mesh(fn, mesh))
+  return (jax.jit(under(functools.partial(admit, graphdef, config=config)), donate_argnums=(1,)),
+          jax.jit(under(functools.partial(decode, graphdef, steps=steps, config=config)),
                   donate_argnums=(1,)),
-          jax.jit(release, donate_argnums=(0,)),
-          jax.jit(functools.partial(reprefill, graphdef), donate_argnums=(1,)))
+          jax.jit(under(release), donate_argnums=(0,)),
+          jax.jit(under(functools.partial(reprefill, graphdef)), donate_argnums=(1,)))

@@ -163,7 +163,8 @@ def setup(config, workdir: str) -> Run:
   scorer = scoring.make_scorer(config, task)  # the user's reward functions load here
   allocator = allocation.make_allocator(
       config, sample_fn, tokenizer, task, stream, timer, scorer,
-      make_producer=producer_factory(config, graphdef, params, sampling) if r.partial else None)
+      make_producer=(producer_factory(config, graphdef, params, sampling, mesh) if r.partial
+                     else None))
 
   # Only now, after every input has been checked, is anything written.
   os.makedirs(workdir, exist_ok=True)
@@ -198,9 +199,10 @@ def setup(config, workdir: str) -> Run:
       progress=Progress(state=state, replay=replay, counters=counters, timers=timers))
 
 
-def producer_factory(config, graphdef, params, sampling):
+def producer_factory(config, graphdef, params, sampling, mesh=None):
   """``make_producer(prompts=...)``: the slot pool of ``rollout.partial``
-  (``generate.partial.Producer``), its rows in groups of G sharing each prompt's prefill."""
+  (``generate.partial.Producer``), its rows in groups of G sharing each prompt's prefill, split
+  over the mesh's batch axes when there is one."""
   r = config.rollout
   return functools.partial(
       partial_lib.Producer, graphdef,
@@ -208,7 +210,7 @@ def producer_factory(config, graphdef, params, sampling):
       nnx.merge(graphdef, params).config, slots=r.slots or r.batch_prompts * r.group_size,
       prompt_len=r.prompt_len, chunk=r.chunk or max(1, r.completion_len // 32),
       max_staleness=r.max_staleness,
-      reprefill=r.partial_cache == "reprefill", budget=r.decode_budget)
+      reprefill=r.partial_cache == "reprefill", budget=r.decode_budget, mesh=mesh)
 
 
 def frozen_reference(params, dtype: str):
