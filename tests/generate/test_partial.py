@@ -2,10 +2,12 @@
 stamped with the version that drew it, stale rows discarded with their group, every position
 counted."""
 
+import hypothesis
 import jax
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import strategies as st
 
 from grpo_jax.generate import partial
 from grpo_jax.generate.sampler import SamplingConfig
@@ -189,3 +191,63 @@ def test_the_admission_cap_ends_a_step_with_what_completed(split):
   producer = _producer(split, g=2, slots=2, chunk=1, stops=(2,), rule=rule, admit_cap=4)
   assert producer.take(split[1], 1) == []
   assert producer.counts.rows_admitted == 4 and producer.counts.groups_dropped == 2
+
+
+class _Scripted:
+  """A rule of fixed shape decided by the tag: "sara" (``first`` probe rows; tag % 3 == 0
+  commits the rest, 1 asks one row at a time, 2 drops once it has 2 rows or more) or "dapo"
+  (whole groups, odd tags dropped)."""
+
+  def __init__(self, kind, g, first):
+    self.kind, self.g, self.first = kind, g, first
+
+  def first_rows(self):
+    return self.g if self.kind == "dapo" else self.first
+
+  def decide(self, prompt, rows):
+    tag, n = prompt[0], len(rows)
+    if self.kind == "dapo":
+      return partial.DROP if tag % 2 else 0
+    if n == self.g:
+      return 0
+    return {0: self.g - n, 1: 1}.get(tag % 3, partial.DROP if n >= 2 else 1)
+
+  def forget(self, tag):
+    del tag
+
+
+@hypothesis.settings(max_examples=25, deadline=None,
+                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.given(g=st.sampled_from([1, 2, 4]), groups=st.sampled_from([1, 2]),
+                  chunk=st.sampled_from([1, 3, 8]), staleness=st.integers(0, 3),
+                  budget=st.sampled_from([0, 2, 4, 7]), reprefill=st.booleans(),
+                  rule=st.sampled_from([None, "sara", "dapo"]), cap=st.sampled_from([0, 6]),
+                  b=st.integers(1, 2), stops=st.lists(st.integers(1, T), min_size=1, max_size=5))
+def test_any_accepted_pool_settings_run_and_account_for_every_row(
+    split, g, groups, chunk, staleness, budget, reprefill, rule, cap, b, stops):
+  """Settings the producer accepts run for 4 steps: every handed-out token is within the
+  staleness bound, and every admitted row is trained, discarded, dropped or still held."""
+  slots = groups * g
+  rules = None if rule is None else _Scripted(rule, g, max(1, g // 2))
+  try:
+    producer = _producer(split, g=g, slots=slots, chunk=chunk, staleness=staleness,
+                         stops=tuple(stops), budget=budget, reprefill=reprefill, rule=rules,
+                         admit_cap=cap if rule else 0)
+  except ValueError as e:  # the one refusal: a budget that can never finish a row of T
+    assert "can never finish a row" in str(e) and budget * (staleness + 1) < T - 1
+    return
+  trained = 0
+  for _ in range(4):
+    version = producer.version
+    out = producer.take(split[1], b)
+    assert len(out) <= b
+    for group in out:
+      assert version - group.oldest <= staleness and group.tokens.shape == (g, T)
+      trained += int(group.lengths.sum())
+    producer.advance(split[1])
+  c = producer.counts
+  assert c.tokens_trained == trained
+  held = (int(np.asarray(producer.pool.live).sum())
+          + sum(len(v["rows"]) for v in producer._groups.values())  # pylint: disable=protected-access
+          + g * len(producer.ready))
+  assert c.rows_admitted == c.rows_trained + c.rows_discarded + c.rows_dropped + held

@@ -8,12 +8,17 @@ import shutil
 import subprocess
 import sys
 
+import hypothesis
 import jax
 import numpy as np
 import pytest
+from flax import nnx
+from hypothesis import strategies as st
 
 from configs import dapo, drgrpo, grpo, headroom, popo, rloo, rollout_replay, sara
-from grpo_jax import configuration, train
+from grpo_jax import assets, configuration, train
+from grpo_jax.generate import sampler as sampler_lib
+from grpo_jax.models import from_pretrained
 from grpo_jax import report as report_cli
 from grpo_jax import timing
 from grpo_jax.run import checkpoint as checkpoint_lib
@@ -509,6 +514,46 @@ def test_partial_rollout_knobs_are_refused_in_one_line(changes, message):
   c = grpo.get_config("partial=2")
   c.rollout.update(decode_budget=4, max_staleness=3)  # 4 x 4 = 16 >= 15: accepted
   configuration.validate(c)
+
+
+@functools.lru_cache(maxsize=1)
+def _embedded_split():
+  return nnx.split(from_pretrained(assets.EMBEDDED_MODEL))
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(slots=st.sampled_from([0, 2, 3, 4, 6, 8]), staleness=st.integers(0, 5),
+                  chunk=st.integers(0, 20), budget=st.integers(0, 20),
+                  cache=st.sampled_from(["keep", "reprefill"]),
+                  correction=st.sampled_from(["decoupled", "naive"]),
+                  method=st.sampled_from(["uniform", "dynamic_sampling", "sara"]),
+                  prox=st.sampled_from(["exact", "interpolate"]),
+                  prox_pass=st.sampled_from(["replayed", "all"]))
+def test_partial_settings_the_validator_accepts_build_their_pool(
+    slots, staleness, chunk, budget, cache, correction, method, prox, prox_pass):
+  """What ``configuration.validate`` accepts of the partial-rollout knobs (with the rule, the
+  correction and pi_prox's source) builds its step config and its producer: no refusal is left
+  for the run to find."""
+  from grpo_jax.generate import partial as partial_lib  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import build  # pylint: disable=g-import-not-at-top
+  c = grpo.get_config("smoke,partial")  # G = 2, T = 16
+  c.rollout.update(slots=slots, max_staleness=staleness, chunk=chunk, decode_budget=budget,
+                   partial_cache=cache, correction=correction)
+  c.allocation.method = method
+  c.replay.prox, c.rl.prox_pass = prox, prox_pass
+  try:
+    configuration.validate(c)
+  except configuration.ConfigError as e:
+    assert "\n" not in str(e)
+    return
+  step = configuration.step_config(c)
+  assert step.continued == (correction == "decoupled")
+  graphdef, params = _embedded_split()
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=c.rollout.completion_len, eos_ids=(5,),
+                                        pad_id=0)
+  producer = build.producer_factory(c, graphdef, params, sampling)(prompts=lambda: None)
+  assert isinstance(producer, partial_lib.Producer)
+  assert producer.slots == (slots or c.rollout.batch_prompts * c.rollout.group_size)
 
 
 @pytest.mark.parametrize("module", [dapo, sara])
