@@ -222,7 +222,9 @@ def pool_run(graphdef, params, mesh, steps=3):
   groups = []
   for i in range(steps):
     if i == steps - 1:  # the last step after a checkpoint round trip (its cache rebuilt)
-      saved = json.loads(json.dumps(producer.state_dict()))
+      arrays = {}  # as the checkpoint writes it: JSON, and its arrays beside it
+      saved = json.loads(json.dumps(checkpoint_lib._arrays_out(producer.state_dict(), arrays)))  # pylint: disable=protected-access
+      saved = checkpoint_lib._arrays_in(saved, arrays)  # pylint: disable=protected-access
       producer = make()
       producer.load_state_dict(saved)
     groups += producer.take(params, 1)

@@ -389,16 +389,17 @@ class Producer:
 
   # -- checkpoint ----------------------------------------------------------------------------
   def state_dict(self) -> dict:
-    """Everything in flight, JSON-ready: the pool's rows (not its KV cache, which ``restore``
-    rebuilds), the groups waiting for rows, the rule's requests, the ready queue, the version
-    and the counts."""
-    pool = {f: np.asarray(getattr(self.pool, f)).tolist() for f in _POOL_FIELDS}
+    """Everything in flight: the pool's rows (not its KV cache, which ``restore`` rebuilds),
+    the groups waiting for rows, the rule's requests, the ready queue, the version and the
+    counts; JSON but for its NumPy arrays (which the checkpoint writes as arrays,
+    ``run.checkpoint``)."""
+    pool = {f: np.asarray(getattr(self.pool, f)) for f in _POOL_FIELDS}
     groups = {str(k): {"prompt": _prompt_json(v["prompt"]),
-                       "rows": {str(g): [np.asarray(a).tolist() for a in r]
+                       "rows": {str(g): [np.asarray(a) for a in r]
                                 for g, r in v["rows"].items()},
                        "admitted": v["admitted"], "oldest": v["oldest"]}
               for k, v in self._groups.items()}
-    ready = [{f.name: _jsonable(getattr(g, f.name)) for f in dataclasses.fields(Group)}
+    ready = [{f.name: getattr(g, f.name) for f in dataclasses.fields(Group)}
              for g in self.ready]
     return {"version": self.version, "serial": self._serial, "counts": vars(self.counts),
             "pool": pool, "groups": groups, "ready": ready,

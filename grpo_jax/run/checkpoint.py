@@ -3,7 +3,12 @@
 One ``CheckpointManager`` per workdir (``workdir/checkpoints``), keeping the last K. A step's
 checkpoint holds the device pytrees (parameters, optimiser state, step, replay buffer) and a
 JSON record of the host side (rollouts and tokens so far, skipped prompts, rng seed, and the
-allocator's state: data position, per-prompt posteriors, its random generators). Saves are synchronous: the train step donates its buffers, so nothing may still be
+allocator's state: data position, per-prompt posteriors, its random generators). NumPy arrays
+in the host record (partial rollouts' pool: every row's tokens, log-probs and versions) are
+written as an orbax item of their own ("arrays", binary, read back as NumPy), each replaced
+in the JSON by a reference to it: a pool of 512 rows x 4,096 tokens (tokens, log-probs,
+versions) is 25.2 MB of arrays where JSON lists were 69.2 MB of text, 1.5 s to write and 0.8 s
+to parse on this project's CPU (random values of the real ranges). Saves are synchronous: the train step donates its buffers, so nothing may still be
 reading them when the next step runs. Orbax writes to a temporary folder and renames, so a
 crash mid-save never leaves a corrupt latest checkpoint.
 
@@ -32,6 +37,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 from grpo_jax.models import CheckpointError, lora
@@ -178,6 +184,36 @@ def _finalize_abandoned_writes() -> None:
     sys.unraisablehook = previous
 
 
+_ARRAY = "__array__"  # a host record's reference to an array of the "arrays" item
+
+
+def _arrays_out(tree, arrays: dict):
+  """``tree`` (the host record) with every non-empty NumPy array moved into ``arrays`` under a
+  fresh key and replaced by ``{_ARRAY: key}``; empty ones become (JSON) lists."""
+  if isinstance(tree, np.ndarray):
+    if not tree.size:
+      return tree.tolist()
+    key = f"a{len(arrays)}"
+    arrays[key] = tree
+    return {_ARRAY: key}
+  if isinstance(tree, dict):
+    return {k: _arrays_out(v, arrays) for k, v in tree.items()}
+  if isinstance(tree, (list, tuple)):
+    return [_arrays_out(v, arrays) for v in tree]
+  return tree
+
+
+def _arrays_in(tree, arrays: dict):
+  """``_arrays_out`` undone: each reference replaced by its array."""
+  if isinstance(tree, dict):
+    if set(tree) == {_ARRAY}:
+      return arrays[tree[_ARRAY]]
+    return {k: _arrays_in(v, arrays) for k, v in tree.items()}
+  if isinstance(tree, list):
+    return [_arrays_in(v, arrays) for v in tree]
+  return tree
+
+
 class Checkpointer:
   """Save / restore of (train state, replay state, host record) under ``workdir``."""
 
@@ -212,9 +248,12 @@ class Checkpointer:
     threads = set(threading.enumerate())
     with _HeldReports() as held:
       try:
+        arrays = {}
+        host = _arrays_out(host, arrays)
+        items = {"arrays": ocp.args.StandardSave(arrays)} if arrays else {}
         self.manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(self._tree(state, replay)),
-            host=ocp.args.JsonSave(host)), force=True)
+            host=ocp.args.JsonSave(host), **items), force=True)
         self.manager.wait_until_finished()
       except Exception as e:  # pylint: disable=broad-except
         if not (is_disk_full(e) or isinstance(e, OSError)):
@@ -271,9 +310,10 @@ class Checkpointer:
     row_versions = self._row_versions(step, abstract)
     if row_versions is not None:  # written before tokens carried their own version
       abstract = row_versions
+    items = {"arrays": ocp.args.StandardRestore()} if self._has_arrays(step) else {}
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
+          state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore(), **items))
     except Exception:
       if self._per_layer(step):
         raise CheckpointError(
@@ -291,7 +331,14 @@ class Checkpointer:
     train = restored.state["train"]
     # The saved adapters joined to the template's base weights (as they were loaded).
     train = train.replace(params=lora.join(train.params, lora.trainable(state.params)[1]))
-    return train, restored.state.get("replay", replay), dict(restored.host)
+    host = dict(restored.host)
+    if items:
+      host = _arrays_in(host, dict(restored.arrays))
+    return train, restored.state.get("replay", replay), host
+
+  def _has_arrays(self, step: int) -> bool:
+    """Whether checkpoint ``step`` has an "arrays" item (its host record referred to some)."""
+    return os.path.isdir(os.path.join(self.directory, str(step), "arrays"))
 
   def _row_versions(self, step: int, abstract: dict) -> dict | None:
     """``abstract`` with the buffer's ``rollouts.version`` as [C, E] when checkpoint ``step``
@@ -322,7 +369,8 @@ class Checkpointer:
     return any(str(key).isdigit() for key in layers)
 
   def host(self, step: int) -> dict:
-    """The host record of one checkpoint alone (no device arrays are read)."""
+    """The host record of one checkpoint alone (no device arrays are read; the host's own
+    arrays stay references, ``{"__array__": key}``)."""
     restored = self.manager.restore(step, args=ocp.args.Composite(host=ocp.args.JsonRestore()))
     return dict(restored.host)
 

@@ -636,3 +636,41 @@ def test_a_buffer_saved_with_one_version_per_row_resumes_with_it_on_every_token(
   np.testing.assert_array_equal(restored.rollouts.version[:, :, 3], rows)
   np.testing.assert_array_equal(restored.rollouts.version[2, 1], [12] * 5)
   ckpt.close()
+
+
+def test_host_arrays_are_written_beside_the_json_and_read_back_as_they_were(tmp_path):
+  """NumPy arrays in the host record (partial rollouts' pool) go to the checkpoint's "arrays"
+  item, each replaced in the JSON by a reference; restore gives them back with their dtype and
+  shape, empty ones as lists, the rest of the record unchanged. A record without arrays has
+  no such item."""
+  import optax  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  from grpo_jax import assets
+  from grpo_jax.models import from_pretrained
+  from grpo_jax.rl import step as step_lib
+  from grpo_jax.rl.replay import init_replay
+  state = step_lib.init_train_state(nnx.split(from_pretrained(assets.EMBEDDED_MODEL))[1],
+                                    optax.sgd(0.1))
+  replay = init_replay(0, 2, 4, 5)
+  tokens = np.arange(12, dtype=np.int32).reshape(3, 4)
+  host = {"data_position": 3,
+          "allocator": {"pool": {"tokens": tokens, "live": np.asarray([True, False]),
+                                 "logp": np.full((2, 2), -0.5, np.float32)},
+                        "rows": [[np.asarray([1, 2], np.int32), np.zeros((0,), np.int32)]]}}
+  ckpt = checkpoint_lib.Checkpointer(os.fspath(tmp_path), keep=2)
+  ckpt.save(1, state, replay, host)
+  ckpt.save(2, state, replay, {"data_position": 4})
+  assert os.path.isdir(tmp_path / "checkpoints" / "1" / "arrays")
+  assert not os.path.exists(tmp_path / "checkpoints" / "2" / "arrays")
+  saved = ckpt.host(1)["allocator"]
+  assert saved["pool"]["tokens"] == {"__array__": "a0"} and saved["rows"][0][1] == []
+  _, _, back = ckpt.restore(1, state, replay)
+  pool = back["allocator"]["pool"]
+  np.testing.assert_array_equal(pool["tokens"], tokens)
+  assert pool["tokens"].dtype == np.int32 and pool["live"].dtype == bool
+  assert pool["logp"].dtype == np.float32 and pool["logp"][1, 1] == -0.5
+  np.testing.assert_array_equal(back["allocator"]["rows"][0][0], [1, 2])
+  assert back["allocator"]["rows"][0][1] == [] and back["data_position"] == 3
+  assert ckpt.restore(2, state, replay)[2] == {"data_position": 4}
+  ckpt.close()
