@@ -13,7 +13,10 @@ model (``--model``), B = ``--groups`` groups of G = ``--group_size`` rows per st
   together and decoded until the longest row ends.
 * ``pipeline`` at each ``--staleness``: ``--slots`` rows in flight (default B x G, the static
   batch's memory), chunks of ``--chunk`` decode steps, a step ends as soon as B groups are
-  complete, unfinished rows continue after the update (``--cache``: ``keep`` or ``reprefill``).
+  complete, unfinished rows continue after the update (``--cache``: ``keep`` or ``reprefill``;
+  ``--compare_cache`` runs the other one too at ``--default_staleness``, and the JSON gains its
+  useful fraction and ``<cache>_generation_time_ratio``, its seconds per useful token over
+  ``--cache``'s).
 
 Measured over ``--steps`` steps after ``--warmup`` (compilation and the pipeline's fill
 excluded; the drain too: rows still in flight at the end are reported, not counted as
@@ -67,6 +70,8 @@ def define_flags() -> None:
   flags.DEFINE_list("staleness", ["1", "2", "4"], "pipeline max_staleness values.")
   flags.DEFINE_integer("default_staleness", 4, "the staleness the JSON's headline is at.")
   flags.DEFINE_enum("cache", "keep", ["keep", "reprefill"], "a continued row's KV cache.")
+  flags.DEFINE_bool("compare_cache", False, "also run the pipeline at --default_staleness "
+                    "with the other --cache, in the same process.")
   flags.DEFINE_enum("lengths", "lognormal", LENGTHS, "completion-length distribution.")
   flags.DEFINE_string("lengths_file", None, "measured lengths (``--lengths=file``).")
   flags.DEFINE_float("median", 0.25, "log-normal median, a fraction of T.")
@@ -193,14 +198,14 @@ def bench_length(t: int, graphdef, params, model_config) -> dict:
   config = sampler_lib.SamplingConfig(max_new_tokens=t, eos_ids=(model_config.vocab_size,),
                                       pad_id=0, temperature=1.0, prompt_group=g)
 
-  def producer(static, staleness):
+  def producer(static, staleness, cache=FLAGS.cache):
     rng = np.random.default_rng(FLAGS.seed)
     draw = length_sampler(FLAGS.lengths, t, rng, median=FLAGS.median, at_limit=FLAGS.at_limit,
                           measured=measured)
     return partial.Producer(
         graphdef, config, model_config, slots=b * g if static else slots, prompt_len=p,
         chunk=FLAGS.chunk, max_staleness=staleness, static=static,
-        reprefill=FLAGS.cache == "reprefill",
+        reprefill=cache == "reprefill",
         prompts=prompt_source(model_config.vocab_size, p, g, draw, FLAGS.seed))
 
   out = {"completion_len": t, "static": run_mode(producer(True, 0), params, b, FLAGS.warmup,
@@ -210,6 +215,11 @@ def bench_length(t: int, graphdef, params, model_config) -> dict:
     key = f"pipeline_staleness_{s}"
     out[key] = run_mode(producer(False, s), params, b, FLAGS.warmup + s, FLAGS.steps)
     print(json.dumps({"completion_len": t, key: out[key]}), flush=True)  # kept if later fails
+  if FLAGS.compare_cache:
+    s, other = FLAGS.default_staleness, {"keep": "reprefill", "reprefill": "keep"}[FLAGS.cache]
+    key = f"pipeline_staleness_{s}_{other}"
+    out[key] = run_mode(producer(False, s, other), params, b, FLAGS.warmup + s, FLAGS.steps)
+    print(json.dumps({"completion_len": t, key: out[key]}), flush=True)
   rng = np.random.default_rng(0)
   ids = rng.integers(2, model_config.vocab_size, (b * g, p)).astype(np.int32)
   completions = rng.integers(2, model_config.vocab_size, (b * g, t)).astype(np.int32)
@@ -233,11 +243,19 @@ def headline(results: list[dict], staleness: int) -> dict:
   if pipe is None:
     raise ValueError(f"--default_staleness={staleness} is not among --staleness")
   ratio = lambda k: round(static[k] / pipe[k], 3)
-  return {"completion_len": last["completion_len"], "default_staleness": staleness,
-          "static_useful_fraction": static["useful_fraction"],
-          "pipeline_useful_fraction": pipe["useful_fraction"],
-          "generation_speedup_per_useful_token": ratio("generation_us_per_useful_token"),
-          "step_speedup_per_useful_token": ratio("step_us_per_useful_token")}
+  out = {"completion_len": last["completion_len"], "default_staleness": staleness,
+         "static_useful_fraction": static["useful_fraction"],
+         "pipeline_useful_fraction": pipe["useful_fraction"],
+         "generation_speedup_per_useful_token": ratio("generation_us_per_useful_token"),
+         "step_speedup_per_useful_token": ratio("step_us_per_useful_token")}
+  for key in (f"pipeline_staleness_{staleness}_{c}" for c in ("keep", "reprefill")):
+    if key in last:  # --compare_cache: the other cache's generation time over this one's
+      cache = key.rsplit("_", 1)[1]
+      out[f"{cache}_useful_fraction"] = last[key]["useful_fraction"]
+      out[f"{cache}_generation_time_ratio"] = round(
+          last[key]["generation_us_per_useful_token"] / pipe["generation_us_per_useful_token"],
+          3)
+  return out
 
 
 def main(argv):

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_the_command_ends_with_its_summary_json():
   cmd = [sys.executable, "-m", "grpo_jax.bench.rollouts", "--completion_len=32", "--groups=2",
          "--group_size=2", "--prompt_len=8", "--steps=2", "--warmup=1", "--chunk=4",
-         "--staleness=1,4", "--default_staleness=4", "--nocheck_sampler"]
+         "--staleness=1,4", "--default_staleness=4", "--nocheck_sampler", "--compare_cache"]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = [json.loads(line) for line in proc.stdout.strip().splitlines()]
@@ -28,3 +28,8 @@ def test_the_command_ends_with_its_summary_json():
   assert summary["static_useful_fraction"] < summary["pipeline_useful_fraction"] <= 1
   full = [r for r in lines if "update_s" in r][0]
   assert full["static"]["groups_trained"] == 2 * 2  # B groups per measured step
+  # --compare_cache: the re-prefilling pipeline beside the one keeping its cache, and its
+  # re-prefill positions counted (the keeping one computes none).
+  assert summary["reprefill_useful_fraction"] > 0 and summary["reprefill_generation_time_ratio"] > 0
+  assert full["pipeline_staleness_4_reprefill"]["reprefill_positions"] > 0
+  assert full["pipeline_staleness_4"]["reprefill_positions"] == 0
