@@ -22,12 +22,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 #          + POPO reuse 4 x capacity 2 + POPO age 16: reuse 2 x capacity 2
 #          + rho 3 x tau_max 3 + DAPO 2 + SARA tau_lo 3
 #          = 1 + 4 + 1 + 4 + 8 + 4 + 9 + 2 + 3 = 36 settings x 3 seeds          = 108
+#   partial: GRPO, POPO + staleness {1, 2, 4} x {naive, decoupled} = 8 x 3 seeds   = 24
+#   partial_fast: GRPO + staleness {2, 4} x {naive, decoupled} = 5 x 3 seeds      = 15
 GRIDS = {
     "configs/sweeps/movement.py": ("movement", 216),
     "configs/sweeps/movement.py:quick": ("movement", 96),
     "configs/sweeps/difficulty.py": ("difficulty", 117),
     "configs/sweeps/difficulty.py:tuned": ("difficulty_tuned", 90),
     "configs/sweeps/knobs.py": ("knobs", 108),
+    "configs/sweeps/partial.py": ("partial", 24),
+    "configs/sweeps/partial_fast.py": ("partial_fast", 15),
 }
 
 
@@ -82,3 +86,21 @@ def test_the_model_size_variant_needs_its_model_and_then_pairs_with_the_default_
   assert cell.id in {c.id for c in default.cells()}  # the two sizes pair cell by cell
   assert g.config(cell).model.path == sft.X4_MODEL
   assert default.config(cell).model.path == assets.EMBEDDED_MODEL
+
+
+def test_the_partial_grids_cells_are_the_corrections_they_name():
+  """naive cells train continued rows with the clipped pi_theta / mu, decoupled ones correct
+  them (``decoupled_all``'s pass over every row, or the default's over the continued ones)."""
+  for path in ("configs/sweeps/partial.py", "configs/sweeps/partial_fast.py"):
+    g = grid.load(path)
+    for cell in g.cells():
+      c = g.config(cell)
+      if cell.method == "grpo":
+        assert not c.rollout.partial
+      elif cell.method.endswith("-naive"):
+        assert c.rollout.correction == "naive" and c.rl.prox_pass == "replayed"
+      elif cell.method.endswith("-decoupled"):
+        assert c.rollout.correction == "decoupled" or c.rl.prox_pass == "all"
+  fast = grid.load("configs/sweeps/partial_fast.py")
+  c = fast.config(fast.cells()[0])
+  assert (c.opt.learning_rate, c.rl.num_minibatches) == (2e-4, 8)
