@@ -136,6 +136,10 @@ def validate(config, *, weights: bool = True) -> None:
          f"{rl.max_consecutive_skips} must be >= 0 (0 never stops)")
   _check(0 <= rl.overlong_buffer < r.completion_len, "rl.overlong_buffer",
          f"{rl.overlong_buffer} must be in [0, completion_len={r.completion_len})")
+  _check(rl.get("packing", "none") != "tokens" or m.attention not in ("cudnn", "splash"),
+         "rl.packing", f"'tokens' runs its own attention over packed rows (each slot to its own "
+         f"sequence), which model.attention={m.attention!r} cannot express: use auto, xla or "
+         "blocked, or rl.packing=none")
   method = _replay_method(config)
   try:
     step_config(config, method)  # config.rl's own keys, every estimator's and loss's group
@@ -285,6 +289,9 @@ def check_mesh(config, mesh) -> None:
   _check(not r.partial or jax.process_count() == 1, "rollout.partial",
          f"not yet across {jax.process_count()} processes: the producer reads which of the "
          "pool's rows ended on one host (one process may drive every local device)")
+  _check(config.rl.get("packing", "none") != "tokens" or shards == 1, "rl.packing",
+         f"'tokens' not yet under a mesh with {shards} batch shards (packed rows would cross "
+         "the devices' rows): use rl.packing=none there")
   _check(config.replay.capacity % shards == 0, "replay.capacity",
          f"{config.replay.capacity} entries must be a multiple of mesh data x fsdp = {shards} "
          "(buffer entries are split like the batch)")

@@ -106,6 +106,22 @@ def completion_logprobs_and_entropy(model: CausalLM, prompt_ids_NxP: jax.Array,
       hidden_NxTxD = per_prompt(*args)
   else:
     hidden_NxTxD = every_row(*args)
+  return hidden_logprobs_and_entropy(model, hidden_NxTxD, completion_ids_NxT, temperature,
+                                     with_entropy, chunk_tokens)
+
+
+def hidden_logprobs_and_entropy(model: CausalLM, hidden_NxTxD: jax.Array, tokens_NxT: jax.Array,
+                                temperature: float = 1.0, with_entropy: bool = False,
+                                chunk_tokens: int = 0):
+  """Log-probs (and entropy) of ``tokens_NxT`` under the LM head of final hidden states
+  ``hidden_NxTxD`` (position t's state predicts token t), the LM head in blocks of
+  ``chunk_tokens`` positions as ``completion_logprobs_and_entropy`` says.
+
+  Returns:
+    (logp float32 [N, T], entropy float32 [N, T] or None).
+  """
+  n, t = tokens_NxT.shape
+  completion_ids_NxT = tokens_NxT
   if 0 < chunk_tokens < n * t:
     return _chunked_logprobs_and_entropy(model, hidden_NxTxD, completion_ids_NxT, temperature,
                                          with_entropy, chunk_tokens)

@@ -83,6 +83,11 @@ class CausalLM(Protocol):
     """(Prompt hidden [B, P, D], completion hidden [N, T, D]): N = B * group rows, row i
     continuing prompt i // group, each prompt computed once."""
 
+  def packed_hidden_states(self, input_ids_NxC: jax.Array, positions_NxC: jax.Array,
+                           segments: Any, remat: bool = False) -> jax.Array:
+    """Final-norm hidden states [N, C, D] of packed rows, each slot attending to its own
+    sequence's keys (``models.packed_attention.Segments``; ``generate.packing``)."""
+
   def logits(self, hidden_xD: jax.Array) -> jax.Array:
     """float32 logits [..., V] from final hidden states [..., D]."""
 

@@ -27,6 +27,7 @@ from flax import nnx
 
 from grpo_jax.models import causal_lm
 from grpo_jax.models import lm_head as head_lib
+from grpo_jax.models import packed_attention
 from grpo_jax.models.attention import (
     IMPLEMENTATIONS, cache_attention, grouped_attention, self_attention)
 from grpo_jax.models.causal_lm import positions_from_mask
@@ -208,6 +209,20 @@ class Attention(nnx.Module):
     flat = lambda o: o.reshape(o.shape[:2] + (c.num_heads * c.head_dim,))
     return self.o_proj(flat(out_p)), self.o_proj(flat(out_c))
 
+  def packed(self, x_NxCxD, positions_NxC, segments: packed_attention.Segments):
+    """Attention of packed rows, each slot to its own sequence's keys
+    (``packed_attention``).
+
+    Returns:
+      output [N, C, D].
+    """
+    c = self.config
+    n, x, _ = x_NxCxD.shape
+    q, k, v = self._qkv(x_NxCxD, positions_NxC)
+    out = packed_attention.packed_attention(q, k.astype(q.dtype), v, segments,
+                                            block=c.attention_block)
+    return self.o_proj(out.reshape(n, x, c.num_heads * c.head_dim))
+
   def __call__(self, x_NxXxD, positions_NxX, key_mask_NxS, kv=None, index=None,
                query_block: int = 0):
     """Attends the X new tokens causally to themselves (S = X), or to the S cache slots up to
@@ -291,6 +306,13 @@ def _grouped_block(layer: DecoderLayer, xp_BxPxD, xc_NxTxD, positions_BxP, posit
   xp_BxPxD, xc_NxTxD = xp_BxPxD + hp, xc_NxTxD + hc
   mlp = lambda x: x + layer.mlp(layer.post_attention_layernorm(x))
   return mlp(xp_BxPxD), mlp(xc_NxTxD)
+
+
+def _packed_block(layer: DecoderLayer, x_NxCxD, positions_NxC, segments):
+  """One decoder block over packed rows (``Attention.packed``)."""
+  x_NxCxD = x_NxCxD + layer.self_attn.packed(layer.input_layernorm(x_NxCxD), positions_NxC,
+                                              segments)
+  return x_NxCxD + layer.mlp(layer.post_attention_layernorm(x_NxCxD))
 
 
 def _stack(layers: list[DecoderLayer]) -> DecoderLayer:
@@ -441,6 +463,17 @@ class Qwen3(nnx.Module):
     xp, xc = residual(self.embed(prompt_ids_BxP)), residual(self.embed(completion_ids_NxT))
     xp, xc = self._scan(block, (xp, xc), remat)
     return self.norm(xp), self.norm(xc)
+
+  def packed_hidden_states(self, input_ids_NxC, positions_NxC,
+                           segments: packed_attention.Segments, remat: bool = False):
+    """Final-norm hidden states [N, C, D] of packed rows: several sequences a row, each slot
+    attending to its own sequence's keys (``Segments``; ``generate.packing`` builds them) at
+    its own position. The values are those of ``hidden_states`` / ``grouped_hidden_states``
+    over the sequences one per row (same keys, positions and masks; float rounding may
+    differ). The layers run as one scan (``remat`` as ``hidden_states``)."""
+    residual = lambda h: constrain(h, ("batch", None, None))
+    block = lambda layer, h: residual(_packed_block(layer, h, positions_NxC, segments))
+    return self.norm(self._scan(block, residual(self.embed(input_ids_NxC)), remat))
 
   def _scan(self, block, carry, remat: bool):
     """``carry`` through every decoder layer, ``carry = block(layer, carry)``, as one

@@ -22,17 +22,20 @@ class Tokens:
     prompt_ids: [N + R, P] int32 prompts, left padded.
     prompt_mask: [N + R, P] bool, True for real prompt tokens.
     completion_ids: [N + R, T] int32 completions.
+    completion_mask: [N + R, T] bool, each completion's tokens (a prefix of the row: up to
+      and including its end); what a packed pass places (``rl.packing``). None: all T.
   """
 
   prompt_ids: jax.Array
   prompt_mask: jax.Array
   completion_ids: jax.Array
+  completion_mask: jax.Array | None = None
 
   @classmethod
   def of(cls, rows: Rollout) -> Tokens:
     """The token arrays of ``rows``."""
     return cls(prompt_ids=rows.prompt_ids, prompt_mask=rows.prompt_mask,
-               completion_ids=rows.completion_ids)
+               completion_ids=rows.completion_ids, completion_mask=rows.completion_mask)
 
 
 @flax.struct.dataclass

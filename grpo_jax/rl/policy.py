@@ -2,7 +2,8 @@
 
 Every pass runs at the rollout temperature (so that pi_theta and the recorded mu describe the
 same distribution), with the step's LM-head chunking and attention blocks, and runs each prompt
-once for its G rows when they repeat one prompt (``StepConfig.shared_prompts``).
+once for its G rows when they repeat one prompt (``StepConfig.shared_prompts``); with
+``rl.packing=tokens`` over packed rows of the real tokens (``generate.packed_logprobs``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import jax
 from flax import nnx
 
 from grpo_jax.generate import logprobs as logprobs_lib
+from grpo_jax.generate import packed_logprobs as packed_lib
+from grpo_jax.models.causal_lm import prompts_repeat
 from grpo_jax.rl.batch import Tokens
 from grpo_jax.rl.step_config import StepConfig
 
@@ -35,10 +38,31 @@ def logprobs(graphdef: nnx.GraphDef, params, tokens: Tokens, config: StepConfig,
   """
   model = nnx.merge(graphdef, params)
   group = config.group_size if config.shared_prompts and grouped is not False else 1
+  if config.packing == "tokens":
+    return _packed(model, tokens, config, with_entropy, remat, group, grouped)
   return logprobs_lib.completion_logprobs_and_entropy(
       model, tokens.prompt_ids, tokens.prompt_mask, tokens.completion_ids, config.temperature,
       with_entropy, chunk_tokens=config.logprob_chunk, remat=remat,
       query_block=config.query_block, prompt_group=group, check_prompts=grouped is None)
+
+
+def _packed(model, tokens: Tokens, config: StepConfig, with_entropy: bool, remat: bool,
+            group: int, grouped: bool | None):
+  """``logprobs`` over packed rows (``rl.packing=tokens``, ``generate.packed_logprobs``): each
+  group's prompt once when the rows are whole groups of one prompt (checked on the device
+  when ``grouped`` is None, as the padded pass does), else one row a unit."""
+  n = tokens.completion_ids.shape[0]
+  run = lambda g: packed_lib.packed_logprobs_and_entropy(
+      model, tokens.prompt_ids, tokens.prompt_mask, tokens.completion_ids,
+      tokens.completion_mask, config.temperature, with_entropy,
+      chunk_tokens=config.logprob_chunk, remat=remat, group=g,
+      rows_per_pass=config.packing_rows)
+  if group <= 1 or n % group:
+    return run(1)
+  if grouped is None:
+    return jax.lax.cond(prompts_repeat(tokens.prompt_ids, tokens.prompt_mask, group),
+                        lambda: run(group), lambda: run(1))
+  return run(group)
 
 
 def grouped_pass_possible(rows: int, config: StepConfig) -> bool:

@@ -18,6 +18,7 @@ from grpo_jax.rl.replay import method as replay_method
 SIGNALS = ("score", "success")
 PROX_PASSES = ("replayed", "all")
 PROX_ESTIMATES = ("exact", "interpolate")
+PACKINGS = ("none", "tokens")
 REMAT = ("none", "layer")
 SHUFFLES = ("groups", "rows")
 
@@ -74,6 +75,11 @@ class StepConfig(registry.Configurable):
       at a time, so each minibatch holds complete groups, as verl counts its PPO minibatches
       in prompts; falls back to "rows" when the rows are not a multiple of G times the
       minibatches) or "rows" (every row on its own).
+    packing: how every log-prob pass lays its rows out: "none" (each row at [P + T], or each
+      prompt once and its completions at T) or "tokens" (the real tokens packed into rows of
+      G (P + T) slots, each group's prompt once, passes over packed rows that hold nothing
+      skipped: ``generate.packed_logprobs``). The same values up to float rounding.
+    packing_rows: with "tokens", packed rows per model pass (the pass's batch).
     shared_prompts: every log-prob pass runs each prompt once for its G group-major rows when
       they repeat one prompt (``logprobs.completion_logprobs_and_entropy``'s
       ``prompt_group``); False always runs [prompt; completion] per row. The no-grad passes
@@ -105,6 +111,8 @@ class StepConfig(registry.Configurable):
   query_block: int = dataclasses.field(default=0, metadata=registry.DERIVED)
   shuffle: str = "groups"
   shared_prompts: bool = True
+  packing: str = "none"
+  packing_rows: int = 1
 
   # Keys of config.rl that the host side reads, not the step: what the advantages' "score"
   # starts from and DAPO's overlong penalty (rewards/scoring, allocation/rounds), and the
@@ -116,13 +124,15 @@ class StepConfig(registry.Configurable):
     error = registry.GroupError
     for name, known in (("shuffle", SHUFFLES), ("reward_signal", SIGNALS),
                         ("effective_signal", SIGNALS), ("prox_pass", PROX_PASSES),
-                        ("prox_estimate", PROX_ESTIMATES), ("remat", REMAT)):
+                        ("prox_estimate", PROX_ESTIMATES), ("remat", REMAT),
+                        ("packing", PACKINGS)):
       if getattr(self, name) not in known:
         raise error((name,), f"{getattr(self, name)!r}; known: {', '.join(known)}")
     if not isinstance(self.shared_prompts, bool):
       raise error(("shared_prompts",), f"{self.shared_prompts!r} must be true or false")
     for name, low in (("group_size", 1), ("num_minibatches", 1), ("num_epochs", 1),
-                      ("logprob_chunk", 0), ("prox_chunks", 0), ("query_block", 0)):
+                      ("logprob_chunk", 0), ("prox_chunks", 0), ("query_block", 0),
+                      ("packing_rows", 1)):
       value = getattr(self, name)
       if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
         raise error((name,), f"{value!r} must be an integer >= {low}")

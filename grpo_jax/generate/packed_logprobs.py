@@ -1,0 +1,124 @@
+"""Teacher-forced log-probs of completions over packed rows: the pass at the real tokens.
+
+``logprobs.completion_logprobs_and_entropy`` computes every row at [P + T] (or each prompt once
+and every completion at T); at reasoning lengths most of that is padding. Here the rows' real
+tokens are packed (``packing.plan`` / ``layout``: each group's prompt once, its completions
+after it) into N / G packed rows of C = G (P + T) slots, and the model runs over them
+``rows_per_pass`` packed rows at a time: a ``lax.scan`` over the packed rows in passes, a pass
+whose rows hold nothing (past ``Plan.used``) skipped (``lax.cond``), so the work is what the
+rows hold, rounded up to a pass. Each slot's hidden state predicts the next token of its own
+completion; a completion's first token is predicted from its prompt's last slot. The log-probs
+come back in the padded [N, T] layout, so every loss, aggregation and metric reads them as
+before (0 past each row's length, where callers mask).
+
+Values: those of the padded pass up to float rounding (the same tokens, positions and keys;
+sums over other sizes). Memory: the packed buffers are the padded layout's size (K x C = N (P
++ T)), and a differentiated pass keeps one pass's activations per pass of the scan (what it
+holds: at most the padded layout's). Shape letters: ``types.py``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.generate import logprobs as logprobs_lib
+from grpo_jax.generate import packing
+from grpo_jax.models.causal_lm import CausalLM
+from grpo_jax.models.packed_attention import Segments
+
+
+def packed_logprobs_and_entropy(model: CausalLM, prompt_ids_NxP, prompt_mask_NxP,
+                                completion_ids_NxT, completion_mask_NxT,
+                                temperature: float = 1.0, with_entropy: bool = False,
+                                chunk_tokens: int = 0, remat: bool = False, group: int = 1,
+                                rows_per_pass: int = 1):
+  """Log-probs (and entropy) of each completion's tokens, computed over packed rows.
+
+  Args:
+    model: the policy.
+    prompt_ids_NxP, prompt_mask_NxP: left-padded prompts (rows i // G share one when G > 1;
+      the caller guarantees it).
+    completion_ids_NxT: completions.
+    completion_mask_NxT: bool, each completion's tokens (a prefix: through its end); the
+      tokens computed. None: all T.
+    temperature: the sampling temperature.
+    with_entropy: also the entropy of each next-token distribution.
+    chunk_tokens: positions per LM-head block (``logprobs``; 0: a pass's C slots at once).
+    remat: checkpoint each decoder block.
+    group: G: units of a prompt and its G completions (N a multiple); 1: one row a unit.
+    rows_per_pass: packed rows per model pass (a multiple of ... nothing: N / G is padded up).
+
+  Returns:
+    (logp float32 [N, T], entropy float32 [N, T] or None): 0 past each row's length.
+  """
+  n, t = completion_ids_NxT.shape
+  if completion_mask_NxT is None:
+    completion_mask_NxT = jnp.ones((n, t), bool)
+  completion_mask_NxT = completion_mask_NxT.astype(bool)
+  plan = packing.plan(prompt_mask_NxP, completion_mask_NxT, group)
+  lay = packing.layout(plan, prompt_ids_NxP, prompt_mask_NxP, completion_ids_NxT, group)
+  k, c = lay.ids.shape
+  r = max(1, min(rows_per_pass, k))
+  passes = -(-k // r)
+  lay = _pad_rows(lay, passes * r)
+  first = packing.first_slot(plan)
+  d = model.config.hidden_size
+
+  def one_pass(h_first_NxD, xs):
+    i, ids, positions, segments, target = xs
+
+    def run(_):
+      h_RxCxD = model.packed_hidden_states(ids, positions, segments, remat)
+      logp, ent = logprobs_lib.hidden_logprobs_and_entropy(
+          model, h_RxCxD, jnp.maximum(target, 0), temperature, with_entropy, chunk_tokens)
+      # Each row's prompt-end state, for the rows whose unit is in this pass.
+      local = plan.bin - i * r
+      mine = (local >= 0) & (local < r)
+      h = h_RxCxD[jnp.clip(local, 0, r - 1), first]
+      h = jnp.where(mine[:, None], h.astype(jnp.float32), 0.0)
+      return logp, (ent if with_entropy else jnp.zeros_like(logp)), h
+
+    def skip(_):
+      z = jnp.zeros((r, c), jnp.float32)
+      return z, z, jnp.zeros((n, d), jnp.float32)
+
+    logp, ent, h = jax.lax.cond(i * r < plan.used, run, skip, None)
+    return h_first_NxD + h, (logp, ent)
+
+  shape = lambda a: a.reshape((passes, r) + a.shape[1:])
+  xs = (jnp.arange(passes), shape(lay.ids), shape(lay.positions),
+        jax.tree.map(shape, lay.segments), shape(lay.target))
+  h_first, (logp_packed, ent_packed) = jax.lax.scan(
+      one_pass, jnp.zeros((n, d), jnp.float32), xs)
+  h_first = h_first.astype(jnp.dtype(model.config.dtype))
+  first_logp, first_ent = logprobs_lib.hidden_logprobs_and_entropy(
+      model, h_first[:, None], completion_ids_NxT[:, :1], temperature, with_entropy, 0)
+
+  j_T = jnp.arange(t, dtype=jnp.int32)[None]
+  at = plan.bin[:, None] * c + plan.completion_at[:, None] + j_T - 1  # predicts token j >= 1
+  valid = j_T < plan.length[:, None]
+
+  def assemble(packed, first_N):
+    flat = packed.reshape(-1)
+    rest = flat[jnp.clip(at, 0, flat.shape[0] - 1)]
+    return jnp.where(valid, jnp.where(j_T == 0, first_N, rest), 0.0)
+
+  logp = assemble(logp_packed, first_logp)
+  ent = assemble(ent_packed, first_ent) if with_entropy else None
+  return logp, ent
+
+
+def _pad_rows(lay: packing.Layout, rows: int) -> packing.Layout:
+  """The layout with empty packed rows up to ``rows`` (each slot its own sequence)."""
+  k, c = lay.ids.shape
+  if rows == k:
+    return lay
+  own = jnp.broadcast_to(jnp.arange(c, dtype=jnp.int32), (rows - k, c))
+  pad = lambda a, fill: jnp.concatenate([a, jnp.full((rows - k, c), fill, a.dtype)])
+  seg = lambda a: jnp.concatenate([a, own])
+  return packing.Layout(ids=pad(lay.ids, 0), positions=pad(lay.positions, 0),
+                        segments=Segments(prompt_start=seg(lay.segments.prompt_start),
+                                          prompt_end=seg(lay.segments.prompt_end),
+                                          seg_start=seg(lay.segments.seg_start)),
+                        target=pad(lay.target, -1))
