@@ -1,0 +1,96 @@
+"""``rl.packing=tokens`` in the train step: the same losses, gradients and metrics as the padded
+layout (``none``), to float32 rounding, for each objective, aggregation, replay method and
+update schedule; rows of every length (empty, one token, full) in the batch."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from grpo_jax.rl import losses, replay as replay_lib, step as step_lib
+from grpo_jax.rl.policy_losses import cispo, gspo
+from grpo_jax.rl.replay import popo, prioritized
+from grpo_jax.rl.replay import init_replay
+from grpo_jax.rl.step_config import StepConfig
+from tests.rl.test_popo import ONE_INEFFECTIVE, _buffer_with
+from tests.rl.test_step import G, MIXED, P, SHIFT_N, T, _copy, _rollout
+
+# Completion lengths of the 8 rows: an empty row, one-token rows and full ones (T = 6).
+LENGTHS = [6, 1, 0, 4, 2, 6, 3, 5]
+
+
+def _cut(rollout):
+  """The rollout with each row's completion cut to LENGTHS (its mask and mu past the cut)."""
+  mask = jnp.arange(T)[None] < jnp.asarray(LENGTHS)[:, None]
+  mask = mask & rollout.completion_mask | (mask & ~rollout.completion_mask.any(-1)[:, None])
+  return rollout.replace(completion_mask=mask,
+                         behaviour_logp=jnp.where(mask, rollout.behaviour_logp, 0.0))
+
+
+def _both(split, rollout, buffer=None, ref=None, **kw):
+  """(none's, tokens') (state, metrics) after one step from the same inputs, SGD lr 1."""
+  graphdef, params = split
+  out = []
+  for packing in ("none", "tokens"):
+    tx = optax.sgd(1.0)
+    fn = step_lib.make_train_step(graphdef, tx, StepConfig(group_size=G, packing=packing, **kw))
+    state = step_lib.init_train_state(_copy(params), tx)
+    buf = init_replay(0, G, P, T) if buffer is None else jax.tree.map(jnp.copy, buffer)
+    state, _, metrics = fn(state, buf, rollout, ref, jax.random.key(0))
+    out.append((state, {k: float(v) for k, v in metrics.items()}))
+  return out
+
+
+def _assert_same(split, runs, rtol=2e-4):
+  (s_none, m_none), (s_tok, m_tok) = runs
+  assert set(m_none) == set(m_tok)
+  for key in m_none:
+    assert m_tok[key] == pytest.approx(m_none[key], rel=rtol, abs=2e-6), key
+  moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(split[1]),
+                                                          jax.tree.leaves(s_none.params)))
+  assert moved > 1e-4
+  for a, b in zip(jax.tree.leaves(s_none.params), jax.tree.leaves(s_tok.params)):
+    np.testing.assert_allclose(a, b, atol=2e-4 * moved)
+
+
+@pytest.mark.parametrize("case", ["ppo-token-mean-entropy", "gspo-seq-mean-kl",
+                                  "cispo-sum-norm-all"])
+def test_packed_step_equals_padded(split, case):
+  rollout = _cut(_rollout(split, MIXED, shift=SHIFT_N))
+  kw, ref = {}, None
+  if case == "ppo-token-mean-entropy":
+    # Two epochs of two minibatches: the second update's ratio moves off 1.
+    kw = dict(loss=losses.LossConfig(aggregation="token-mean", entropy_coef=0.01),
+              compute_entropy=True, num_minibatches=2, num_epochs=2)
+  elif case == "gspo-seq-mean-kl":
+    kw = dict(loss=losses.LossConfig(policy=gspo.Gspo(), kl_coef=0.05), remat="layer")
+    ref = jax.tree.map(lambda x: x * 0.99, split[1])  # the KL's reference pass, packed too
+  else:
+    kw = dict(loss=losses.LossConfig(policy=cispo.Cispo(), aggregation="seq-mean-token-sum-norm"),
+              prox_pass="all", logprob_chunk=8)
+  _assert_same(split, _both(split, rollout, ref=ref, **kw))
+
+
+def test_packed_step_equals_padded_with_popo_replay(split):
+  # POPO refills group 1 from the buffer: the gathered pi_prox pass and the loss, packed.
+  rollout = _cut(_rollout(split, ONE_INEFFECTIVE))
+  replay, _ = _buffer_with(split, MIXED, version=0, shift=-0.3)
+  runs = _both(split, rollout, buffer=replay, prox_chunks=2,
+               replay=popo.Popo(fill="replay", max_uses=1))
+  assert runs[1][1]["replay_slots_filled"] == 1.0
+  _assert_same(split, runs)
+
+
+def test_packed_step_equals_padded_with_rollout_replay_rows(split):
+  # Rollout-level replay adds single rows (not whole groups): the per-row packing.
+  old = _rollout(split, MIXED, seed=9)
+  replay = replay_lib.init_replay(16, 1, P, T)
+  rows = jax.tree.map(lambda x: x[:, None], _cut(old))
+  stored = jnp.asarray([0.7, -0.4, 0.9, -1.1, 0.3, 0.0, 0.0, 0.0])
+  replay = replay_lib.insert(replay, rows.replace(version=jnp.full_like(rows.version, -1)),
+                             stored[:, None], stored != 0)
+  runs = _both(split, _cut(_rollout(split, MIXED, shift=SHIFT_N)), buffer=replay,
+               replay=prioritized.PrioritizedReplay(tau_max=10, rho=0.5, warmup_steps=0))
+  assert runs[1][1]["replay_rows"] >= 3.0  # 4 slots; the stored empty row has no token
+  _assert_same(split, runs)
