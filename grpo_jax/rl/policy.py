@@ -9,10 +9,12 @@ once for its G rows when they repeat one prompt (``StepConfig.shared_prompts``);
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from grpo_jax.generate import logprobs as logprobs_lib
 from grpo_jax.generate import packed_logprobs as packed_lib
+from grpo_jax.generate import packing
 from grpo_jax.models.causal_lm import prompts_repeat
 from grpo_jax.rl.batch import Tokens
 from grpo_jax.rl.step_config import StepConfig
@@ -63,6 +65,42 @@ def _packed(model, tokens: Tokens, config: StepConfig, with_entropy: bool, remat
     return jax.lax.cond(prompts_repeat(tokens.prompt_ids, tokens.prompt_mask, group),
                         lambda: run(group), lambda: run(1))
   return run(group)
+
+
+def pass_tokens(tokens: Tokens, config: StepConfig,
+                grouped: bool | None) -> tuple[jax.Array, jax.Array]:
+  """(real tokens, token positions computed) of one ``logprobs`` pass over ``tokens``, float32.
+
+  Real: each unit's prompt once (a group's, when the pass runs each prompt once; else each
+  row's) plus every completion's tokens. Computed: with ``packing=none`` the padded layout's
+  positions (each prompt's P and each row's T - 1, or each row's P + T); with ``tokens`` the
+  packed rows of the passes that ran (``packed_logprobs``: ``rows_per_pass`` x C a pass, up to
+  the last one holding a unit). ``grouped`` as ``logprobs`` (None: whether the prompts repeat
+  is checked here too)."""
+  n, p = tokens.prompt_ids.shape
+  t = tokens.completion_ids.shape[1]
+  g = config.group_size if config.shared_prompts and grouped is not False else 1
+  if g > 1 and n % g:
+    g = 1
+  mask = (jnp.ones((n, t), bool) if tokens.completion_mask is None
+          else tokens.completion_mask.astype(bool))
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+
+  def count(g: int):
+    if config.packing == "tokens":
+      plan = packing.plan(tokens.prompt_mask, mask, g)
+      r = max(1, min(config.packing_rows, n // g))
+      passes = (plan.used + r - 1) // r
+      return (f32(packing.real_tokens(plan, g)),
+              f32(passes * r * packing.capacity(p, t, g)))
+    real = jnp.sum(tokens.prompt_mask[::g], dtype=jnp.float32) + jnp.sum(mask, dtype=jnp.float32)
+    return real, f32(n // g * p + n * (t - 1) if g > 1 else n * (p + t))
+
+  if g > 1 and grouped is None:
+    repeat = prompts_repeat(tokens.prompt_ids, tokens.prompt_mask, g)
+    grouped_counts, row_counts = count(g), count(1)
+    return tuple(jnp.where(repeat, a, b) for a, b in zip(grouped_counts, row_counts))
+  return count(g)
 
 
 def grouped_pass_possible(rows: int, config: StepConfig) -> bool:

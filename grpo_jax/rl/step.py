@@ -389,6 +389,12 @@ def _metrics(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContex
     name -> float32 scalar.
   """
   metrics = step_metrics.update_metrics(per_update, replaying)
+  if config.packing == "none":
+    # The padded layout's fraction is the batch's: every minibatch computes its fixed
+    # positions, whichever rows it holds.
+    grouped = update.minibatches_are_groups(batch.num_rows, config)
+    real, computed = policy.pass_tokens(batch.tokens, config, grouped)
+    metrics["update_useful_fraction"] = real / computed
   metrics.update(step_metrics.batch_metrics(rollout, ctx.advantages, ctx.effective, batch))
   for more in stage_metrics:
     metrics.update(more)

@@ -25,16 +25,23 @@ def update_metrics(per_update: dict, replaying: bool) -> dict:
 
   Args:
     per_update: name -> [E, M] per-update values (``update.update_scan``); ``_sum/`` and
-      ``_max/`` keys are the replay drift's partial sums (``replay_drift_sums``).
+      ``_max/`` keys are the replay drift's partial sums (``replay_drift_sums``), ``_tokens/``
+      the loss pass's real tokens and positions computed (``policy.pass_tokens``).
     replaying: the method can replay (static), so the drift sums are there.
 
   Returns:
-    Means of the per-update metrics, ``grad_norm_max``, the last update's ``learning_rate``
+    Means of the per-update metrics, ``grad_norm_max``, ``update_useful_fraction`` (the loss
+    pass's real tokens over its positions computed), the last update's ``learning_rate``
     (when the optimiser exposes it) and, when replaying, the replay drift metrics.
   """
   metrics = {k: jnp.mean(v) for k, v in per_update.items() if not k.startswith("_")}
   if replaying:
     metrics.update(_replay_drift_metrics(per_update))
+  if "_tokens/computed" in per_update:
+    # The loss pass's real tokens over the positions it computed, over every update.
+    metrics["update_useful_fraction"] = (jnp.sum(per_update["_tokens/real"])
+                                         / jnp.maximum(jnp.sum(per_update["_tokens/computed"]),
+                                                       1.0))
   metrics["grad_norm_max"] = jnp.max(per_update["grad_norm"])
   if "learning_rate" in per_update:
     metrics["learning_rate"] = per_update["learning_rate"][-1, -1]

@@ -168,6 +168,11 @@ def _minibatch_update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
   updates, opt_state = tx.update(grads, opt_state, params)
   params = optax.apply_updates(params, updates)
   out = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
+  if config.packing == "tokens":
+    # The packed loss pass's real tokens and positions computed (``step_metrics``: the
+    # update's useful fraction), from the tokens alone, outside the differentiated function.
+    out["_tokens/real"], out["_tokens/computed"] = policy.pass_tokens(mb.tokens, config,
+                                                                      grouped)
   # The rate this update used, when the optimiser exposes it (optax.inject_hyperparams).
   lr = optax.tree_utils.tree_get(opt_state, "learning_rate",
                                  filtering=lambda _, v: isinstance(v, jax.Array))
