@@ -23,12 +23,18 @@ excluded; the drain too: rows still in flight at the end are reported, not count
 trained). Per mode: tokens generated, token positions computed (decode row-steps of every slot,
 prefill and re-prefill positions), the useful-slot fraction (tokens of trained rows over
 positions computed), wall seconds per useful token of generation, and of the whole step
-(generation plus one update: a forward and backward pass over the B x G rows at [P + T] with
-an Adam step, the same in both modes, timed apart; the update's padding is not this
-benchmark's subject). The last line is one JSON object; its ``static_useful_fraction``,
-``pipeline_useful_fraction``, ``generation_speedup_per_useful_token`` and
-``step_speedup_per_useful_token`` (static over pipeline seconds per useful token: > 1 is
-faster) are at ``default_staleness``.
+(generation plus one update, the same in both modes, timed apart: the forward and backward
+pass of the train step's log-prob pass, ``policy.logprobs``, over B x G rows whose completions
+have the workload's lengths, each prompt once per group, with an Adam step; padded,
+``rl.packing=none``, and with ``--packing`` also packed, ``tokens``). The last line is one JSON
+object; its ``static_useful_fraction``, ``pipeline_useful_fraction``,
+``generation_speedup_per_useful_token`` and ``step_speedup_per_useful_token`` (static over
+pipeline seconds per useful token: > 1 is faster) are at ``default_staleness``; with
+``--packing`` also ``update_useful_fraction`` (the packed loss pass's real tokens over its
+positions computed; ``update_useful_fraction_none`` the padded one's),
+``update_speedup_per_token`` (padded over packed update time, the same real tokens) and
+``step_speedup_per_useful_token_packed`` (the static sampler with the padded update over
+partial rollouts with the packed one).
 
 ``sampler_vs_static_pool``: today's ``sampler.sample`` and the static pool each decode the
 same B x G rows to exactly T tokens, timed once after a compiling call: the pool's per-row
@@ -51,8 +57,10 @@ from flax import nnx
 from grpo_jax import assets, console
 from grpo_jax.bench import lengths as lengths_lib
 from grpo_jax.generate import partial, sampler as sampler_lib
-from grpo_jax.generate.logprobs import completion_logprobs
 from grpo_jax.models import from_pretrained
+from grpo_jax.rl import policy
+from grpo_jax.rl.batch import Tokens
+from grpo_jax.rl.step_config import StepConfig
 
 FLAGS = flags.FLAGS
 LENGTHS = ("lognormal", "uniform", "file")
@@ -80,6 +88,7 @@ def define_flags() -> None:
                        "staleness).")
   flags.DEFINE_integer("steps", 4, "measured steps per mode.")
   flags.DEFINE_bool("check_sampler", True, "time sampler.sample against the static pool.")
+  flags.DEFINE_bool("packing", True, "also time the update with rl.packing=tokens.")
   flags.DEFINE_integer("seed", 0, "lengths, prompts and keys.")
 
 
@@ -136,24 +145,30 @@ def run_mode(producer: partial.Producer, params, b: int, warmup: int, steps: int
           "generation_us_per_useful_token": round(1e6 * seconds / max(c.tokens_trained, 1), 3)}
 
 
-def update_seconds(graphdef, params, ids, mask, completions, rows_per_pass: int = 16) -> float:
-  """Wall seconds of one update (after a compiling one): forward and backward over the rows,
-  ``rows_per_pass`` at a time with the gradients summed (the dense attention's [rows, H, S, S]
-  scores of all 128 rows at T = 2,048 would not fit this machine's memory), an Adam step."""
+def update_seconds(graphdef, params, ids, mask, completions, completion_mask, group: int,
+                   packing: str = "none", rows_per_pass: int = 16) -> tuple[float, float]:
+  """(wall seconds of one update after a compiling one, the loss pass's useful-token
+  fraction): forward and backward of the train step's log-prob pass (``policy.logprobs``,
+  each prompt once per group of ``group`` rows, ``rl.packing=packing``) over the rows,
+  ``rows_per_pass`` at a time with the gradients summed (the dense attention's scores of all
+  128 rows at T = 2,048 would not fit this machine's memory), an Adam step. The rows'
+  completions end where ``completion_mask`` says (the workload's lengths)."""
   tx = optax.adam(1e-5)
   n = ids.shape[0]
   per = math.gcd(n, rows_per_pass)  # rows a pass: divides the rows
   chunks = lambda a: a.reshape((n // per, per) + a.shape[1:])
+  config = StepConfig(group_size=group, packing=packing)
 
   def loss(p, part):
-    model = nnx.merge(graphdef, p)
-    return -jnp.sum(completion_logprobs(model, *part)) / n
+    tokens = Tokens(*part)
+    logp, _ = policy.logprobs(graphdef, p, tokens, config, grouped=True)
+    return -jnp.sum(logp * tokens.completion_mask) / n
 
   @jax.jit
   def step(p, opt):
     add = lambda g, part: (jax.tree.map(jnp.add, g, jax.grad(loss)(p, part)), None)
     grads, _ = jax.lax.scan(add, jax.tree.map(jnp.zeros_like, p),
-                            (chunks(ids), chunks(mask), chunks(completions)))
+                            tuple(map(chunks, (ids, mask, completions, completion_mask))))
     updates, opt = tx.update(grads, opt, p)
     return optax.apply_updates(p, updates), opt
 
@@ -163,7 +178,10 @@ def update_seconds(graphdef, params, ids, mask, completions, rows_per_pass: int 
     t0 = time.perf_counter()
     p, opt = jax.block_until_ready(step(p, opt))
     times.append(time.perf_counter() - t0)
-  return times[-1]
+  counts = [policy.pass_tokens(Tokens(*part), config, True) for part in zip(
+      *map(chunks, (ids, mask, completions, completion_mask)))]
+  real, computed = (float(sum(c[i] for c in counts)) for i in range(2))
+  return times[-1], real / computed
 
 
 def sampler_check(graphdef, params, model_config, config, rows: int, p: int) -> dict:
@@ -221,15 +239,29 @@ def bench_length(t: int, graphdef, params, model_config) -> dict:
     out[key] = run_mode(producer(False, s, other), params, b, FLAGS.warmup + s, FLAGS.steps)
     print(json.dumps({"completion_len": t, key: out[key]}), flush=True)
   rng = np.random.default_rng(0)
-  ids = rng.integers(2, model_config.vocab_size, (b * g, p)).astype(np.int32)
+  ids = np.repeat(rng.integers(2, model_config.vocab_size, (b, p)), g, axis=0).astype(np.int32)
   completions = rng.integers(2, model_config.vocab_size, (b * g, t)).astype(np.int32)
-  update = update_seconds(graphdef, params, ids, np.ones((b * g, p), bool), completions)
-  out["update_s"] = round(update, 4)
+  lengths = length_sampler(FLAGS.lengths, t, rng, median=FLAGS.median, at_limit=FLAGS.at_limit,
+                           measured=measured)(b * g)
+  completion_mask = np.arange(t)[None] < np.asarray(lengths)[:, None]
+  args = (graphdef, params, ids, np.ones((b * g, p), bool), completions, completion_mask, g)
+  update, update_fraction = update_seconds(*args, packing="none")
+  out["update_s"], out["update_useful_fraction_none"] = round(update, 4), round(
+      update_fraction, 4)
+  packed = None
+  if FLAGS.packing:
+    packed, packed_fraction = update_seconds(*args, packing="tokens")
+    out["update_packed_s"] = round(packed, 4)
+    out["update_useful_fraction"] = round(packed_fraction, 4)
   for key, mode in list(out.items()):
     if isinstance(mode, dict):
       mode["step_us_per_useful_token"] = round(
           1e6 * (mode["generation_s"] + FLAGS.steps * update) / max(mode["tokens_trained"], 1),
           3)
+      if packed is not None:
+        mode["packed_step_us_per_useful_token"] = round(
+            1e6 * (mode["generation_s"] + FLAGS.steps * packed)
+            / max(mode["tokens_trained"], 1), 3)
   if FLAGS.check_sampler:
     out["sampler_vs_static_pool"] = sampler_check(graphdef, params, model_config, config,
                                                   b * g, p)
@@ -248,6 +280,14 @@ def headline(results: list[dict], staleness: int) -> dict:
          "pipeline_useful_fraction": pipe["useful_fraction"],
          "generation_speedup_per_useful_token": ratio("generation_us_per_useful_token"),
          "step_speedup_per_useful_token": ratio("step_us_per_useful_token")}
+  if "update_packed_s" in last:  # --packing: the update at the real tokens
+    out["update_useful_fraction_none"] = last["update_useful_fraction_none"]
+    out["update_useful_fraction"] = last["update_useful_fraction"]
+    # The same rows and real tokens in both: the time ratio is the ratio per real token.
+    out["update_speedup_per_token"] = round(last["update_s"] / last["update_packed_s"], 3)
+    # Partial rollouts and the packed update against the static sampler and padded update.
+    out["step_speedup_per_useful_token_packed"] = round(
+        static["step_us_per_useful_token"] / pipe["packed_step_us_per_useful_token"], 3)
   for key in (f"pipeline_staleness_{staleness}_{c}" for c in ("keep", "reprefill")):
     if key in last:  # --compare_cache: the other cache's generation time over this one's
       cache = key.rsplit("_", 1)[1]

@@ -33,3 +33,8 @@ def test_the_command_ends_with_its_summary_json():
   assert summary["reprefill_useful_fraction"] > 0 and summary["reprefill_generation_time_ratio"] > 0
   assert full["pipeline_staleness_4_reprefill"]["reprefill_positions"] > 0
   assert full["pipeline_staleness_4"]["reprefill_positions"] == 0
+  # The update at the real tokens (--packing, on by default): the packed loss pass computes
+  # fewer padding positions than the padded one, and both times are there.
+  assert 0 < summary["update_useful_fraction_none"] < summary["update_useful_fraction"] <= 1
+  assert summary["update_speedup_per_token"] > 0
+  assert summary["step_speedup_per_useful_token_packed"] > 0
