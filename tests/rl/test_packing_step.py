@@ -102,3 +102,43 @@ def test_packed_step_equals_padded_with_rollout_replay_rows(split):
                replay=prioritized.PrioritizedReplay(tau_max=10, rho=0.5, warmup_steps=0))
   assert runs[1][1]["replay_rows"] >= 3.0  # 4 slots; the stored empty row has no token
   _assert_same(split, runs)
+
+
+def test_packed_step_equals_padded_with_headroom_and_continued_rows(split):
+  # Headroom-Drift's candidate pass (its pi_prox of the admitted groups) and continued rows
+  # (group 1's first two tokens of version 1 at step 3) with pi_prox interpolated per token:
+  # every pass packed.
+  from grpo_jax.rl.replay import headroom  # pylint: disable=g-import-not-at-top
+  rollout = _cut(_rollout(split, MIXED, shift=SHIFT_N))
+  version = np.full((8, T), 3, np.int32)
+  version[G:, :2] = 1
+  rollout = rollout.replace(version=jnp.asarray(version))
+  replay, _ = _buffer_with(split, MIXED, version=2, shift=-0.3)
+  runs = []
+  graphdef, params = split
+  for packing in ("none", "tokens"):
+    tx = optax.sgd(1.0)
+    config = StepConfig(group_size=G, packing=packing, continued=True,
+                        prox_estimate="interpolate",
+                        replay=headroom.HeadroomDrift(slots=2, candidates=2, tau=1.0))
+    fn = step_lib.make_train_step(graphdef, tx, config)
+    state = step_lib.init_train_state(_copy(params), tx).replace(step=jnp.int32(3))
+    state, _, m = fn(state, jax.tree.map(jnp.copy, replay), rollout, None, jax.random.key(0))
+    runs.append((state, {k: float(v) for k, v in m.items()}))
+  assert runs[1][1]["continued_rows"] == 4.0 and runs[1][1]["replay_rows"] > 0
+  _assert_same(split, runs)
+
+
+def test_packed_step_equals_padded_under_lora(tiny_qwen3):
+  """Adapters only trained (rank 2, B drawn away from 0): the same adapter update."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from grpo_jax.models import from_pretrained, lora  # pylint: disable=g-import-not-at-top
+  from tests.conftest import DATA  # pylint: disable=g-import-not-at-top
+  model = from_pretrained(str(DATA / "tiny_qwen3"))
+  lora.attach(model, lora.LoraConfig(2, 4.0, lora.DEFAULT_TARGETS), nnx.Rngs(0))
+  for i, site in enumerate(lora.dense_layers(model)):
+    if site.rank:
+      site.set_factors(b=0.1 * jax.random.normal(jax.random.key(i), (site.rank, site.shape[1])))
+  split = nnx.split(model)
+  rollout = _cut(_rollout(split, MIXED, shift=SHIFT_N))
+  _assert_same(split, _both(split, rollout, num_minibatches=2))

@@ -374,7 +374,7 @@ def test_real_model_preset_needs_a_path():
   # An unknown preset lists every preset the chosen file accepts, its own included.
   with pytest.raises(ValueError, match=r"known: age=A, align_mu, bf16, cispo, countdown_hard, "
                                        r"decoupled_all, dps, filter, gsm8k, gspo, "
-                                       r"ineff, keep_unfilled, kl, mopps, pi_old, .*reuse=K, "
+                                       r"ineff, keep_unfilled, kl, mopps, naive, pi_old, .*reuse=K, "
                                        r"smoke, stale=S, "
                                        r"pool=N, minibatches=M"):
     popo.get_config("nope")
