@@ -107,10 +107,16 @@ _ENV_VARS = ("XLA_FLAGS", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_P
 
 # --- the plan -------------------------------------------------------------------------------
 
-def _train(part, method, attention, n, g, p, t, cap):
-  return {"id": f"train_{method}_{attention}_n{n}_t{t}", "part": part, "cap_s": cap,
-          "spec": {"kind": "train", "method": method, "attention": attention, "rows": n,
-                   "group": g, "prompt_len": p, "completion_len": t}}
+def _train(part, method, attention, n, g, p, t, cap, packing=None):
+  """A train point; with ``packing`` on the workload's log-normal lengths, padded or packed."""
+  spec = {"kind": "train", "method": method, "attention": attention, "rows": n, "group": g,
+          "prompt_len": p, "completion_len": t}
+  tail = ""
+  if packing is not None:
+    spec.update(packing=packing, lengths="lognormal")
+    tail = f"_lognormal_{packing}"
+  return {"id": f"train_{method}_{attention}_n{n}_t{t}{tail}", "part": part, "cap_s": cap,
+          "spec": spec}
 
 
 def _decode(n, g, p, t, cap):
@@ -147,6 +153,9 @@ def plan(tiny: bool, rows: int, decode_rows, lengths, kernels, g: int, p: int,
     points.append(_train("train", "grpo", "auto", rows, g, p, t, 240.0))
     points += [_decode(n, g, p, t, 180.0) for n in decode_rows]
     points.append(_rollouts(64, g, p, lengths[-1], 240.0))  # static vs partial at the longest T
+    # The update at the real tokens against the padded one, on the same log-normal lengths.
+    points += [_train("update", "grpo", "auto", 64, g, p, lengths[-1], 200.0, packing=k)
+               for k in ("none", "tokens")]
     if PRESET_ROWS != rows:
       points.append(_train("larger", "grpo", "auto", PRESET_ROWS, g, p, t, 300.0))
     points += [_train("larger", "grpo", "auto", rows, g, p, longer, 300.0)
@@ -269,11 +278,14 @@ def markdown(result: dict) -> str:
     lines += ["", "Train steps (bf16 matmuls, float32 master weights, layer remat; synthetic "
               "rollouts of T tokens; MFU: model FLOPs of the step, prox pass included, over "
               "the chip's bf16 specification):", "",
-              "| method | attention (ran) | N | P | T | prox pass | step s | tokens/s | MFU "
-              "| planned MiB | device peak MiB | compile s |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| method | attention (ran) | N | P | T | lengths, packing (useful fraction) "
+              "| prox pass | step s | tokens/s | MFU | planned MiB | device peak MiB "
+              "| compile s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['method']} | {r['attention']} ({r['resolved']}) | {r['rows']} | {r['P']} | "
-              f"{r['T']} | {r['prox_pass']} | {r['train_s']:.3g} | "
+              f"{r['T']} | {r.get('lengths', 'full')}, {r.get('packing', 'none')} "
+              f"({_fmt(r.get('update_useful_fraction'), '.3f')}) | "
+              f"{r['prox_pass']} | {r['train_s']:.3g} | "
               f"{r['train_tokens_per_s']:.0f} | {_fmt(r['train_mfu'], '.1%')} | "
               f"{_fmt(r['planned_step_bytes'], '.0f', MIB)} | "
               f"{_fmt(r['device_peak_bytes'], '.0f', MIB)} | {r['compile_s']:.0f} |"

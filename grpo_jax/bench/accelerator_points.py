@@ -208,9 +208,11 @@ def _timed(call) -> tuple[float, object]:
 
 
 def train_point(tiny: bool, method: str, attention: str, rows: int, group: int, prompt_len: int,
-                completion_len: int) -> dict:
-  """One train step of the real configuration on synthetic rollouts (every completion T
-  tokens, random 0/1 scores), compiled first, then called twice: the second call is timed."""
+                completion_len: int, packing: str = "none", lengths: str = "full") -> dict:
+  """One train step of the real configuration on synthetic rollouts (random 0/1 scores; every
+  completion T tokens, or with ``lengths="lognormal"`` the lengths of ``bench.rollouts``'
+  workload: median T / 4, 4% at T), compiled first, then called twice: the second call is
+  timed. ``packing``: ``rl.packing`` (``tokens``: the update at the real tokens)."""
   from grpo_jax import configuration
   from grpo_jax.bench import flops as flops_lib, growth
   from grpo_jax.models import attention as attn
@@ -219,6 +221,7 @@ def train_point(tiny: bool, method: str, attention: str, rows: int, group: int, 
   from grpo_jax.types import Rollout
   n, g, p, t = rows, group, prompt_len, completion_len
   config = run_config(method, n, g, p, t, attention)
+  config.rl.packing = packing
   cfg = qwen3_0p6b_shape(tiny).replace(attention=attention, dtype=config.model.dtype,
                                        param_dtype=config.model.param_dtype)
   step_config = configuration.step_config(config)
@@ -226,11 +229,16 @@ def train_point(tiny: bool, method: str, attention: str, rows: int, group: int, 
   rng = np.random.RandomState(1)
   ids, mask = _prompts(n, g, p, cfg.vocab_size)
   scores = jnp.asarray(rng.randint(0, 2, n), jnp.float32)
+  completion_mask = np.ones((n, t), bool)
+  if lengths == "lognormal":
+    from grpo_jax.bench import lengths as lengths_lib
+    drawn = lengths_lib.lognormal(np.random.default_rng(0), (n,), t, 0.25, 0.04)
+    completion_mask = np.arange(t)[None] < np.asarray(drawn)[:, None]
   rollout = Rollout(
       prompt_ids=ids, prompt_mask=mask,
       completion_ids=jnp.asarray(rng.randint(1, cfg.vocab_size, (n, t)), jnp.int32),
-      completion_mask=jnp.ones((n, t), bool),
-      behaviour_logp=jnp.asarray(-rng.uniform(0.1, 8.0, (n, t)), jnp.float32),
+      completion_mask=jnp.asarray(completion_mask),
+      behaviour_logp=jnp.asarray(-rng.uniform(0.1, 8.0, (n, t)) * completion_mask, jnp.float32),
       scores=scores, truncated=jnp.ones((n,), bool), success=scores > 0,
       prompt_id=jnp.arange(n, dtype=jnp.int32) // g, version=jnp.zeros((n, t), jnp.int32))
   method_config = configuration.replay_method(config)
@@ -243,7 +251,8 @@ def train_point(tiny: bool, method: str, attention: str, rows: int, group: int, 
   compile_s = time.perf_counter() - t0
   first_s, (state, replay, _) = _timed(lambda: step(state, replay, rollout, None,
                                                     jax.random.key(0)))
-  train_s, _ = _timed(lambda: step(state, replay, rollout, None, jax.random.key(1)))
+  train_s, (_, _, metrics) = _timed(lambda: step(state, replay, rollout, None,
+                                                  jax.random.key(1)))
   group_ = g if step_config.shared_prompts else 1
   phases = flops_lib.step_phases(cfg, n, p, t, kl=step_config.loss.kl_coef > 0,
                                  prox_pass=step_config.prox_pass == "all",
@@ -252,7 +261,9 @@ def train_point(tiny: bool, method: str, attention: str, rows: int, group: int, 
   kind = jax.devices()[0].device_kind
   chip = peak_lib.chip_peak(kind, cfg.dtype, jax.config.jax_default_matmul_precision)
   return {"method": method, "attention": attention, "resolved": attn.resolve(attention, p + t),
-          "rows": n, "G": g, "P": p, "T": t, "dtype": cfg.dtype,
+          "rows": n, "G": g, "P": p, "T": t, "dtype": cfg.dtype, "packing": packing,
+          "lengths": lengths, "real_tokens": int(np.sum(completion_mask)) + n // g * p,
+          "update_useful_fraction": float(metrics["update_useful_fraction"]),
           "prox_pass": step_config.prox_pass, "minibatches": step_config.num_minibatches,
           "remat": step_config.remat, "train_s": train_s, "first_call_s": first_s,
           "train_tokens_per_s": n * (p + t) / train_s, "step_flops": step_flops,

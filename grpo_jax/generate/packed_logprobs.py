@@ -2,11 +2,11 @@
 
 ``logprobs.completion_logprobs_and_entropy`` computes every row at [P + T] (or each prompt once
 and every completion at T); at reasoning lengths most of that is padding. Here the rows' real
-tokens are packed (``packing.plan`` / ``layout``: each group's prompt once, its completions
-after it) into N / G packed rows of C = G (P + T) slots, and the model runs over them
-``rows_per_pass`` packed rows at a time: a ``lax.scan`` over the packed rows in passes, a pass
-whose rows hold nothing (past ``Plan.used``) skipped (``lax.cond``), so the work is what the
-rows hold, rounded up to a pass. Each slot's hidden state predicts the next token of its own
+tokens are packed (``packing.plan`` / ``layout``: rows first-fit decreasing, each group's
+prompt once per packed row) into N packed rows of C = P + T slots, and the model runs over
+them ``rows_per_pass`` packed rows at a time: a ``lax.scan`` over the packed rows in passes, a
+pass whose rows hold nothing (past ``Plan.used``) skipped (``lax.cond``), so the work is what
+the rows hold, rounded up to a pass. Each slot's hidden state predicts the next token of its own
 completion; a completion's first token is predicted from its prompt's last slot. The log-probs
 come back in the padded [N, T] layout, so every loss, aggregation and metric reads them as
 before (0 past each row's length, where callers mask).
@@ -32,7 +32,7 @@ def packed_logprobs_and_entropy(model: CausalLM, prompt_ids_NxP, prompt_mask_NxP
                                 completion_ids_NxT, completion_mask_NxT,
                                 temperature: float = 1.0, with_entropy: bool = False,
                                 chunk_tokens: int = 0, remat: bool = False, group: int = 1,
-                                rows_per_pass: int = 1):
+                                rows_per_pass: int = 1, query_block: int = 0):
   """Log-probs (and entropy) of each completion's tokens, computed over packed rows.
 
   Args:
@@ -46,8 +46,10 @@ def packed_logprobs_and_entropy(model: CausalLM, prompt_ids_NxP, prompt_mask_NxP
     with_entropy: also the entropy of each next-token distribution.
     chunk_tokens: positions per LM-head block (``logprobs``; 0: a pass's C slots at once).
     remat: checkpoint each decoder block.
-    group: G: units of a prompt and its G completions (N a multiple); 1: one row a unit.
-    rows_per_pass: packed rows per model pass (a multiple of ... nothing: N / G is padded up).
+    query_block: queries per attention block of the dense kernel (0 = all at once).
+    group: G: rows in runs of G repeating one prompt (N a multiple), whose prompt is placed
+      once per packed row; 1: every row its own prompt.
+    rows_per_pass: packed rows per model pass (the N packed rows padded up to a multiple).
 
   Returns:
     (logp float32 [N, T], entropy float32 [N, T] or None): 0 past each row's length.
@@ -69,7 +71,7 @@ def packed_logprobs_and_entropy(model: CausalLM, prompt_ids_NxP, prompt_mask_NxP
     i, ids, positions, segments, target = xs
 
     def run(_):
-      h_RxCxD = model.packed_hidden_states(ids, positions, segments, remat)
+      h_RxCxD = model.packed_hidden_states(ids, positions, segments, remat, query_block)
       logp, ent = logprobs_lib.hidden_logprobs_and_entropy(
           model, h_RxCxD, jnp.maximum(target, 0), temperature, with_entropy, chunk_tokens)
       # Each row's prompt-end state, for the rows whose unit is in this pass.

@@ -6,15 +6,15 @@ tokens, back to back, in K packed rows of C slots each (the layout of verl's
 ``use_remove_padding`` and MaxText's packed segments), and a pass over the packed rows costs
 what the rows hold (``models.packed_attention`` keeps each sequence to its own keys).
 
-Units: with ``group`` G > 1 (group-major rows repeating one prompt, ``prompt_group``) a unit is
-a group: its prompt's real tokens once, then its G completions' real tokens, each completion
-seeing the prompt and itself: the shared-prompt saving of ``CausalLM.grouped_hidden_states``
-kept. With G = 1 a unit is one row, [prompt; completion]. Units are placed first-fit
-decreasing (the largest first, each into the first packed row with room): one ``lax.scan``
-over the units on the device, no host round trip. The capacity is chosen so that any unit
-fits alone (C >= G (P + T)); then K = N / G packed rows always hold every unit (each at worst
-in its own), so no row is ever dropped, and K x C = N (P + T): the packed buffers are the
-padded layout's size, whatever the lengths.
+Units are rows, placed first-fit decreasing (the longest completion first, each into the
+first packed row with room): one ``lax.scan`` over the rows on the device, no host round trip.
+With ``group`` G > 1 (group-major rows repeating one prompt, ``prompt_group``) a row's group's
+prompt is placed once in each packed row that holds any of its rows, before the first of them:
+the rows after it see it as their prompt (the shared-prompt saving of
+``CausalLM.grouped_hidden_states``, per packed row); with G = 1 every row brings its own. A
+packed row has C = P + T slots, so any row fits alone; then K = N packed rows always hold every
+row (each at worst in its own), no row is ever dropped, and K x C = N (P + T): the packed
+buffers are the padded layout's size, whatever the lengths.
 
 Positions restart per sequence as in the padded layout (a prompt's real tokens from 0, its
 completion's from the prompt's length), so every token gets the position, keys and queries of
@@ -32,15 +32,17 @@ from grpo_jax.models.packed_attention import Segments
 
 @flax.struct.dataclass
 class Plan:
-  """Where each row went (int32 [N] each, but ``used``).
+  """Where each row went (int32 [N] each, but ``writes_prompt`` and ``used``).
 
   Attributes:
     bin: the packed row holding it.
-    prompt_at: slot of its prompt's first real token (a group's rows share it).
+    prompt_at: slot of the first real token of its prompt's copy in that packed row (rows of a
+      group in one packed row share it).
     completion_at: slot of its completion's first token.
     prompt_len: its prompt's real tokens P_i.
     length: its completion's tokens L_i.
-    used: int32 scalar, packed rows holding any unit (they are rows 0 .. used - 1).
+    writes_prompt: bool [N], the row placed that copy (the first of its group there).
+    used: int32 scalar, packed rows holding any row (they are rows 0 .. used - 1).
   """
 
   bin: jax.Array
@@ -48,16 +50,22 @@ class Plan:
   completion_at: jax.Array
   prompt_len: jax.Array
   length: jax.Array
+  writes_prompt: jax.Array
   used: jax.Array
 
 
-def capacity(prompt_len: int, completion_len: int, group: int) -> int:
-  """C: the slots of a packed row, one unit's most tokens, G (P + T)."""
-  return group * (prompt_len + completion_len)
+def capacity(prompt_len: int, completion_len: int) -> int:
+  """C: the slots of a packed row, one row's most tokens, P + T."""
+  return prompt_len + completion_len
 
 
 def plan(prompt_mask_NxP: jax.Array, completion_mask_NxT: jax.Array, group: int) -> Plan:
-  """First-fit decreasing of the units into N / G packed rows of ``capacity`` slots.
+  """First-fit decreasing of the rows into N packed rows of ``capacity`` slots, each row's
+  group's prompt once per packed row (module doc).
+
+  A row costs its L_i tokens, plus P_i when its group has no prompt copy in the packed row
+  yet; it goes to the first packed row where that fits. The carry is each packed row's fill
+  [N] and where each group's prompt copy sits in it [N, N / G] (-1: none yet).
 
   Args:
     prompt_mask_NxP: bool, the real (left-padded) prompt tokens.
@@ -70,28 +78,31 @@ def plan(prompt_mask_NxP: jax.Array, completion_mask_NxT: jax.Array, group: int)
   """
   n, p = prompt_mask_NxP.shape
   t = completion_mask_NxT.shape[1]
-  g = group
-  c = capacity(p, t, g)
+  c = capacity(p, t)
   prompt_len = jnp.sum(prompt_mask_NxP, axis=1, dtype=jnp.int32)
   length = jnp.sum(completion_mask_NxT, axis=1, dtype=jnp.int32)
-  length_UxG = length.reshape(n // g, g)
-  size_U = prompt_len[::g] + jnp.sum(length_UxG, axis=1)
-  order = jnp.argsort(-size_U, stable=True)
-  k = n // g
+  group_N = jnp.arange(n, dtype=jnp.int32) // group
+  order = jnp.argsort(-(length + prompt_len), stable=True)
 
-  def place(fill_K, u):
-    size = size_U[u]
-    b = jnp.argmax(fill_K + size <= c).astype(jnp.int32)  # the first with room
-    return fill_K.at[b].add(size), (b, fill_K[b])
+  def place(carry, i):
+    fill_K, copy_KxB = carry
+    g = group_N[i]
+    have_K = copy_KxB[:, g] >= 0
+    cost_K = length[i] + jnp.where(have_K, 0, prompt_len[i])
+    b = jnp.argmax(fill_K + cost_K <= c).astype(jnp.int32)  # the first with room
+    new = ~have_K[b]
+    prompt_at = jnp.where(new, fill_K[b], copy_KxB[b, g])
+    completion_at = fill_K[b] + jnp.where(new, prompt_len[i], 0)
+    copy_KxB = copy_KxB.at[b, g].set(prompt_at)
+    fill_K = fill_K.at[b].add(cost_K[b])
+    return (fill_K, copy_KxB), (b, prompt_at, completion_at, new)
 
-  fill, (bins, offsets) = jax.lax.scan(place, jnp.zeros((k,), jnp.int32), order)
-  unit_bin = jnp.zeros((k,), jnp.int32).at[order].set(bins)
-  unit_at = jnp.zeros((k,), jnp.int32).at[order].set(offsets)
-  before_UxG = jnp.cumsum(length_UxG, axis=1) - length_UxG  # completions before, in the unit
-  prompt_at = jnp.repeat(unit_at, g)
-  return Plan(bin=jnp.repeat(unit_bin, g), prompt_at=prompt_at,
-              completion_at=prompt_at + jnp.repeat(prompt_len[::g], g) + before_UxG.reshape(n),
-              prompt_len=prompt_len, length=length,
+  init = (jnp.zeros((n,), jnp.int32), jnp.full((n, n // group), -1, jnp.int32))
+  (fill, _), placed = jax.lax.scan(place, init, order)
+  back = lambda x: jnp.zeros((n,), x.dtype).at[order].set(x)
+  bins, prompt_at, completion_at, new = map(back, placed)
+  return Plan(bin=bins, prompt_at=prompt_at, completion_at=completion_at,
+              prompt_len=prompt_len, length=length, writes_prompt=new,
               used=jnp.sum(fill > 0, dtype=jnp.int32))
 
 
@@ -125,19 +136,19 @@ def layout(plan_: Plan, prompt_ids_NxP: jax.Array, prompt_mask_NxP: jax.Array,
     group: G, as planned.
 
   Returns:
-    The Layout, [N / G, C] each.
+    The Layout, [N, C] each.
   """
+  del group  # the plan says which rows write their prompt's copies
   n, p = prompt_ids_NxP.shape
   t = completion_ids_NxT.shape[1]
-  k, c = n // group, capacity(p, t, group)
+  k, c = n, capacity(p, t)
   slots = jnp.arange(c, dtype=jnp.int32)
   pl = plan_
-  # Prompt tokens: a group's first row writes its prompt; a real token at padded position j
-  # sits at prompt_at + j - (P - P_i) with position j - (P - P_i).
+  # Prompt tokens: the row that placed its packed row's copy writes it; a real token at padded
+  # position j sits at prompt_at + j - (P - P_i) with position j - (P - P_i).
   pad_N = p - pl.prompt_len
   prompt_pos_NxP = jnp.arange(p, dtype=jnp.int32)[None] - pad_N[:, None]
-  writes_N = (jnp.arange(n) % group) == 0
-  prompt_ok = prompt_mask_NxP.astype(bool) & writes_N[:, None]
+  prompt_ok = prompt_mask_NxP.astype(bool) & pl.writes_prompt[:, None]
   prompt_slot = jnp.where(prompt_ok, pl.bin[:, None] * c + pl.prompt_at[:, None]
                           + prompt_pos_NxP, k * c)  # k * c: out of range, dropped
   # Completion tokens j < L_i at completion_at + j, positions P_i + j.
@@ -174,5 +185,7 @@ def first_slot(plan_: Plan) -> jax.Array:
 
 
 def real_tokens(plan_: Plan, group: int) -> jax.Array:
-  """int32 scalar: the tokens placed (each group's prompt once, every completion's tokens)."""
+  """int32 scalar: the real tokens of the rows: each group's prompt once (the rows of one
+  prompt a run of ``group``), every completion's tokens. A prompt copied into several packed
+  rows counts once: the copies are positions computed, not real tokens."""
   return jnp.sum(plan_.prompt_len[::group]) + jnp.sum(plan_.length)

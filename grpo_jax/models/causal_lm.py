@@ -84,7 +84,8 @@ class CausalLM(Protocol):
     continuing prompt i // group, each prompt computed once."""
 
   def packed_hidden_states(self, input_ids_NxC: jax.Array, positions_NxC: jax.Array,
-                           segments: Any, remat: bool = False) -> jax.Array:
+                           segments: Any, remat: bool = False,
+                           query_block: int = 0) -> jax.Array:
     """Final-norm hidden states [N, C, D] of packed rows, each slot attending to its own
     sequence's keys (``models.packed_attention.Segments``; ``generate.packing``)."""
 

@@ -29,6 +29,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.models import attention as attention_lib
 from grpo_jax.models import flash
 
 _NEG = -1e30
@@ -175,20 +176,31 @@ _packed.defvjp(_packed_fwd, _packed_bwd)
 
 
 def packed_attention(q_NxCxKxQxW, k_NxCxKxW, v_NxCxKxW, segments: Segments, *,
-                     block: int = 256):
+                     impl: str = "blocked", block: int = 256, query_block: int = 0):
   """Grouped-query attention over packed rows (module doc).
 
   Args:
     q_NxCxKxQxW: queries (query c at slot c of its row).
     k_NxCxKxW, v_NxCxKxW: keys and values.
     segments: which keys each query sees (``Segments``, [N, C] each).
-    block: queries and keys per block (C padded up to a multiple, the padding its own
-      sequences).
+    impl: ``model.attention`` resolved at C keys (``attention.resolve``): "xla" computes the
+      dense [N, K, Q, C, C] scores under the whole mask (``query_block`` queries at a time when
+      > 0); anything else runs the blocked pass above (a fused kernel cannot express the
+      mask).
+    block: queries and keys per block of the blocked pass (C padded up to a multiple, the
+      padding its own sequences).
+    query_block: "xla" only: queries per rematerialised block (0 = all at once).
 
   Returns:
     [N, C, K, Q, W] in the values' dtype; differentiable in q, k and v.
   """
   c = q_NxCxKxQxW.shape[1]
+  if attention_lib.resolve(impl, c) == "xla":
+    mask = segments.dense()
+    if 0 < query_block < c:
+      return attention_lib.blocked_attention(q_NxCxKxQxW, k_NxCxKxW, v_NxCxKxW, mask,
+                                             query_block)
+    return attention_lib.attention(q_NxCxKxQxW, k_NxCxKxW, v_NxCxKxW, mask)
   block = max(1, min(block, c))
   size = -(-c // block) * block
   q = flash._pad_to(q_NxCxKxQxW, 1, block)  # pylint: disable=protected-access

@@ -209,9 +209,10 @@ class Attention(nnx.Module):
     flat = lambda o: o.reshape(o.shape[:2] + (c.num_heads * c.head_dim,))
     return self.o_proj(flat(out_p)), self.o_proj(flat(out_c))
 
-  def packed(self, x_NxCxD, positions_NxC, segments: packed_attention.Segments):
+  def packed(self, x_NxCxD, positions_NxC, segments: packed_attention.Segments,
+             query_block: int = 0):
     """Attention of packed rows, each slot to its own sequence's keys
-    (``packed_attention``).
+    (``packed_attention``, the kernel ``config.attention`` resolves to at C keys).
 
     Returns:
       output [N, C, D].
@@ -220,7 +221,8 @@ class Attention(nnx.Module):
     n, x, _ = x_NxCxD.shape
     q, k, v = self._qkv(x_NxCxD, positions_NxC)
     out = packed_attention.packed_attention(q, k.astype(q.dtype), v, segments,
-                                            block=c.attention_block)
+                                            impl=c.attention, block=c.attention_block,
+                                            query_block=query_block)
     return self.o_proj(out.reshape(n, x, c.num_heads * c.head_dim))
 
   def __call__(self, x_NxXxD, positions_NxX, key_mask_NxS, kv=None, index=None,
@@ -308,10 +310,10 @@ def _grouped_block(layer: DecoderLayer, xp_BxPxD, xc_NxTxD, positions_BxP, posit
   return mlp(xp_BxPxD), mlp(xc_NxTxD)
 
 
-def _packed_block(layer: DecoderLayer, x_NxCxD, positions_NxC, segments):
+def _packed_block(layer: DecoderLayer, x_NxCxD, positions_NxC, segments, query_block: int = 0):
   """One decoder block over packed rows (``Attention.packed``)."""
   x_NxCxD = x_NxCxD + layer.self_attn.packed(layer.input_layernorm(x_NxCxD), positions_NxC,
-                                              segments)
+                                              segments, query_block)
   return x_NxCxD + layer.mlp(layer.post_attention_layernorm(x_NxCxD))
 
 
@@ -465,14 +467,16 @@ class Qwen3(nnx.Module):
     return self.norm(xp), self.norm(xc)
 
   def packed_hidden_states(self, input_ids_NxC, positions_NxC,
-                           segments: packed_attention.Segments, remat: bool = False):
+                           segments: packed_attention.Segments, remat: bool = False,
+                           query_block: int = 0):
     """Final-norm hidden states [N, C, D] of packed rows: several sequences a row, each slot
     attending to its own sequence's keys (``Segments``; ``generate.packing`` builds them) at
     its own position. The values are those of ``hidden_states`` / ``grouped_hidden_states``
     over the sequences one per row (same keys, positions and masks; float rounding may
-    differ). The layers run as one scan (``remat`` as ``hidden_states``)."""
+    differ). The layers run as one scan (``remat``, ``query_block`` as ``hidden_states``)."""
     residual = lambda h: constrain(h, ("batch", None, None))
-    block = lambda layer, h: residual(_packed_block(layer, h, positions_NxC, segments))
+    block = lambda layer, h: residual(_packed_block(layer, h, positions_NxC, segments,
+                                                    query_block))
     return self.norm(self._scan(block, residual(self.embed(input_ids_NxC)), remat))
 
   def _scan(self, block, carry, remat: bool):

@@ -58,7 +58,7 @@ def _packed(model, tokens: Tokens, config: StepConfig, with_entropy: bool, remat
       model, tokens.prompt_ids, tokens.prompt_mask, tokens.completion_ids,
       tokens.completion_mask, config.temperature, with_entropy,
       chunk_tokens=config.logprob_chunk, remat=remat, group=g,
-      rows_per_pass=config.packing_rows)
+      rows_per_pass=config.packing_rows, query_block=config.query_block)
   if group <= 1 or n % group:
     return run(1)
   if grouped is None:
@@ -89,10 +89,9 @@ def pass_tokens(tokens: Tokens, config: StepConfig,
   def count(g: int):
     if config.packing == "tokens":
       plan = packing.plan(tokens.prompt_mask, mask, g)
-      r = max(1, min(config.packing_rows, n // g))
+      r = max(1, min(config.packing_rows, n))
       passes = (plan.used + r - 1) // r
-      return (f32(packing.real_tokens(plan, g)),
-              f32(passes * r * packing.capacity(p, t, g)))
+      return f32(packing.real_tokens(plan, g)), f32(passes * r * packing.capacity(p, t))
     real = jnp.sum(tokens.prompt_mask[::g], dtype=jnp.float32) + jnp.sum(mask, dtype=jnp.float32)
     return real, f32(n // g * p + n * (t - 1) if g > 1 else n * (p + t))
 

@@ -143,7 +143,9 @@ def test_the_plan_runs_cudnn_and_the_real_configuration_first_each_point_capped(
                             True)
   assert [pt["id"] for pt in points] == [
       "env", "parity", "train_grpo_auto_n128_t1024", "decode_n256_t1024", "decode_n512_t1024",
-      "rollouts_n64_t4096", "train_grpo_auto_n512_t1024", "train_grpo_auto_n128_t4096", "train_grpo_xla_n128_t1024",
+      "rollouts_n64_t4096", "train_grpo_auto_n64_t4096_lognormal_none",
+      "train_grpo_auto_n64_t4096_lognormal_tokens", "train_grpo_auto_n512_t1024",
+      "train_grpo_auto_n128_t4096", "train_grpo_xla_n128_t1024",
       "train_grpo_blocked_n128_t1024", "train_popo_auto_n128_t1024", "tests"]
   # Under a lent machine's 10-minute command, whatever the budget (the tests take what is left).
   assert all(pt["cap_s"] <= 300 for pt in points[:-1])
@@ -186,3 +188,14 @@ def test_the_rollouts_point_compares_static_and_partial_at_the_tiny_shape():
   assert static["groups_trained"] == pipe["groups_trained"] == 8
   assert 0 < static["useful_fraction"] < pipe["useful_fraction"] <= 1
   assert r["generation_speedup_per_useful_token"] > 0 and "useful fraction" in r["summary"]
+
+
+@pytest.mark.slow
+def test_the_update_points_compare_padded_and_packed_at_the_tiny_shape():
+  """The first device's packed-vs-padded update, at the tiny shape on log-normal lengths: the
+  packed loss pass computes fewer padding positions for the same real tokens."""
+  padded = accelerator_points.train_point(True, "grpo", "auto", 8, 2, 8, 64, "none", "lognormal")
+  packed = accelerator_points.train_point(True, "grpo", "auto", 8, 2, 8, 64, "tokens",
+                                          "lognormal")
+  assert padded["real_tokens"] == packed["real_tokens"]
+  assert 0 < padded["update_useful_fraction"] < packed["update_useful_fraction"] <= 1

@@ -28,63 +28,70 @@ def _masks(prompt_lens, lengths, p=P, t=T):
 
 def test_plan_and_layout_by_hand():
   # Two groups of G = 2: prompts of 3 and 2 real tokens, completions of 2, 5 and 1, 0 tokens.
-  # Units: 3 + 2 + 5 = 10 and 2 + 1 + 0 = 3 tokens; C = 2 (4 + 5) = 18. First-fit decreasing:
-  # the 10 at slot 0 of row 0, the 3 at slot 10 of row 0 (13 <= 18): one packed row used.
-  # Row 0's completion after its prompt (slot 3), row 1's after row 0's (3 + 2 = 5); row 2's
-  # after the second prompt (10 + 2 = 12), row 3's (empty) at 13.
+  # C = P + T = 9 slots a packed row. Rows longest first (prompt + completion 8, 5, 3, 2):
+  #   row 1 (group 0): packed row 0, its prompt copy at 0, completion at 3 (fill 8);
+  #   row 0 (group 0): row 0 has the copy but 8 + 2 > 9; packed row 1, a copy at 0, completion
+  #     at 3 (fill 5);
+  #   row 2 (group 1): row 0 would need 8 + 2 + 1 > 9; row 1: a copy at 5, completion at 7
+  #     (fill 8);
+  #   row 3 (group 1, empty): row 1 has group 1's copy and room for 0 tokens: completion at 8.
   prompt_mask, completion_mask = _masks([3, 3, 2, 2], [2, 5, 1, 0])
   plan = packing.plan(prompt_mask, completion_mask, 2)
-  np.testing.assert_array_equal(plan.bin, [0, 0, 0, 0])
-  np.testing.assert_array_equal(plan.prompt_at, [0, 0, 10, 10])
-  np.testing.assert_array_equal(plan.completion_at, [3, 5, 12, 13])
-  assert int(plan.used) == 1 and int(packing.real_tokens(plan, 2)) == 13
-  np.testing.assert_array_equal(packing.first_slot(plan), [2, 2, 11, 11])
+  np.testing.assert_array_equal(plan.bin, [1, 0, 1, 1])
+  np.testing.assert_array_equal(plan.prompt_at, [0, 0, 5, 5])
+  np.testing.assert_array_equal(plan.completion_at, [3, 3, 7, 8])
+  np.testing.assert_array_equal(plan.writes_prompt, [True, True, True, False])
+  # Real tokens count each group's prompt once: 3 + 2 + 8 = 13 (the second copy of prompt 0
+  # is a position computed, not a real token).
+  assert int(plan.used) == 2 and int(packing.real_tokens(plan, 2)) == 13
+  np.testing.assert_array_equal(packing.first_slot(plan), [2, 2, 6, 6])
   # Prompt ids 1.. (padded left), completion ids 20 + 5 * row + j.
   prompt_ids = jnp.asarray(np.arange(1, 5)[None].repeat(4, 0), jnp.int32)
   completion_ids = jnp.asarray(20 + 5 * np.arange(4)[:, None] + np.arange(5)[None], jnp.int32)
   lay = packing.layout(plan, prompt_ids, prompt_mask, completion_ids, 2)
-  assert lay.ids.shape == (2, 18)
-  # Slots 0-2 prompt 0 (ids 2, 3, 4; positions 0-2), 3-4 row 0 (20, 21; positions 3, 4), 5-9
-  # row 1 (25..29; 3..7), 10-11 prompt 1 (ids 3, 4; 0, 1), 12 row 2 (30; position 2), the rest
-  # empty.
-  np.testing.assert_array_equal(lay.ids[0], [2, 3, 4, 20, 21, 25, 26, 27, 28, 29, 3, 4, 30,
-                                             0, 0, 0, 0, 0])
-  np.testing.assert_array_equal(lay.positions[0, :13], [0, 1, 2, 3, 4, 3, 4, 5, 6, 7, 0, 1, 2])
+  assert lay.ids.shape == (4, 9)
+  # Packed row 0: prompt 0 (ids 2, 3, 4; positions 0-2), row 1 (25..29; positions 3..7).
+  # Packed row 1: prompt 0 again, row 0 (20, 21; 3, 4), prompt 1 (ids 3, 4; 0, 1), row 2 (30;
+  # position 2); slot 8 empty.
+  np.testing.assert_array_equal(lay.ids[:2], [[2, 3, 4, 25, 26, 27, 28, 29, 0],
+                                              [2, 3, 4, 20, 21, 3, 4, 30, 0]])
+  np.testing.assert_array_equal(lay.positions[:2, :8], [[0, 1, 2, 3, 4, 5, 6, 7],
+                                                        [0, 1, 2, 3, 4, 0, 1, 2]])
   s = lay.segments
-  np.testing.assert_array_equal(s.prompt_start[0, :13], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 10, 10,
-                                                         10])
-  np.testing.assert_array_equal(s.prompt_end[0, :13], [0, 0, 0, 3, 3, 3, 3, 3, 3, 3, 10, 10, 12])
-  np.testing.assert_array_equal(s.seg_start[0, :13], [0, 0, 0, 3, 3, 5, 5, 5, 5, 5, 10, 10, 12])
-  np.testing.assert_array_equal(s.seg_start[0, 13:], np.arange(13, 18))  # each its own
-  # Slot 3 (row 0's token 0) predicts its token 1 (21); slot 4, its last, predicts nothing;
-  # slots 5-8 predict 26-29; row 2's single token predicts nothing.
-  np.testing.assert_array_equal(lay.target[0, :13], [-1, -1, -1, 21, -1, 26, 27, 28, 29, -1,
-                                                     -1, -1, -1])
-  assert np.all(np.asarray(lay.target[1]) == -1)
+  np.testing.assert_array_equal(s.prompt_start[1], [0, 0, 0, 0, 0, 5, 5, 5, 8])
+  np.testing.assert_array_equal(s.prompt_end[1], [0, 0, 0, 3, 3, 5, 5, 7, 8])
+  np.testing.assert_array_equal(s.seg_start[1], [0, 0, 0, 3, 3, 5, 5, 7, 8])
+  np.testing.assert_array_equal(s.seg_start[0], [0, 0, 0, 3, 3, 3, 3, 3, 8])
+  np.testing.assert_array_equal(s.seg_start[2], np.arange(9))  # unused: each slot its own
+  # Slot j of a completion predicts its token j + 1; a completion's last slot, prompts and
+  # empty slots predict nothing.
+  np.testing.assert_array_equal(lay.target[:2], [[-1, -1, -1, 26, 27, 28, 29, -1, -1],
+                                                 [-1, -1, -1, 21, -1, -1, -1, -1, -1]])
+  assert np.all(np.asarray(lay.target[2:]) == -1)
 
 
 def test_the_packed_mask_is_each_sequences_own():
-  # The layout above: row 1's token 2 (slot 7) sees prompt 0 (slots 0-2) and row 1's slots
-  # 5-7, not row 0's (3, 4); prompt 1's slot 11 sees slots 10-11 only; row 2's slot 12 sees
-  # prompt 1 and itself; an empty slot sees itself.
+  # The layout above, packed row 1: row 0's token 1 (slot 4) sees its prompt copy (0-2) and
+  # itself (3, 4); prompt 1's token (slot 6) sees 5, 6; row 2's token (slot 7) sees prompt 1
+  # and itself; the empty slot 8 sees itself.
   prompt_mask, completion_mask = _masks([3, 3, 2, 2], [2, 5, 1, 0])
   plan = packing.plan(prompt_mask, completion_mask, 2)
-  ids = jnp.zeros((4, P), jnp.int32)
-  lay = packing.layout(plan, ids, prompt_mask, jnp.zeros((4, T), jnp.int32), 2)
-  dense = np.asarray(lay.segments.dense()[0])
-  assert np.flatnonzero(dense[7]).tolist() == [0, 1, 2, 5, 6, 7]
-  assert np.flatnonzero(dense[11]).tolist() == [10, 11]
-  assert np.flatnonzero(dense[12]).tolist() == [10, 11, 12]
-  assert np.flatnonzero(dense[15]).tolist() == [15]
+  lay = packing.layout(plan, jnp.zeros((4, P), jnp.int32), prompt_mask,
+                       jnp.zeros((4, T), jnp.int32), 2)
+  dense = np.asarray(lay.segments.dense()[1])
+  assert np.flatnonzero(dense[4]).tolist() == [0, 1, 2, 3, 4]
+  assert np.flatnonzero(dense[6]).tolist() == [5, 6]
+  assert np.flatnonzero(dense[7]).tolist() == [5, 6, 7]
+  assert np.flatnonzero(dense[8]).tolist() == [8]
 
 
 def test_a_unit_never_fits_beside_a_full_one_and_no_row_is_dropped():
-  # G = 1: rows of P + T = 9 slots at most, C = 9: a full row fills its packed row; the 4- and
-  # 5-token rows share one; the 9-token row goes alone. Three rows used of four.
+  # G = 1: every row its own prompt, C = P + T = 9: the full row fills its packed row; the 4-
+  # and 5-token rows share one; the other 5 goes alone. Three packed rows used of four.
   prompt_mask, completion_mask = _masks([4, 2, 2, 4], [5, 2, 3, 1])
   plan = packing.plan(prompt_mask, completion_mask, 1)
-  # Sizes 9, 4, 5, 5; decreasing: row 0 (9) -> row 0; row 2 (5) -> row 1; row 3 (5) -> row 1
-  # has 4 left: row 2; row 1 (4) -> row 1 (5 + 4 = 9).
+  # Sizes 9, 4, 5, 5; longest first (ties in row order): row 0 (9) -> packed row 0; row 2 (5)
+  # -> 1; row 3 (5) -> 1 has 4 left: 2; row 1 (4) -> 1 (5 + 4 = 9).
   np.testing.assert_array_equal(plan.bin, [0, 1, 1, 2])
   np.testing.assert_array_equal(plan.prompt_at, [0, 5, 0, 0])
   assert int(plan.used) == 3

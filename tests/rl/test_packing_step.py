@@ -74,10 +74,15 @@ def test_packed_step_equals_padded(split, case):
   if case == "gspo-seq-mean-kl":
     # One update over both groups (prompts of 5 real tokens; LENGTHS sum to 27): 2 x 5 + 27 =
     # 37 real tokens. none: the shared-prompt pass, 2 x 5 + 8 x (6 - 1) = 50 positions, 0.74.
-    # tokens: C = 4 (5 + 6) = 44; the groups' 5 + 11 = 16 and 5 + 16 = 21 tokens share one
-    # packed row, one pass of 44 positions: 37 / 44 = 0.8409.
+    # tokens: packed rows of C = 5 + 6 = 11; rows longest first (prompt + completion):
+    #   row 0 (11) -> packed row 0 (full); row 5 (11) -> 1; row 7 (10) -> 2; row 3 (9) -> 3;
+    #   row 6 (8) -> 4; row 4 (group 1's copy in 4: +2) -> 4 (10); row 1 (group 0's copy in 3:
+    #   +1) -> 3 (10); row 2 (empty, group 0's copy in 0: +0) -> 0.
+    # Five packed rows of 11, one a pass: 37 / 55 = 0.6727. At this tiny shape the prompt (5
+    # of 11 slots) is copied into four packed rows, so packing computes more than the shared-
+    # prompt pass; at reasoning lengths (P << T) it is the other way round.
     assert runs[0][1]["update_useful_fraction"] == pytest.approx(37 / 50)
-    assert runs[1][1]["update_useful_fraction"] == pytest.approx(37 / 44)
+    assert runs[1][1]["update_useful_fraction"] == pytest.approx(37 / 55)
 
 
 def test_packed_step_equals_padded_with_popo_replay(split):
