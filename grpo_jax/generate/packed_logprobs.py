@@ -85,7 +85,13 @@ def packed_logprobs_and_entropy(model: CausalLM, prompt_ids_NxP, prompt_mask_NxP
       z = jnp.zeros((r, c), jnp.float32)
       return z, z, jnp.zeros((n, d), jnp.float32)
 
-    logp, ent, h = jax.lax.cond(i * r < plan.used, run, skip, None)
+    # The pass is rematerialised in the backward pass: its residuals are then its inputs
+    # alone. Without it a differentiated scan keeps every pass's activations, the skipped
+    # passes' as zeros of the same size (a cond's branches share their residuals). Measured
+    # on 16 rows at T = 1,024 with bench.rollouts' lengths, the gradient took 2.48 s without
+    # and 1.84 s with (the padded pass's: 4.05 s; the forwards 0.32 s and 0.91 s).
+    logp, ent, h = jax.lax.cond(i * r < plan.used, jax.checkpoint(run, prevent_cse=False), skip,
+                                None)
     return h_first_NxD + h, (logp, ent)
 
   shape = lambda a: a.reshape((passes, r) + a.shape[1:])
