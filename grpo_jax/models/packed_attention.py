@@ -187,8 +187,8 @@ def packed_attention(q_NxCxKxQxW, k_NxCxKxW, v_NxCxKxW, segments: Segments, *,
       dense [N, K, Q, C, C] scores under the whole mask (``query_block`` queries at a time when
       > 0); anything else runs the blocked pass above (a fused kernel cannot express the
       mask).
-    block: queries and keys per block of the blocked pass (C padded up to a multiple, the
-      padding its own sequences).
+    block: at most this many queries and keys per block of the blocked pass (as many blocks as
+      that needs, of equal size; C padded up to a multiple, the padding its own sequences).
     query_block: "xla" only: queries per rematerialised block (0 = all at once).
 
   Returns:
@@ -201,8 +201,11 @@ def packed_attention(q_NxCxKxQxW, k_NxCxKxW, v_NxCxKxW, segments: Segments, *,
       return attention_lib.blocked_attention(q_NxCxKxQxW, k_NxCxKxW, v_NxCxKxW, mask,
                                              query_block)
     return attention_lib.attention(q_NxCxKxQxW, k_NxCxKxW, v_NxCxKxW, mask)
-  block = max(1, min(block, c))
-  size = -(-c // block) * block
+  # As many blocks as ``block`` needs, of equal size: C = 1,056 in blocks of 256 would pad to
+  # 1,280; five blocks of 212 pad to 1,060.
+  num = -(-c // max(1, min(block, c)))
+  block = -(-c // num)
+  size = num * block
   q = flash._pad_to(q_NxCxKxQxW, 1, block)  # pylint: disable=protected-access
   k, v = flash._pad_to(k_NxCxKxW, 1, block), flash._pad_to(v_NxCxKxW, 1, block)  # pylint: disable=protected-access
   out = _packed(q, k, v, _pad_segments(segments, size), block)
