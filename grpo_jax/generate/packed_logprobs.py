@@ -85,14 +85,19 @@ def packed_logprobs_and_entropy(model: CausalLM, prompt_ids_NxP, prompt_mask_NxP
       z = jnp.zeros((r, c), jnp.float32)
       return z, z, jnp.zeros((n, d), jnp.float32)
 
-    # The pass is rematerialised in the backward pass: its residuals are then its inputs
-    # alone. Without it a differentiated scan keeps every pass's activations, the skipped
-    # passes' as zeros of the same size (a cond's branches share their residuals). Measured
-    # on 16 rows at T = 1,024 with bench.rollouts' lengths, the gradient took 2.48 s without
-    # and 1.84 s with (the padded pass's: 4.05 s; the forwards 0.32 s and 0.91 s).
-    logp, ent, h = jax.lax.cond(i * r < plan.used, jax.checkpoint(run, prevent_cse=False), skip,
-                                None)
+    logp, ent, h = jax.lax.cond(i * r < plan.used, run, skip, None)
     return h_first_NxD + h, (logp, ent)
+
+  # Each pass is rematerialised in the backward pass: the scan's residuals are then a pass's
+  # inputs (the parameters, closed over, stay loop-invariant: one copy). Without it a
+  # differentiated scan keeps every pass's activations, the skipped passes' as zeros of the
+  # same size (a cond's branches share their residuals): on 16 rows at T = 1,024 with
+  # bench.rollouts' lengths the gradient took 2.48 s without and 1.84 s with (the padded
+  # pass's: 4.05 s; the forwards 0.32 s and 0.91 s). The checkpoint wraps the whole pass, cond
+  # included: around ``run`` alone its inputs, the parameters among them, became the cond's
+  # per-pass residuals, stacked once per pass (Qwen3-0.6B, 16 rows of T = 4,096: a planned
+  # peak of 62 GB against the padded step's 34 GB).
+  one_pass = jax.checkpoint(one_pass, prevent_cse=False)
 
   shape = lambda a: a.reshape((passes, r) + a.shape[1:])
   xs = (jnp.arange(passes), shape(lay.ids), shape(lay.positions),
