@@ -389,12 +389,16 @@ def _metrics(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContex
     name -> float32 scalar.
   """
   metrics = step_metrics.update_metrics(per_update, replaying)
+  grouped = update.minibatches_are_groups(batch.num_rows, config)
   if config.packing == "none":
     # The padded layout's fraction is the batch's: every minibatch computes its fixed
     # positions, whichever rows it holds.
-    grouped = update.minibatches_are_groups(batch.num_rows, config)
     real, computed = policy.pass_tokens(batch.tokens, config, grouped)
     metrics["update_useful_fraction"] = real / computed
+  if config.prox_pass == "all" or config.loss.kl_coef > 0:
+    # The no-grad passes over the whole batch (pi_prox of every row, the reference).
+    real, computed = policy.pass_tokens(batch.tokens, config, True if grouped else None)
+    metrics["batch_pass_useful_fraction"] = real / computed
   metrics.update(step_metrics.batch_metrics(rollout, ctx.advantages, ctx.effective, batch))
   for more in stage_metrics:
     metrics.update(more)

@@ -45,7 +45,8 @@ def _both(split, rollout, buffer=None, ref=None, **kw):
 def _assert_same(split, runs, rtol=2e-4):
   (s_none, m_none), (s_tok, m_tok) = runs
   assert set(m_none) == set(m_tok)
-  for key in set(m_none) - {"update_useful_fraction"}:  # the one that differs: the layout's
+  # The ones that differ: the layout's fractions of real tokens.
+  for key in set(m_none) - {"update_useful_fraction", "batch_pass_useful_fraction"}:
     assert m_tok[key] == pytest.approx(m_none[key], rel=rtol, abs=2e-6), key
   moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(split[1]),
                                                           jax.tree.leaves(s_none.params)))
@@ -83,6 +84,9 @@ def test_packed_step_equals_padded(split, case):
     # prompt pass; at reasoning lengths (P << T) it is the other way round.
     assert runs[0][1]["update_useful_fraction"] == pytest.approx(37 / 50)
     assert runs[1][1]["update_useful_fraction"] == pytest.approx(37 / 55)
+    # The reference pass runs over the same 8 rows: the same fractions.
+    assert runs[0][1]["batch_pass_useful_fraction"] == pytest.approx(37 / 50)
+    assert runs[1][1]["batch_pass_useful_fraction"] == pytest.approx(37 / 55)
 
 
 def test_packed_step_equals_padded_with_popo_replay(split):
