@@ -71,8 +71,9 @@ def pass_tokens(tokens: Tokens, config: StepConfig,
                 grouped: bool | None) -> tuple[jax.Array, jax.Array]:
   """(real tokens, token positions computed) of one ``logprobs`` pass over ``tokens``, float32.
 
-  Real: each unit's prompt once (a group's, when the pass runs each prompt once; else each
-  row's) plus every completion's tokens. Computed: with ``packing=none`` the padded layout's
+  Real: the real tokens among the positions computed: each unit's prompt once (a group's, when
+  the pass runs each prompt once; else each row's) plus every completion's tokens (the grouped
+  padded pass feeds a completion's first T - 1 only). Computed: with ``packing=none`` the padded layout's
   positions (each prompt's P and each row's T - 1, or each row's P + T); with ``tokens`` the
   packed rows of the passes that ran (``packed_logprobs``: ``rows_per_pass`` x C a pass, up to
   the last one holding a unit). ``grouped`` as ``logprobs`` (None: whether the prompts repeat
@@ -92,8 +93,14 @@ def pass_tokens(tokens: Tokens, config: StepConfig,
       r = max(1, min(config.packing_rows, n))
       passes = (plan.used + r - 1) // r
       return f32(packing.real_tokens(plan, g)), f32(passes * r * packing.capacity(p, t))
-    real = jnp.sum(tokens.prompt_mask[::g], dtype=jnp.float32) + jnp.sum(mask, dtype=jnp.float32)
-    return real, f32(n // g * p + n * (t - 1) if g > 1 else n * (p + t))
+    if g > 1:
+      # Each prompt once, then every row's first T - 1 completion tokens: a row reaching T has
+      # its last token scored but never fed, so it is not a position computed.
+      real = (jnp.sum(tokens.prompt_mask[::g], dtype=jnp.float32)
+              + jnp.sum(mask[:, :t - 1], dtype=jnp.float32))
+      return real, f32(n // g * p + n * (t - 1))
+    real = jnp.sum(tokens.prompt_mask, dtype=jnp.float32) + jnp.sum(mask, dtype=jnp.float32)
+    return real, f32(n * (p + t))
 
   if g > 1 and grouped is None:
     repeat = prompts_repeat(tokens.prompt_ids, tokens.prompt_mask, g)

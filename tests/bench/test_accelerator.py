@@ -77,7 +77,7 @@ def test_accelerator_check_writes_every_point_as_it_ends_and_bounds_each(tmp_pat
     assert splash["max_grad_diff"] <= 0.05 * splash["ref_grad_scale"]
     assert splash["max_at_padding"] == 0 and splash["finite"]
   table = (out / "accelerator.md").read_text()
-  assert "| grpo | auto (xla) | 8 | 8 | 16 | all |" in table
+  assert "| grpo | auto (xla) | 8 | 8 | 16 | full, none (1.000) | all |" in table
   assert "| 4 | 8 | 16 | auto (xla) |" in table
   assert re.search(r"- decode_n8_t16: timed out after \d+ s \(its cap\)", table)
   assert result["compilation_cache"]["entries_after"] > 0
