@@ -289,9 +289,6 @@ def check_mesh(config, mesh) -> None:
   _check(not r.partial or jax.process_count() == 1, "rollout.partial",
          f"not yet across {jax.process_count()} processes: the producer reads which of the "
          "pool's rows ended on one host (one process may drive every local device)")
-  _check(config.rl.get("packing", "none") != "tokens" or shards == 1, "rl.packing",
-         f"'tokens' not yet under a mesh with {shards} batch shards (packed rows would cross "
-         "the devices' rows): use rl.packing=none there")
   _check(config.replay.capacity % shards == 0, "replay.capacity",
          f"{config.replay.capacity} entries must be a multiple of mesh data x fsdp = {shards} "
          "(buffer entries are split like the batch)")

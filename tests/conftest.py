@@ -20,6 +20,8 @@ import tempfile
 
 import pytest
 
+from tests import run_once
+
 DATA = pathlib.Path(__file__).parent / "data"
 _MAX_WORKERS = 2
 # The controller (or a run without workers) makes the directory; the workers it starts inherit
@@ -28,6 +30,10 @@ _OWN_CACHE = ("JAX_COMPILATION_CACHE_DIR" not in os.environ
               and "PYTEST_XDIST_WORKER" not in os.environ)
 if _OWN_CACHE:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="grpo_jax_test_jit_cache_")
+# The run's shared folder (tests/run_once.py), made and removed the same way.
+_OWN_RUN_DIR = (run_once.ENV not in os.environ and "PYTEST_XDIST_WORKER" not in os.environ)
+if _OWN_RUN_DIR:
+  os.environ[run_once.ENV] = tempfile.mkdtemp(prefix="grpo_jax_test_run_")
 # XLA:CPU's LLVM back end without optimisation, and its older loop emitters for fusions: the
 # suite's programs are tiny and compiled once each, so compiling is most of their cost (at
 # -O0, 73% of the POPO and step tests' time is XLA's backend compile). -O0 halves a train
@@ -63,11 +69,24 @@ def pytest_xdist_auto_num_workers(config):
   return max(1, min(_MAX_WORKERS, os.cpu_count() or 1))
 
 
+def pytest_collection_finish(session):
+  """Starts the 8-device checks' subprocess in the background when a selected test needs it
+  (``tests/test_multidevice.py``), once per run: it runs beside the other tests."""
+  if any(item.nodeid.startswith("tests/test_multidevice.py::") for item in session.items):
+    root = str(pathlib.Path(__file__).parent.parent)
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    run_once.start("multidevice", lambda folder: [
+        sys.executable, os.path.join(root, "tests", "multidevice_checks.py"),
+        str(folder / "report.json")], cwd=root, env=env)
+
+
 def pytest_sessionfinish(session, exitstatus):
-  """The process that made the run's cache removes it at the end."""
+  """The process that made the run's cache and folder removes them at the end."""
   del session, exitstatus
   if _OWN_CACHE:
     shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+  if _OWN_RUN_DIR:
+    shutil.rmtree(os.environ[run_once.ENV], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

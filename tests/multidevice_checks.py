@@ -12,6 +12,7 @@ and why. Shapes are tiny (the embedded 1M-parameter model, 8 rows of 12 + 8 toke
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -293,6 +294,20 @@ def main(out_path: str):
                                     replay=popo.Popo(fill="replay", max_uses=1))
   results["popo"], state, replay = compare_steps(graphdef, params, sharded_params, batches,
                                                  popo_config, 4, mesh)
+
+  # The update at the real tokens: POPO with packing, each device packing its own rows (a
+  # minibatch of 4 rows is one row a device), against one device's packing and against the
+  # padded sharded run above. The real tokens of each step's fresh rows, per update, for the
+  # useful fraction: each row its own prompt (a device's rows are not whole groups).
+  packed_config = dataclasses.replace(popo_config, packing="tokens")
+  results["popo_packed"], packed_state, _ = compare_steps(
+      graphdef, params, sharded_params, batches, packed_config, 4, mesh)
+  results["popo_packed"]["vs_padded_params_max_abs_diff"] = max_abs_diff(packed_state.params,
+                                                                         state.params)
+  results["popo_packed"]["padded_metrics_sharded"] = results["popo"]["metrics_sharded"]
+  results["popo_packed"]["fresh_real_tokens"] = [
+      int(np.sum(b.prompt_mask) + np.sum(b.completion_mask)) for b in batches]
+  results["popo_packed"]["capacity"] = P + T
 
   # LoRA: adapters (B drawn away from 0, so A's gradient is not 0 either) on the same base,
   # replicated under the mesh; a KL term, whose reference is the base (adapters off).

@@ -89,6 +89,9 @@ def define_flags() -> None:
   flags.DEFINE_integer("steps", 4, "measured steps per mode.")
   flags.DEFINE_bool("check_sampler", True, "time sampler.sample against the static pool.")
   flags.DEFINE_bool("packing", True, "also time the update with rl.packing=tokens.")
+  flags.DEFINE_list("train_step_methods", ["grpo", "popo"],
+                    "configs whose own train step is timed padded and packed on the workload's "
+                    "lengths (a quarter of the groups ineffective); empty: none.")
   flags.DEFINE_integer("seed", 0, "lengths, prompts and keys.")
 
 
@@ -184,6 +187,36 @@ def update_seconds(graphdef, params, ids, mask, completions, completion_mask, gr
   return times[-1], real / computed
 
 
+def train_step_compare(method: str, graphdef, params, model_config, b: int, g: int, p: int,
+                       t: int, completion_mask) -> dict:
+  """The run's own train step (``configs/<method>.py``, the embedded preset at these shapes,
+  minibatches of 16 rows) over B x G rows whose completions end where ``completion_mask``
+  says (the workload's lengths), padded and packed
+  (``accelerator_points.timed_step``: compiled, called once, the second call timed). A quarter
+  of the groups are ineffective (all 0), so POPO fills their slots from the groups the first
+  call stored and its step runs the pi_prox pass over the replayed rows. Returns per packing
+  the step's seconds and its metrics' useful fractions and replayed rows, and the padded over
+  packed time (the same rows and real tokens: the speedup per real token)."""
+  import importlib
+  from grpo_jax.bench import accelerator_points
+  n = b * g
+  out = {}
+  for packing in ("none", "tokens"):
+    config = importlib.import_module(f"configs.{method}").get_config()
+    config.rollout.update(batch_prompts=b, group_size=g, prompt_len=p, completion_len=t)
+    config.rl.update(num_minibatches=max(1, n // 16), packing=packing)
+    rollout = accelerator_points.synthetic_rollout(n, g, p, t, model_config.vocab_size,
+                                                   ineffective=0.25,
+                                                   completion_mask=completion_mask)
+    timed = accelerator_points.timed_step(graphdef, params, config, rollout)
+    m = timed["metrics"]
+    out[packing] = {"train_s": round(timed["train_s"], 3),
+                    "update_useful_fraction": round(m["update_useful_fraction"], 4),
+                    "replay_rows": m.get("replay_rows", 0.0), "loss": m["loss"]}
+  out["speedup_per_token"] = round(out["none"]["train_s"] / out["tokens"]["train_s"], 3)
+  return out
+
+
 def sampler_check(graphdef, params, model_config, config, rows: int, p: int) -> dict:
   """Today's sampler and the static pool on the same rows, every row to T (see module doc)."""
   t = config.max_new_tokens
@@ -262,6 +295,10 @@ def bench_length(t: int, graphdef, params, model_config) -> dict:
         mode["packed_step_us_per_useful_token"] = round(
             1e6 * (mode["generation_s"] + FLAGS.steps * packed)
             / max(mode["tokens_trained"], 1), 3)
+  for method in FLAGS.train_step_methods:
+    out[f"train_step_{method}"] = train_step_compare(method, graphdef, params, model_config, b,
+                                                     g, p, t, completion_mask)
+    print(json.dumps({"completion_len": t, method: out[f"train_step_{method}"]}), flush=True)
   if FLAGS.check_sampler:
     out["sampler_vs_static_pool"] = sampler_check(graphdef, params, model_config, config,
                                                   b * g, p)
@@ -288,6 +325,11 @@ def headline(results: list[dict], staleness: int) -> dict:
     # Partial rollouts and the packed update against the static sampler and padded update.
     out["step_speedup_per_useful_token_packed"] = round(
         static["step_us_per_useful_token"] / pipe["packed_step_us_per_useful_token"], 3)
+  for key in (k for k in last if k.startswith("train_step_")):  # --train_step_methods
+    method = key[len("train_step_"):]
+    out[f"{method}_step_useful_fraction"] = last[key]["tokens"]["update_useful_fraction"]
+    out[f"{method}_step_useful_fraction_none"] = last[key]["none"]["update_useful_fraction"]
+    out[f"{method}_step_speedup_per_token"] = last[key]["speedup_per_token"]
   for key in (f"pipeline_staleness_{staleness}_{c}" for c in ("keep", "reprefill")):
     if key in last:  # --compare_cache: the other cache's generation time over this one's
       cache = key.rsplit("_", 1)[1]

@@ -42,7 +42,8 @@ class Plan:
     prompt_len: its prompt's real tokens P_i.
     length: its completion's tokens L_i.
     writes_prompt: bool [N], the row placed that copy (the first of its group there).
-    used: int32 scalar, packed rows holding any row (they are rows 0 .. used - 1).
+    used: int32 scalar, packed rows holding any row (they are rows 0 .. used - 1; with
+      shards, of each block: the most any block holds).
   """
 
   bin: jax.Array
@@ -59,9 +60,15 @@ def capacity(prompt_len: int, completion_len: int) -> int:
   return prompt_len + completion_len
 
 
-def plan(prompt_mask_NxP: jax.Array, completion_mask_NxT: jax.Array, group: int) -> Plan:
+def plan(prompt_mask_NxP: jax.Array, completion_mask_NxT: jax.Array, group: int,
+         shards: int = 1) -> Plan:
   """First-fit decreasing of the rows into N packed rows of ``capacity`` slots, each row's
   group's prompt once per packed row (module doc).
+
+  With ``shards`` S > 1 the rows and the packed rows are S contiguous blocks of N / S (the
+  blocks a mesh's batch axes give each device) and each block is packed on its own: a row
+  goes only to a packed row of its block, so a device's packed rows hold its own rows. Then
+  ``used`` is the most packed rows any block uses (the passes every device runs).
 
   A row costs its L_i tokens, plus P_i when its group has no prompt copy in the packed row
   yet; it goes to the first packed row where that fits. The carry is each packed row's fill
@@ -71,12 +78,23 @@ def plan(prompt_mask_NxP: jax.Array, completion_mask_NxT: jax.Array, group: int)
     prompt_mask_NxP: bool, the real (left-padded) prompt tokens.
     completion_mask_NxT: bool, the completion tokens to place (a prefix of each row: a
       completion's tokens up to its end).
-    group: G (N a multiple of it; rows i // G share a prompt when G > 1).
+    group: G (N / S a multiple of it; rows i // G share a prompt when G > 1).
+    shards: S, blocks packed apart (N a multiple of it).
 
   Returns:
-    The Plan.
+    The Plan (``bin`` the packed row among all N).
   """
   n, p = prompt_mask_NxP.shape
+  if shards > 1:
+    m = n // shards
+    block = lambda a: a.reshape((shards, m) + a.shape[1:])
+    each = jax.vmap(lambda pm, cm: plan(pm, cm, group))(block(prompt_mask_NxP),
+                                                         block(completion_mask_NxT))
+    whole = lambda a: a.reshape(n)
+    return Plan(bin=whole(each.bin + m * jnp.arange(shards, dtype=jnp.int32)[:, None]),
+                prompt_at=whole(each.prompt_at), completion_at=whole(each.completion_at),
+                prompt_len=whole(each.prompt_len), length=whole(each.length),
+                writes_prompt=whole(each.writes_prompt), used=jnp.max(each.used))
   t = completion_mask_NxT.shape[1]
   c = capacity(p, t)
   prompt_len = jnp.sum(prompt_mask_NxP, axis=1, dtype=jnp.int32)

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from grpo_jax import sharding
 from grpo_jax.generate import logprobs as logprobs_lib
 from grpo_jax.generate import packed_logprobs as packed_lib
 from grpo_jax.generate import packing
@@ -54,17 +55,26 @@ def _packed(model, tokens: Tokens, config: StepConfig, with_entropy: bool, remat
   group's prompt once when the rows are whole groups of one prompt (checked on the device
   when ``grouped`` is None, as the padded pass does), else one row a unit."""
   n = tokens.completion_ids.shape[0]
+  shards = packing_shards(n)
   run = lambda g: packed_lib.packed_logprobs_and_entropy(
       model, tokens.prompt_ids, tokens.prompt_mask, tokens.completion_ids,
       tokens.completion_mask, config.temperature, with_entropy,
       chunk_tokens=config.logprob_chunk, remat=remat, group=g,
-      rows_per_pass=config.packing_rows, query_block=config.query_block)
-  if group <= 1 or n % group:
+      rows_per_pass=config.packing_rows, query_block=config.query_block, shards=shards)
+  if group <= 1 or (n // shards) % group:
     return run(1)
   if grouped is None:
     return jax.lax.cond(prompts_repeat(tokens.prompt_ids, tokens.prompt_mask, group),
                         lambda: run(group), lambda: run(1))
   return run(group)
+
+
+def packing_shards(rows: int) -> int:
+  """S: blocks of ``rows`` packed apart (``packing.plan``): the batch shards of the mesh set
+  while tracing (``sharding.use_mesh``), so each device packs its own rows; 1 without a mesh
+  or when the rows do not split evenly (then packed rows may span devices: same values)."""
+  s = sharding.ambient_batch_shards()
+  return s if rows % s == 0 else 1
 
 
 def pass_tokens(tokens: Tokens, config: StepConfig,
@@ -73,15 +83,16 @@ def pass_tokens(tokens: Tokens, config: StepConfig,
 
   Real: the real tokens among the positions computed: each unit's prompt once (a group's, when
   the pass runs each prompt once; else each row's) plus every completion's tokens (the grouped
-  padded pass feeds a completion's first T - 1 only). Computed: with ``packing=none`` the padded layout's
-  positions (each prompt's P and each row's T - 1, or each row's P + T); with ``tokens`` the
-  packed rows of the passes that ran (``packed_logprobs``: ``rows_per_pass`` x C a pass, up to
-  the last one holding a unit). ``grouped`` as ``logprobs`` (None: whether the prompts repeat
+  padded pass feeds a completion's first T - 1 only). Computed: with ``packing=none`` the
+  padded layout's positions (each prompt's P and each row's T - 1, or each row's P + T); with
+  ``tokens`` the packed rows of the passes that ran (``packed_logprobs``: ``rows_per_pass`` x C
+  of each device's block a pass, up to the last one holding a unit). ``grouped`` as ``logprobs`` (None: whether the prompts repeat
   is checked here too)."""
   n, p = tokens.prompt_ids.shape
   t = tokens.completion_ids.shape[1]
   g = config.group_size if config.shared_prompts and grouped is not False else 1
-  if g > 1 and n % g:
+  shards = packing_shards(n) if config.packing == "tokens" else 1
+  if g > 1 and (n // shards) % g:
     g = 1
   mask = (jnp.ones((n, t), bool) if tokens.completion_mask is None
           else tokens.completion_mask.astype(bool))
@@ -89,10 +100,11 @@ def pass_tokens(tokens: Tokens, config: StepConfig,
 
   def count(g: int):
     if config.packing == "tokens":
-      plan = packing.plan(tokens.prompt_mask, mask, g)
-      r = max(1, min(config.packing_rows, n))
+      plan = packing.plan(tokens.prompt_mask, mask, g, shards)
+      r = max(1, min(config.packing_rows, n // shards))
       passes = (plan.used + r - 1) // r
-      return f32(packing.real_tokens(plan, g)), f32(passes * r * packing.capacity(p, t))
+      return (f32(packing.real_tokens(plan, g)),
+              f32(passes * shards * r * packing.capacity(p, t)))
     if g > 1:
       # Each prompt once, then every row's first T - 1 completion tokens: a row reaching T has
       # its last token scored but never fed, so it is not a position computed.

@@ -79,7 +79,8 @@ class StepConfig(registry.Configurable):
       prompt once and its completions at T) or "tokens" (the real tokens packed into rows of
       G (P + T) slots, each group's prompt once, passes over packed rows that hold nothing
       skipped: ``generate.packed_logprobs``). The same values up to float rounding.
-    packing_rows: with "tokens", packed rows per model pass (the pass's batch).
+    packing_rows: with "tokens", packed rows per model pass (the pass's batch), of each
+      device's rows under a mesh (each device packs its own rows).
     shared_prompts: every log-prob pass runs each prompt once for its G group-major rows when
       they repeat one prompt (``logprobs.completion_logprobs_and_entropy``'s
       ``prompt_group``); False always runs [prompt; completion] per row. The no-grad passes

@@ -70,6 +70,24 @@ def test_plan_and_layout_by_hand():
   assert np.all(np.asarray(lay.target[2:]) == -1)
 
 
+def test_blocks_are_packed_apart():
+  # Two blocks of 4 rows (a mesh's two batch shards). Block 0 is the rows of
+  # test_plan_and_layout_by_hand: packed rows 1, 0, 1, 1 as there. Block 1 (prompts of 1
+  # token, completions 3, 0, 2, 1; C = 9), longest first, all in packed row 4, the block's
+  # first: row 4 (a copy of its prompt at 0, completion at 1, fill 4), row 6 (a copy at 4,
+  # completion at 5, fill 7), row 7 (group 1's copy there: completion at 7, fill 8), row 5
+  # (empty, group 0's copy there: at 8). Packed as one block of 8 instead, row 4 (4 slots with
+  # its prompt) would join packed row 1 beside row 0 (fill 5): block 0's row on another device.
+  prompt_mask, completion_mask = _masks([3, 3, 2, 2, 1, 1, 1, 1], [2, 5, 1, 0, 3, 0, 2, 1])
+  plan = packing.plan(prompt_mask, completion_mask, 2, shards=2)
+  np.testing.assert_array_equal(plan.bin, [1, 0, 1, 1, 4, 4, 4, 4])
+  np.testing.assert_array_equal(plan.prompt_at[4:], [0, 0, 4, 4])
+  np.testing.assert_array_equal(plan.completion_at[4:], [1, 8, 5, 7])
+  assert int(plan.used) == 2  # the most packed rows a block uses
+  one = packing.plan(prompt_mask, completion_mask, 2)
+  assert int(one.bin[4]) == int(one.bin[0]) == 1
+
+
 def test_the_packed_mask_is_each_sequences_own():
   # The layout above, packed row 1: row 0's token 1 (slot 4) sees its prompt copy (0-2) and
   # itself (3, 4); prompt 1's token (slot 6) sees 5, 6; row 2's token (slot 7) sees prompt 1
@@ -165,8 +183,10 @@ def _rows(seed, n, p, t, group, lengths=None):
   return tuple(map(jnp.asarray, (prompt_ids, prompt_mask, completion_ids, completion_mask)))
 
 
-@pytest.mark.parametrize("group,rows_per_pass,chunk", [(4, 1, 0), (1, 3, 16), (4, 2, 0)])
-def test_packed_logprobs_equal_the_padded_pass(blocked_model, group, rows_per_pass, chunk):
+@pytest.mark.parametrize("group,rows_per_pass,chunk,shards",
+                         [(4, 1, 0, 1), (1, 3, 16, 1), (4, 2, 0, 1), (2, 1, 0, 2)])
+def test_packed_logprobs_equal_the_padded_pass(blocked_model, group, rows_per_pass, chunk,
+                                               shards):
   n, p, t = 8, 6, 12
   prompt_ids, prompt_mask, completion_ids, completion_mask = _rows(
       1, n, p, t, group, lengths=[0, 12, 3, 1, 7, 12, 2, 5])
@@ -174,7 +194,7 @@ def test_packed_logprobs_equal_the_padded_pass(blocked_model, group, rows_per_pa
       blocked_model, prompt_ids, prompt_mask, completion_ids, 0.7, True, prompt_group=group)
   got, got_ent = packed_logprobs_and_entropy(
       blocked_model, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.7, True,
-      chunk_tokens=chunk, group=group, rows_per_pass=rows_per_pass)
+      chunk_tokens=chunk, group=group, rows_per_pass=rows_per_pass, shards=shards)
   m = np.asarray(completion_mask)
   np.testing.assert_allclose(np.asarray(got)[m], np.asarray(want)[m], atol=2e-5)
   np.testing.assert_allclose(np.asarray(got_ent)[m], np.asarray(want_ent)[m], atol=2e-5)

@@ -3,10 +3,12 @@
 import functools
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import types
 
 import hypothesis
 import jax
@@ -24,19 +26,27 @@ from grpo_jax import timing
 from grpo_jax.run import checkpoint as checkpoint_lib
 from grpo_jax.run import metrics, report
 from tests.cli_output import THIRD_PARTY_LOG
+from tests.run_once import once_per_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-  """The main command (POPO) on its smoke preset, in a subprocess, as a user runs it."""
-  workdir = tmp_path_factory.mktemp("smoke")
-  cmd = [sys.executable, "-m", "grpo_jax.train", "--config=configs/popo.py:smoke",
-         f"--workdir={workdir}"]
-  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return workdir, proc
+def smoke_run():
+  """The main command (POPO) on its smoke preset, in a subprocess, as a user runs it (once per
+  test run, ``run_once.once_per_run``): (its workdir, its stdout and stderr)."""
+
+  def make(folder):
+    workdir = folder / "workdir"
+    cmd = [sys.executable, "-m", "grpo_jax.train", "--config=configs/popo.py:smoke",
+           f"--workdir={workdir}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"workdir": os.fspath(workdir), "stdout": proc.stdout, "stderr": proc.stderr}
+
+  run = once_per_run("smoke_run", make)
+  return pathlib.Path(run["workdir"]), types.SimpleNamespace(stdout=run["stdout"],
+                                                             stderr=run["stderr"])
 
 
 def test_cli_smoke_terminal_metrics_and_checkpoints(smoke_run):
