@@ -178,7 +178,8 @@ def test_packed_update_under_the_mesh(report):
   assert r["params_moved"] > 1e-3
   assert r["params_max_abs_diff"] <= 1e-5  # vs one device, packed
   assert r["vs_padded_params_max_abs_diff"] <= 1e-5  # vs the mesh, padded
-  fractions = {"update_useful_fraction", "batch_pass_useful_fraction"}
+  fractions = {"update_useful_fraction", "batch_pass_useful_fraction",
+               "prox_pass_useful_fraction"}
   for name, diff in r["metrics_rel_diff"].items():
     assert name in fractions or diff <= 1e-5, name
   for packed, padded in zip(r["metrics_sharded"], r["padded_metrics_sharded"]):

@@ -39,7 +39,7 @@ from grpo_jax.types import Rollout
 
 
 def gathered(rollout: Rollout, replayed_N: jax.Array, rows_M: jax.Array, logp_fn,
-             chunks: int, group_size: int) -> jax.Array:
+             chunks: int, group_size: int, count_fn=None):
   """log pi_prox of the replayed rows among ``rows_M``, by a pass over those rows only.
 
   Args:
@@ -51,10 +51,14 @@ def gathered(rollout: Rollout, replayed_N: jax.Array, rows_M: jax.Array, logp_fn
     logp_fn: Rollout of n rows -> [n, T] float32 log-probs (the start-of-step policy).
     chunks: how many chunks the M rows are dealt into (capped at the groups there are).
     group_size: G.
+    count_fn: optional, Rollout of n rows -> (real tokens, positions computed) of ``logp_fn``'s
+      pass over them (``policy.pass_tokens``); the padding rows of the last chunk count as
+      computed, never as real.
 
   Returns:
     [N, T] float32: the pass's log-probs at the rows of the chunks that ran, the rollout's
-    behaviour log-probs elsewhere (what a fresh row's pi_prox is).
+    behaviour log-probs elsewhere (what a fresh row's pi_prox is). With ``count_fn``:
+    (that, float32 real tokens, float32 positions computed) summed over the chunks that ran.
   """
   n, m = rollout.num_rows, rows_M.shape[0]
   unit = group_size if m % group_size == 0 else 1
@@ -69,12 +73,26 @@ def gathered(rollout: Rollout, replayed_N: jax.Array, rows_M: jax.Array, logp_fn
     idx_X, need_X = args
     rows = jax.tree.map(lambda x: jnp.take(x, idx_X, axis=0, mode="clip"), rollout)
     skip = lambda r: r.behaviour_logp.astype(jnp.float32)  # mu: what a fresh row's pi_prox is
-    return jax.lax.cond(jnp.any(need_X), logp_fn, skip, rows)
+    if count_fn is None:
+      return jax.lax.cond(jnp.any(need_X), logp_fn, skip, rows)
+    pad = (idx_X >= n)[:, None]
+    off = lambda x: jnp.where(pad, jnp.zeros_like(x), x)
+    real_rows = rows.replace(prompt_mask=off(rows.prompt_mask),
+                             completion_mask=off(rows.completion_mask))
+    zero = jnp.float32(0)
+    return jax.lax.cond(
+        jnp.any(need_X),
+        lambda r: (logp_fn(r), count_fn(real_rows)[0], count_fn(r)[1]),
+        lambda r: (skip(r), zero, zero), rows)
 
-  logp = jax.lax.map(chunk, (idx, need))
+  out = jax.lax.map(chunk, (idx, need))
+  logp = out if count_fn is None else out[0]
   t = rollout.completion_ids.shape[1]
-  return rollout.behaviour_logp.astype(jnp.float32).at[idx.reshape(-1)].set(
+  full = rollout.behaviour_logp.astype(jnp.float32).at[idx.reshape(-1)].set(
       logp.reshape(-1, t), mode="drop")
+  if count_fn is None:
+    return full
+  return full, jnp.sum(out[1]), jnp.sum(out[2])
 
 
 def interpolated(mu_UxT: jax.Array, logp_UxT: jax.Array, age_UxT: jax.Array,

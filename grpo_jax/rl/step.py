@@ -90,7 +90,9 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   ctx = _context(config, rollout, state.step, rng)
   evicted, comp, evict_metrics = _compose(config, ctx, replay, start_logp, replaying)
   off_policy_N = _off_policy_rows(config, comp, state.step)
-  full_NxT = _proximal_pass(config, comp, off_policy_N, start_logp, replaying)
+  start_count = functools.partial(_start_count, config, grouped=grouped)
+  full_NxT, prox_counts = _proximal_pass(config, comp, off_policy_N, start_logp, start_count,
+                                         replaying)
   ctx, mismatch_metrics = _sampler_mismatch(config, rollout, ctx, comp, full_NxT)
   if lora.has_adapters(state.params):
     # The reference is the base model: the adapters switched off, no second copy of weights.
@@ -103,7 +105,8 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   replay_out, insert_metrics = config.replay.after_update(ctx, evicted, comp)
   metrics = _metrics(config, rollout, ctx, comp, batch, per_update, replay_out, replaying,
                      [evict_metrics, mismatch_metrics,
-                      _continued_metrics(config, comp, off_policy_N)], insert_metrics)
+                      _continued_metrics(config, comp, off_policy_N),
+                      _prox_pass_metrics(prox_counts)], insert_metrics)
   new_state, replay_out, skipped = _finite_guard(state, replay, params, opt_state, replay_out,
                                                  per_update)
   return new_state, replay_out, {**metrics, "skipped": skipped}
@@ -126,6 +129,22 @@ def _start_logp(graphdef: nnx.GraphDef, params, config: StepConfig, rows: Rollou
   logp, _ = policy.logprobs(graphdef, jax.lax.stop_gradient(params), Tokens.of(rows), config,
                             grouped=grouped)
   return jax.lax.stop_gradient(logp)
+
+
+def _start_count(config: StepConfig, rows: Rollout, *,
+                 grouped: bool | None = None) -> tuple[jax.Array, jax.Array]:
+  """(real tokens, positions computed) of ``_start_logp``'s pass over ``rows``
+  (``policy.pass_tokens``)."""
+  return policy.pass_tokens(Tokens.of(rows), config, grouped)
+
+
+def _prox_pass_metrics(counts) -> dict:
+  """``prox_pass_useful_fraction``: the gathered pi_prox pass's real tokens over the positions
+  its chunks that ran computed (``prox.gathered``), when such a pass ran; else nothing."""
+  if counts is None:
+    return {}
+  real, computed = counts
+  return {"prox_pass_useful_fraction": real / jnp.maximum(computed, 1.0)}
 
 
 def _context(config: StepConfig, rollout: Rollout, step: jax.Array,
@@ -195,8 +214,8 @@ def _corrects(config: StepConfig, replaying: bool) -> bool:
 
 
 def _proximal_pass(config: StepConfig, comp: replay_method.Composition,
-                   off_policy_N: jax.Array, start_logp,
-                   replaying: bool) -> jax.Array | None:
+                   off_policy_N: jax.Array, start_logp, start_count,
+                   replaying: bool) -> tuple[jax.Array | None, tuple | None]:
   """The no-grad pass at the start-of-step parameters, when one is needed.
 
   With ``prox_pass="all"``: one pass over every row. Else, when the objective uses pi_prox and
@@ -212,36 +231,42 @@ def _proximal_pass(config: StepConfig, comp: replay_method.Composition,
     comp: the Composition of N + R rows.
     off_policy_N: bool [N + R] the rows the objective corrects (``_off_policy_rows``).
     start_logp: Rollout of n rows -> [n, T] log pi_prox.
+    start_count: Rollout of n rows -> (real tokens, positions computed) of that pass.
     replaying: the method can replay (static).
 
   Returns:
-    [N + R, T] float32 log pi_prox (exact on every off-policy row; mu or the pass on the
-    others), or None when no pass is needed.
+    ([N + R, T] float32 log pi_prox (exact on every off-policy row; mu or the pass on the
+    others), or None when no pass is needed; the gathered pass's (real tokens, positions
+    computed) over its chunks that ran, or None when no gathered pass ran).
   """
   if config.prox_pass == "all":
-    return start_logp(comp.rollout)
+    return start_logp(comp.rollout), None
   uses_prox = (_corrects(config, replaying)
                and objectives.OBJECTIVES[config.replay.objective].uses_prox)
   if not uses_prox or config.prox_estimate == "interpolate":
-    return None
+    return None, None
   if not config.continued:
     if comp.prox_logp is not None:
-      return None
+      return None, None
     if config.prox_chunks and comp.prox_rows is not None:
-      return prox_lib.gathered(comp.rollout, comp.replayed, comp.prox_rows, start_logp,
-                               config.prox_chunks, config.group_size)
-    return start_logp(comp.rollout)
+      full_NxT, real, computed = prox_lib.gathered(
+          comp.rollout, comp.replayed, comp.prox_rows, start_logp, config.prox_chunks,
+          config.group_size, start_count)
+      return full_NxT, (real, computed)
+    return start_logp(comp.rollout), None
   measured_N = comp.replayed if comp.prox_logp is not None else jnp.zeros_like(comp.replayed)
   need_N = off_policy_N & ~measured_N
+  counts = None
   if config.prox_chunks:
-    full_NxT = prox_lib.gathered(comp.rollout, need_N,
-                                 prox_lib.off_policy_first(need_N, config.group_size),
-                                 start_logp, config.prox_chunks, config.group_size)
+    full_NxT, real, computed = prox_lib.gathered(
+        comp.rollout, need_N, prox_lib.off_policy_first(need_N, config.group_size), start_logp,
+        config.prox_chunks, config.group_size, start_count)
+    counts = (real, computed)
   else:
     full_NxT = start_logp(comp.rollout)
   if comp.prox_logp is not None:
     full_NxT = jnp.where(measured_N[:, None], comp.prox_logp, full_NxT)
-  return full_NxT
+  return full_NxT, counts
 
 
 def _sampler_mismatch(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContext,

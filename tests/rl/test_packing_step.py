@@ -46,7 +46,8 @@ def _assert_same(split, runs, rtol=2e-4):
   (s_none, m_none), (s_tok, m_tok) = runs
   assert set(m_none) == set(m_tok)
   # The ones that differ: the layout's fractions of real tokens.
-  for key in set(m_none) - {"update_useful_fraction", "batch_pass_useful_fraction"}:
+  for key in set(m_none) - {"update_useful_fraction", "batch_pass_useful_fraction",
+                            "prox_pass_useful_fraction"}:
     assert m_tok[key] == pytest.approx(m_none[key], rel=rtol, abs=2e-6), key
   moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(split[1]),
                                                           jax.tree.leaves(s_none.params)))
@@ -99,6 +100,9 @@ def test_packed_step_equals_padded_with_popo_replay(split):
                replay=popo.Popo(fill="replay", max_uses=1))
   assert runs[1][1]["replay_slots_filled"] == 1.0
   _assert_same(split, runs)
+  # The gathered pass over the replayed group reports its own fraction, beside the loss pass's.
+  for _, m in runs:
+    assert 0 < m["prox_pass_useful_fraction"] <= 1
 
 
 def test_packed_step_equals_padded_with_rollout_replay_rows(split):

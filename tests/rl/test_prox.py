@@ -74,6 +74,27 @@ def test_gathered_pass_pads_a_bound_that_does_not_divide_into_chunks():
   np.testing.assert_array_equal(out, want)
 
 
+def _fake_count(rows):
+  """(real tokens, positions computed) of a pass over ``rows``: every mask entry, 4 a row."""
+  real = jnp.sum(rows.prompt_mask) + jnp.sum(rows.completion_mask)
+  return real.astype(jnp.float32), jnp.float32(4 * rows.num_rows)
+
+
+def test_gathered_pass_counts_the_chunks_that_ran():
+  # As in the test above: [5, 7] runs, [6, padding] is skipped: 2 rows x (1 + 3) = 8 real tokens
+  # over 2 x 4 = 8 positions. With row 6 replayed both run: rows 5, 7, 6 are 12 real tokens;
+  # the padding row (a copy of row 7) is computed, 16 positions, but counts no real token.
+  rows = _rows(8)
+  replayed = jnp.asarray([0, 0, 0, 0, 0, 1, 0, 1], bool)
+  bound = jnp.asarray([5, 7, 6], jnp.int32)
+  out, real, computed = prox.gathered(rows, replayed, bound, _fake_pass, 2, 4, _fake_count)
+  np.testing.assert_array_equal(out, prox.gathered(rows, replayed, bound, _fake_pass, 2, 4))
+  assert (float(real), float(computed)) == (8.0, 8.0)
+  _, real, computed = prox.gathered(rows, replayed.at[6].set(True), bound, _fake_pass, 2, 4,
+                                    _fake_count)
+  assert (float(real), float(computed)) == (12.0, 16.0)
+
+
 def test_gathered_pass_of_the_model_equals_the_whole_batch_pass(split):
   # POPO's bound on B = 2 groups with group 1 refilled: [group 1, group 0] in 2 chunks. The
   # model's log-probs of group 1 from the pass over its 4 rows equal those from the pass over
