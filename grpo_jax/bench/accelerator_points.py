@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
-from grpo_jax.bench import bounded, hbm, peak as peak_lib
+from grpo_jax.bench import bounded, hbm, peak as peak_lib, synthetic_step
 
 MIB = 2 ** 20
 GIB = 2 ** 30
@@ -194,82 +194,6 @@ def _init_model(cfg):
   return graphdef, jax.jit(lambda: nnx.state(make()))()
 
 
-def _prompts(n: int, g: int, p: int, vocab: int):
-  """Random prompts of P real tokens, each repeated for its G group-major rows."""
-  rng = np.random.RandomState(0)
-  ids = jnp.asarray(np.repeat(rng.randint(1, vocab, (n // g, p)), g, 0), jnp.int32)
-  return ids, jnp.ones((n, p), bool)
-
-
-def _timed(call) -> tuple[float, object]:
-  t0 = time.perf_counter()
-  out = jax.block_until_ready(call())
-  return time.perf_counter() - t0, out
-
-
-def synthetic_rollout(n: int, g: int, p: int, t: int, vocab: int, lengths: str = "full",
-                      ineffective: float = 0.0, completion_mask=None):
-  """A Rollout of N = B x G rows of random tokens (prompts of P real tokens, ``_prompts``):
-  random 0/1 scores; with ``ineffective`` > 0 that fraction of the groups all 0 (a replay
-  method's slots to fill), rounded up, and the others effective; every completion T tokens, or with ``lengths="lognormal"`` the lengths of
-  ``bench.rollouts``' workload (median T / 4, 4% at T), or ``completion_mask``'s [N, T]."""
-  from grpo_jax.types import Rollout
-  given = completion_mask
-  rng = np.random.RandomState(1)
-  ids, mask = _prompts(n, g, p, vocab)
-  scores = rng.randint(0, 2, n).astype(np.float32)
-  if ineffective > 0:
-    # The first ceil(ineffective x B) groups all 0, every other group effective (its first
-    # row 1, its second 0, the rest as drawn).
-    scores = scores.reshape(n // g, g)
-    scores[:, :2] = [1.0, 0.0]
-    scores[:int(np.ceil(ineffective * (n // g)))] = 0.0
-    scores = scores.reshape(n)
-  scores = jnp.asarray(scores)
-  completion_mask = np.ones((n, t), bool)
-  if lengths == "lognormal":
-    from grpo_jax.bench import lengths as lengths_lib
-    drawn = lengths_lib.lognormal(np.random.default_rng(0), (n,), t, 0.25, 0.04)
-    completion_mask = np.arange(t)[None] < np.asarray(drawn)[:, None]
-  if given is not None:
-    completion_mask = np.asarray(given, bool)
-  return Rollout(
-      prompt_ids=ids, prompt_mask=mask,
-      completion_ids=jnp.asarray(rng.randint(1, vocab, (n, t)), jnp.int32),
-      completion_mask=jnp.asarray(completion_mask),
-      behaviour_logp=jnp.asarray(-rng.uniform(0.1, 8.0, (n, t)) * completion_mask, jnp.float32),
-      scores=scores, truncated=jnp.ones((n,), bool), success=scores > 0,
-      prompt_id=jnp.arange(n, dtype=jnp.int32) // g, version=jnp.zeros((n, t), jnp.int32))
-
-
-def timed_step(graphdef, params, config, rollout) -> dict:
-  """The run's train step (``config``: an ml_collections config) over ``rollout``, compiled,
-  called once (a replay method stores the effective groups), then called again on the same
-  rows, timed. Returns compile_s, first_s, train_s, the timed call's metrics and the compiled
-  step."""
-  from grpo_jax import configuration
-  from grpo_jax.rl import optim, replay as replay_lib
-  from grpo_jax.rl import step as step_lib
-  step_config = configuration.step_config(config)
-  g, p, t = (config.rollout.group_size, config.rollout.prompt_len,
-             config.rollout.completion_len)
-  method_config = configuration.replay_method(config)
-  replay = replay_lib.init_replay(config.replay.capacity, method_config.entry_size(g), p, t)
-  tx = optim.make_optimizer(config)
-  # The step donates its state: a copy, so the caller's parameters outlive it.
-  state = step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx)
-  fn = step_lib.make_train_step(graphdef, tx, step_config)
-  t0 = time.perf_counter()
-  step = fn.lower(state, replay, rollout, None, jax.random.key(0)).compile()
-  compile_s = time.perf_counter() - t0
-  first_s, (state, replay, _) = _timed(lambda: step(state, replay, rollout, None,
-                                                    jax.random.key(0)))
-  train_s, (_, _, metrics) = _timed(lambda: step(state, replay, rollout, None,
-                                                  jax.random.key(1)))
-  return {"compile_s": compile_s, "first_s": first_s, "train_s": train_s,
-          "metrics": {k: float(v) for k, v in jax.device_get(metrics).items()}, "step": step}
-
-
 def train_point(tiny: bool, method: str, attention: str, rows: int, group: int, prompt_len: int,
                 completion_len: int, packing: str = "none", lengths: str = "full") -> dict:
   """One train step of the real configuration on synthetic rollouts (random 0/1 scores; every
@@ -286,9 +210,9 @@ def train_point(tiny: bool, method: str, attention: str, rows: int, group: int, 
                                        param_dtype=config.model.param_dtype)
   step_config = configuration.step_config(config)
   graphdef, params = _init_model(cfg)
-  rollout = synthetic_rollout(n, g, p, t, cfg.vocab_size, lengths)
+  rollout = synthetic_step.rollout(n, g, p, t, cfg.vocab_size, lengths)
   completion_mask = np.asarray(rollout.completion_mask)
-  timed = timed_step(graphdef, params, config, rollout)
+  timed = synthetic_step.timed_step(graphdef, params, config, rollout)
   train_s, metrics, step, compile_s, first_s = (timed[k] for k in (
       "train_s", "metrics", "step", "compile_s", "first_s"))
   group_ = g if step_config.shared_prompts else 1
@@ -321,14 +245,14 @@ def decode_point(tiny: bool, attention: str, rows: int, group: int, prompt_len: 
   n, g, p, t = rows, group, prompt_len, completion_len
   cfg = qwen3_0p6b_shape(tiny).replace(attention=attention)
   graphdef, params = _init_model(cfg)
-  ids, mask = _prompts(n, g, p, cfg.vocab_size)
+  ids, mask = synthetic_step.prompts(n, g, p, cfg.vocab_size)
   sample = sampler_lib.make_sampler(graphdef, sampler_lib.SamplingConfig(
       max_new_tokens=t, eos_ids=(-1,), pad_id=0, temperature=1.0, prompt_group=g))
   t0 = time.perf_counter()
   sampler = sample.lower(params, ids, mask, jax.random.key(0)).compile()
   compile_s = time.perf_counter() - t0
-  first_s, _ = _timed(lambda: sampler(params, ids, mask, jax.random.key(0)))
-  gen_s, _ = _timed(lambda: sampler(params, ids, mask, jax.random.key(1)))
+  first_s, _ = synthetic_step.timed(lambda: sampler(params, ids, mask, jax.random.key(0)))
+  gen_s, _ = synthetic_step.timed(lambda: sampler(params, ids, mask, jax.random.key(1)))
   moved = hbm.decode_bytes(cfg, n, p, t)
   env = json.loads(os.environ.get("GRPO_JAX_ACCELERATOR_ENV", "{}"))
   spec_bw = hbm.hbm_bandwidth(jax.devices()[0].device_kind)

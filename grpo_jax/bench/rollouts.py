@@ -55,7 +55,7 @@ from absl import app, flags
 from flax import nnx
 
 from grpo_jax import assets, console
-from grpo_jax.bench import lengths as lengths_lib
+from grpo_jax.bench import lengths as lengths_lib, synthetic_step
 from grpo_jax.generate import partial, sampler as sampler_lib
 from grpo_jax.models import from_pretrained
 from grpo_jax.rl import policy
@@ -192,23 +192,22 @@ def train_step_compare(method: str, graphdef, params, model_config, b: int, g: i
   """The run's own train step (``configs/<method>.py``, the embedded preset at these shapes,
   minibatches of 16 rows) over B x G rows whose completions end where ``completion_mask``
   says (the workload's lengths), padded and packed
-  (``accelerator_points.timed_step``: compiled, called once, the second call timed). A quarter
+  (``synthetic_step.timed_step``: compiled, called once, the second call timed). A quarter
   of the groups are ineffective (all 0), so POPO fills their slots from the groups the first
   call stored and its step runs the pi_prox pass over the replayed rows. Returns per packing
   the step's seconds and its metrics' useful fractions and replayed rows, and the padded over
   packed time (the same rows and real tokens: the speedup per real token)."""
   import importlib
-  from grpo_jax.bench import accelerator_points
   n = b * g
   out = {}
   for packing in ("none", "tokens"):
     config = importlib.import_module(f"configs.{method}").get_config()
     config.rollout.update(batch_prompts=b, group_size=g, prompt_len=p, completion_len=t)
     config.rl.update(num_minibatches=max(1, n // 16), packing=packing)
-    rollout = accelerator_points.synthetic_rollout(n, g, p, t, model_config.vocab_size,
+    rollout = synthetic_step.rollout(n, g, p, t, model_config.vocab_size,
                                                    ineffective=0.25,
                                                    completion_mask=completion_mask)
-    timed = accelerator_points.timed_step(graphdef, params, config, rollout)
+    timed = synthetic_step.timed_step(graphdef, params, config, rollout)
     m = timed["metrics"]
     out[packing] = {"train_s": round(timed["train_s"], 3),
                     "update_useful_fraction": round(m["update_useful_fraction"], 4),

@@ -87,10 +87,12 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   rows = rollout.num_rows + config.replay.extra_rows(rollout.num_rows, config.group_size)
   grouped = True if update.minibatches_are_groups(rows, config) else None
   start_logp = functools.partial(_start_logp, graphdef, state.params, config, grouped=grouped)
-  ctx = _context(config, rollout, state.step, rng)
-  evicted, comp, evict_metrics = _compose(config, ctx, replay, start_logp, replaying)
-  off_policy_N = _off_policy_rows(config, comp, state.step)
   start_count = functools.partial(_start_count, config, grouped=grouped)
+  ctx = _context(config, rollout, state.step, rng)
+  evicted, comp, evict_metrics = _compose(config, ctx, replay,
+                                          replay_method.PolicyPass(start_logp, start_count),
+                                          replaying)
+  off_policy_N = _off_policy_rows(config, comp, state.step)
   full_NxT, prox_counts = _proximal_pass(config, comp, off_policy_N, start_logp, start_count,
                                          replaying)
   ctx, mismatch_metrics = _sampler_mismatch(config, rollout, ctx, comp, full_NxT)
@@ -180,7 +182,8 @@ def _compose(config: StepConfig, ctx: replay_method.StepContext, replay: ReplayS
     config: StepConfig (its replay method).
     ctx: the StepContext.
     replay: the ReplayState as it came in ([C] entries of E rollouts).
-    start_logp: Rollout of n rows -> [n, T] log pi_prox (for methods that score candidates).
+    start_logp: the start-of-step pass (``method.PolicyPass``: log pi_prox of n rows, and its
+      token counts), for methods that score candidates.
     replaying: the method can replay (static).
 
   Returns:

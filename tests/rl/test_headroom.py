@@ -161,6 +161,30 @@ def test_headroom_cache_refresh_and_insertion():
   np.testing.assert_allclose(new.headroom[2], 0.5, rtol=1e-6)
 
 
+def test_the_candidate_pass_counts_the_chunks_the_walk_read():
+  """Four candidates (ids 0-3, cached H 0.9 .. 0.6) in two chunks of two; K_rep = 1, every D = 0:
+  the first chunk admits id 0, so the walk never reads the second. A fake count of the pass,
+  real = sum of (id + 1) over its rows and 10 positions a row: rows of ids 0, 0, 1, 1 give
+  2 x 1 + 2 x 2 = 6 over 40, 0.15 (0.25 had the skipped chunk counted: 20 over 80). A plain
+  log-prob function (no ``count``) reports nothing."""
+  cfg = headroom_lib.HeadroomDrift(slots=1, candidates=4, tau=1e-3, candidate_chunks=2)
+  rows, adv = _group_rows([0, 1, 2, 3], [1.0] * 4)
+  replay = replay_lib.init_replay(4, GH, PH, TH)
+  replay = replay_lib.insert(replay, rows, adv, jnp.ones(4, bool),
+                             headroom_M=jnp.asarray([0.9, 0.8, 0.7, 0.6]))
+  fresh, fadv = _group_rows([100, 101], [1.0, 1.0])
+  ctx = method_lib.StepContext(fresh=fresh, advantages=fadv, effective=jnp.zeros(BH, bool),
+                               step=jnp.int32(1), rng=jax.random.key(0))
+  logp_fn = _fake_policy(np.zeros(102))
+  count = lambda r: (jnp.sum(r.prompt_id + 1).astype(jnp.float32),
+                     jnp.float32(10 * r.prompt_id.shape[0]))
+  comp = cfg.compose(ctx, replay, method_lib.PolicyPass(logp_fn, count))
+  assert float(comp.metrics["headroom_candidates"]) == 2
+  assert float(comp.metrics["headroom_candidate_pass_useful_fraction"]) == pytest.approx(0.15)
+  plain = cfg.compose(ctx, replay, logp_fn)
+  assert "headroom_candidate_pass_useful_fraction" not in plain.metrics
+
+
 @pytest.mark.parametrize("objective", ["align_mu", "decoupled"])
 def test_train_step_loss_with_admitted_groups(split, tiny_qwen3, objective):
   """Both stored groups as if an older policy had sampled them: their log mu (and pi_gen) is

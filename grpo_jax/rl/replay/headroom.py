@@ -43,9 +43,9 @@ import jax.numpy as jnp
 from grpo_jax import errors, registry
 from grpo_jax.rl.replay import buffer
 from grpo_jax.rl.replay.buffer import ReplayState
-from grpo_jax.rl.replay.method import (METHODS, Composition, LogpFn, StepContext, flat_rows,
-                                    fresh_anchored, no_rows, objective_field,
-                                    validate_objective)
+from grpo_jax.rl.replay.method import (METHODS, Composition, LogpFn, PolicyPass, StepContext,
+                                       flat_rows, fresh_anchored, no_rows, objective_field,
+                                       validate_objective)
 
 ORDERS = ("headroom", "fifo")
 
@@ -161,8 +161,10 @@ class HeadroomDrift(registry.Configurable):
     cand = jax.tree.map(lambda x: x[cand_M], replay.rollouts)  # [M, G, ...]
     adv_MxG = replay.advantages[cand_M]
     gen_MxGxT = replay.gen_logp[cand_M]
-    logp_MxGxT, drift_M, head_M, passes_M, scored_M = self._walk(
+    logp_MxGxT, drift_M, head_M, passes_M, scored_M, real, computed = self._walk(
         cand, adv_MxG, gen_MxGxT, ok_M, replay.drift[cand_M], replay.headroom[cand_M], logp_fn)
+    counted = ({"headroom_candidate_pass_useful_fraction": real / jnp.maximum(computed, 1.0)}
+               if isinstance(logp_fn, PolicyPass) else {})
     admitted_M = passes_M & (jnp.cumsum(passes_M.astype(jnp.int32)) <= k)
     # Slot j takes the j-th admitted candidate (stable order keeps the walk's order).
     order_M = jnp.argsort(~admitted_M, stable=True)
@@ -185,6 +187,7 @@ class HeadroomDrift(registry.Configurable):
             "headroom_candidate_h": mean_over(head_M, scored_M),
             "headroom_admitted_drift": mean_over(drift_M, admitted_M),
             "headroom_admitted_h": mean_over(head_M, admitted_M),
+            **counted,
         })
 
   def _walk(self, cand, adv_MxG, gen_MxGxT, ok_M, cached_drift_M, cached_head_M, logp_fn):
@@ -196,36 +199,47 @@ class HeadroomDrift(registry.Configurable):
       gen_MxGxT: float32 their pi_gen.
       ok_M: bool, the candidate is a live entry.
       cached_drift_M, cached_head_M: float32, their last measured D and H.
-      logp_fn: Rollout of n rows -> [n, T] log pi_theta at the start-of-step policy.
+      logp_fn: Rollout of n rows -> [n, T] log pi_theta at the start-of-step policy (a
+        ``PolicyPass`` also counts its tokens).
 
     Returns:
       ([M, G, T] log pi_theta (pi_gen where not scored), [M] D, [M] H (the cached values where
-      not scored), [M] bool passes the gate, [M] bool scored this step).
+      not scored), [M] bool passes the gate, [M] bool scored this step, and the pass's float32
+      real tokens and positions computed over the chunks that ran: 0 and 0 unless ``logp_fn``
+      is a ``PolicyPass``).
     """
     m, g = adv_MxG.shape
     k, n = self.slots, self.candidate_chunks
+    zero = jnp.float32(0)
 
     def score(cand, adv, gen, ok):
-      logp = logp_fn(jax.tree.map(flat_rows, cand)).reshape(gen.shape)
+      rows = jax.tree.map(flat_rows, cand)
+      logp = logp_fn(rows).reshape(gen.shape)
       drift = jax.vmap(group_drift)(logp, gen, cand.completion_mask)
       head = jax.vmap(group_headroom)(logp, adv, cand.completion_mask)
       passes = ok & (drift <= self.tau) if self.gate else ok
-      return logp, drift, head, passes
+      real, computed = (logp_fn.count(rows) if isinstance(logp_fn, PolicyPass)
+                        else (zero, zero))
+      return logp, drift, head, passes, real, computed
 
     if n == 1:
-      return (*score(cand, adv_MxG, gen_MxGxT, ok_M), ok_M)
+      logp, drift, head, passes, real, computed = score(cand, adv_MxG, gen_MxGxT, ok_M)
+      return logp, drift, head, passes, ok_M, real, computed
     chunked = lambda x: x.reshape((n, m // n) + x.shape[1:])
     xs = jax.tree.map(chunked, (cand, adv_MxG, gen_MxGxT, ok_M, cached_drift_M, cached_head_M))
 
     def chunk(passed, x):
       cand_X, adv_X, gen_X, ok_X, drift_X, head_X = x
-      skip = lambda *_: (gen_X, drift_X, head_X, jnp.zeros_like(ok_X))
+      skip = lambda *_: (gen_X, drift_X, head_X, jnp.zeros_like(ok_X), zero, zero)
       run = passed < k  # fewer than K_rep admitted so far: the walk reads this chunk
-      logp, drift, head, passes = jax.lax.cond(run, score, skip, cand_X, adv_X, gen_X, ok_X)
-      return passed + jnp.sum(passes.astype(jnp.int32)), (logp, drift, head, passes, ok_X & run)
+      logp, drift, head, passes, real, computed = jax.lax.cond(run, score, skip, cand_X, adv_X,
+                                                               gen_X, ok_X)
+      return (passed + jnp.sum(passes.astype(jnp.int32)),
+              (logp, drift, head, passes, ok_X & run, real, computed))
 
     _, out = jax.lax.scan(chunk, jnp.int32(0), xs)
-    return jax.tree.map(lambda x: x.reshape((m,) + x.shape[2:]), out)
+    *per_m, real, computed = out
+    return (*(x.reshape((m,) + x.shape[2:]) for x in per_m), jnp.sum(real), jnp.sum(computed))
 
   def after_update(self, ctx: StepContext, replay: ReplayState,
                    comp: Composition) -> tuple[ReplayState, dict]:

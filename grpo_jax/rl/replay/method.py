@@ -18,9 +18,10 @@ checks against other groups, e.g. capacity against the batch). Each method regis
 file. The train step has no branch per method: it evicts, composes, computes what the objective
 needs, runs the update and inserts, whatever the method. ``logp_fn(rows) -> [n, T]`` is the
 policy at the start of the step (no gradient), for methods that score candidates with a
-teacher-forced pass (POPO-KL, Headroom-Drift); its log-probs are pi_prox, so a method that
-evaluated its replayed rows returns them in ``Composition.prox_logp`` and the step does not
-run the same pass again.
+teacher-forced pass (POPO-KL, Headroom-Drift; the step passes a ``PolicyPass``, whose
+``count`` also gives the pass's real tokens and positions computed, for the method's metrics);
+its log-probs are pi_prox, so a method that evaluated its replayed rows returns them in
+``Composition.prox_logp`` and the step does not run the same pass again.
 
 Every count (replayed, admitted, evicted) is a mask inside a fixed-size batch, never a shape.
 """
@@ -28,7 +29,7 @@ Every count (replayed, admitted, evicted) is a mask inside a fixed-size batch, n
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Optional, Protocol
+from typing import Any, Callable, ClassVar, NamedTuple, Optional, Protocol
 
 import flax
 import jax
@@ -40,6 +41,19 @@ from grpo_jax.rl.replay.buffer import ReplayState
 from grpo_jax.types import Rollout
 
 LogpFn = Callable[[Rollout], jax.Array]
+
+
+class PolicyPass(NamedTuple):
+  """The start-of-step policy's no-grad pass as the train step hands it to ``compose``: called
+  on n rows it gives their [n, T] log-probs (a ``LogpFn``); ``count(rows)`` gives the (real
+  tokens, token positions computed) float32 of that pass over them (``policy.pass_tokens``), for
+  a method that reports the useful fraction of its own passes."""
+
+  logp: LogpFn
+  count: Callable[[Rollout], tuple[jax.Array, jax.Array]]
+
+  def __call__(self, rows: Rollout) -> jax.Array:
+    return self.logp(rows)
 
 # Every replay method, by its config.replay.method name; a module of grpo_jax/replay registers
 # its method on import, and the table imports them all on first lookup.
