@@ -72,6 +72,8 @@ def pytest_xdist_auto_num_workers(config):
 def pytest_collection_finish(session):
   """Starts the 8-device checks' subprocess in the background when a selected test needs it
   (``tests/test_multidevice.py``), once per run: it runs beside the other tests."""
+  if session.config.option.collectonly:
+    return
   if any(item.nodeid.startswith("tests/test_multidevice.py::") for item in session.items):
     root = str(pathlib.Path(__file__).parent.parent)
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
