@@ -86,8 +86,8 @@ def pass_tokens(tokens: Tokens, config: StepConfig,
   padded pass feeds a completion's first T - 1 only). Computed: with ``packing=none`` the
   padded layout's positions (each prompt's P and each row's T - 1, or each row's P + T); with
   ``tokens`` the packed rows of the passes that ran (``packed_logprobs``: ``rows_per_pass`` x C
-  of each device's block a pass, up to the last one holding a unit). ``grouped`` as ``logprobs`` (None: whether the prompts repeat
-  is checked here too)."""
+  of each device's block a pass, up to the last one holding a unit). ``grouped`` as
+  ``logprobs`` (None: whether the prompts repeat is checked here too)."""
   n, p = tokens.prompt_ids.shape
   t = tokens.completion_ids.shape[1]
   g = config.group_size if config.shared_prompts and grouped is not False else 1

@@ -87,14 +87,12 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   rows = rollout.num_rows + config.replay.extra_rows(rollout.num_rows, config.group_size)
   grouped = True if update.minibatches_are_groups(rows, config) else None
   start_logp = functools.partial(_start_logp, graphdef, state.params, config, grouped=grouped)
-  start_count = functools.partial(_start_count, config, grouped=grouped)
+  start_pass = replay_method.PolicyPass(
+      start_logp, functools.partial(_start_count, config, grouped=grouped))
   ctx = _context(config, rollout, state.step, rng)
-  evicted, comp, evict_metrics = _compose(config, ctx, replay,
-                                          replay_method.PolicyPass(start_logp, start_count),
-                                          replaying)
+  evicted, comp, evict_metrics = _compose(config, ctx, replay, start_pass, replaying)
   off_policy_N = _off_policy_rows(config, comp, state.step)
-  full_NxT, prox_counts = _proximal_pass(config, comp, off_policy_N, start_logp, start_count,
-                                         replaying)
+  full_NxT, prox_counts = _proximal_pass(config, comp, off_policy_N, start_pass, replaying)
   ctx, mismatch_metrics = _sampler_mismatch(config, rollout, ctx, comp, full_NxT)
   if lora.has_adapters(state.params):
     # The reference is the base model: the adapters switched off, no second copy of weights.
@@ -217,7 +215,7 @@ def _corrects(config: StepConfig, replaying: bool) -> bool:
 
 
 def _proximal_pass(config: StepConfig, comp: replay_method.Composition,
-                   off_policy_N: jax.Array, start_logp, start_count,
+                   off_policy_N: jax.Array, start_pass: replay_method.PolicyPass,
                    replaying: bool) -> tuple[jax.Array | None, tuple | None]:
   """The no-grad pass at the start-of-step parameters, when one is needed.
 
@@ -233,8 +231,8 @@ def _proximal_pass(config: StepConfig, comp: replay_method.Composition,
     config: StepConfig (prox_pass, prox_estimate, prox_chunks, continued, the objective).
     comp: the Composition of N + R rows.
     off_policy_N: bool [N + R] the rows the objective corrects (``_off_policy_rows``).
-    start_logp: Rollout of n rows -> [n, T] log pi_prox.
-    start_count: Rollout of n rows -> (real tokens, positions computed) of that pass.
+    start_pass: the start-of-step pass (``method.PolicyPass``: n rows -> [n, T] log pi_prox,
+      and ``count`` of its tokens).
     replaying: the method can replay (static).
 
   Returns:
@@ -243,7 +241,7 @@ def _proximal_pass(config: StepConfig, comp: replay_method.Composition,
     computed) over its chunks that ran, or None when no gathered pass ran).
   """
   if config.prox_pass == "all":
-    return start_logp(comp.rollout), None
+    return start_pass(comp.rollout), None
   uses_prox = (_corrects(config, replaying)
                and objectives.OBJECTIVES[config.replay.objective].uses_prox)
   if not uses_prox or config.prox_estimate == "interpolate":
@@ -253,20 +251,20 @@ def _proximal_pass(config: StepConfig, comp: replay_method.Composition,
       return None, None
     if config.prox_chunks and comp.prox_rows is not None:
       full_NxT, real, computed = prox_lib.gathered(
-          comp.rollout, comp.replayed, comp.prox_rows, start_logp, config.prox_chunks,
-          config.group_size, start_count)
+          comp.rollout, comp.replayed, comp.prox_rows, start_pass, config.prox_chunks,
+          config.group_size, start_pass.count)
       return full_NxT, (real, computed)
-    return start_logp(comp.rollout), None
+    return start_pass(comp.rollout), None
   measured_N = comp.replayed if comp.prox_logp is not None else jnp.zeros_like(comp.replayed)
   need_N = off_policy_N & ~measured_N
   counts = None
   if config.prox_chunks:
     full_NxT, real, computed = prox_lib.gathered(
-        comp.rollout, need_N, prox_lib.off_policy_first(need_N, config.group_size), start_logp,
-        config.prox_chunks, config.group_size, start_count)
+        comp.rollout, need_N, prox_lib.off_policy_first(need_N, config.group_size), start_pass,
+        config.prox_chunks, config.group_size, start_pass.count)
     counts = (real, computed)
   else:
-    full_NxT = start_logp(comp.rollout)
+    full_NxT = start_pass(comp.rollout)
   if comp.prox_logp is not None:
     full_NxT = jnp.where(measured_N[:, None], comp.prox_logp, full_NxT)
   return full_NxT, counts
