@@ -96,6 +96,15 @@ def base_config() -> ml_collections.ConfigDict:
   # Continued rows in the loss: decoupled (off-policy rows, corrected as replayed rows are: pi_prox
   # from the pass or interpolated per token, replay.prox) | naive (clipped pi_theta / mu)
   c.rollout.correction = "decoupled"
+  # Generation on its own devices (grpo_jax/generate/asynchronous.py): the first K devices
+  # generate into the pool (partial rollouts, on by it) while the rest train; 0 = colocated.
+  c.rollout.devices = 0
+  c.rollout.generation_mesh = ml_collections.ConfigDict()  # the K devices' layout, as config.mesh's
+  c.rollout.generation_mesh.data = -1
+  c.rollout.generation_mesh.fsdp = 1
+  c.rollout.generation_mesh.tensor = 1
+  c.rollout.schedule = "free"  # free (decode until the update's parameters arrive) | lockstep
+  c.rollout.lockstep_chunks = 1  # lockstep: chunks the generator decodes while each update runs
 
   # The train step's group: StepConfig's fields (grpo_jax/rl/step_config.py says what each
   # does), with the advantage estimator (rl.estimator: grpo | drgrpo | rloo, each its group
@@ -354,5 +363,9 @@ COMMON = {
     "decoupled_all": Preset(lambda c: c.rl.update(prox_pass="all")),
     # Continued rows trained with the clipped pi_theta / mu (no pi_prox): the naive baseline.
     "naive": Preset(lambda c: c.rollout.update(correction="naive")),
+    "async": Preset(lambda c, k: c.rollout.update(partial=True, devices=k), "int", bare=1,
+                    usage="async, async=K"),
+    "lockstep": Preset(lambda c, n: c.rollout.update(schedule="lockstep", lockstep_chunks=n),
+                       "int", bare=1, usage="lockstep, lockstep=CHUNKS"),
     "lora": Preset(_lora, "int", bare=32, usage="lora, lora=R", last=True),
 }

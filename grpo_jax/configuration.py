@@ -14,6 +14,7 @@ import re
 import jax
 
 from grpo_jax import allocation, deprecated, errors, registry, sharding, tasks
+from grpo_jax.generate import asynchronous
 from grpo_jax.models import architectures, attention, causal_lm
 from grpo_jax.rewards import functions as rewards, scoring
 from grpo_jax.rl import losses, objectives
@@ -33,6 +34,32 @@ _check = errors.check
 
 PARTIAL_CACHES = ("keep", "reprefill")
 CORRECTIONS = ("decoupled", "naive")
+
+
+def uses_pool(config) -> bool:
+  """Whether rows come from the slot pool of partial rollouts: ``rollout.partial``, or
+  generation on its own devices (``rollout.devices`` > 0), whose queue the pool is."""
+  r = config.rollout
+  return bool(r.partial) or bool(r.get("devices", 0))
+
+
+def _asynchronous(config) -> None:
+  """``rollout.devices`` and its knobs (``generate/asynchronous.py``), each refusal one line;
+  the device count is checked against the machine's in ``check_mesh``."""
+  r = config.rollout
+  for name in ("devices", "generation_mesh", "schedule", "lockstep_chunks"):
+    _check(name in r, f"rollout.{name}", "missing (start from configs/common.py)")
+  _check(isinstance(r.devices, int) and not isinstance(r.devices, bool) and r.devices >= 0,
+         "rollout.devices", f"{r.devices!r} must be an integer >= 0 (0 = generate on the "
+         "training devices)")
+  _check(r.schedule in asynchronous.SCHEDULES, "rollout.schedule",
+         f"{r.schedule!r}; known: {', '.join(asynchronous.SCHEDULES)}")
+  _check(isinstance(r.lockstep_chunks, int) and r.lockstep_chunks >= 0,
+         "rollout.lockstep_chunks", f"{r.lockstep_chunks!r} must be an integer >= 0")
+  try:
+    sharding.MeshConfig.from_config(r.generation_mesh)
+  except sharding.MeshError as e:
+    raise ConfigError(str(e).replace("config.mesh", "config.rollout.generation_mesh")) from None
 
 
 def _partial_rollouts(config) -> None:
@@ -56,7 +83,8 @@ def _partial_rollouts(config) -> None:
          f"{r.partial_cache!r}; known: {', '.join(PARTIAL_CACHES)}")
   _check(r.correction in CORRECTIONS, "rollout.correction",
          f"{r.correction!r}; known: {', '.join(CORRECTIONS)}")
-  if not r.partial:
+  _asynchronous(config)
+  if not uses_pool(config):
     return
   budget, t = r.decode_budget, r.completion_len
   _check(not budget or budget * (r.max_staleness + 1) >= t - 1, "rollout.decode_budget",
@@ -266,15 +294,23 @@ def loss_config(config) -> losses.LossConfig:
   return losses.LossConfig.from_group(deprecated.current(config.rl.loss))
 
 
-def check_mesh(config, mesh) -> None:
+def check_mesh(config, mesh, generation_mesh=None) -> None:
   """Raises ConfigError unless the run's arrays split evenly over ``mesh`` (None: nothing to
-  check): the rollout rows and the replay buffer's entries over the batch axes (data x fsdp).
-  The parameters are checked as they load (``sharding.param_sharding``)."""
+  check): the rollout rows and the replay buffer's entries over the batch axes (data x fsdp),
+  and the slot pool's rows over those of the mesh that generates (``generation_mesh`` when
+  generation has its own devices). The parameters are checked as they load
+  (``sharding.param_sharding``)."""
+  r = config.rollout
+  rows = r.batch_prompts * r.group_size
+  slots = r.slots or rows
+  if generation_mesh is not None:
+    gen = sharding.batch_shards(generation_mesh)
+    _check(slots % gen == 0, "rollout.slots",
+           f"{slots} rows in flight must be a multiple of rollout.generation_mesh data x fsdp "
+           f"= {gen} (the slot pool's rows are split over the generation devices)")
   if mesh is None:
     return
-  r = config.rollout
   shards = sharding.batch_shards(mesh)
-  rows = r.batch_prompts * r.group_size
   _check(rows % shards == 0, "rollout.batch_prompts",
          f"{r.batch_prompts} prompts x {r.group_size} rollouts = {rows} rows per step must be a "
          f"multiple of mesh data x fsdp = {shards} (the rows are split over those devices)")
@@ -282,11 +318,13 @@ def check_mesh(config, mesh) -> None:
   _check(not blocks or (blocks // r.group_size) % shards == 0, "rollout.sampler_rows",
          f"{blocks} rows = {blocks // r.group_size} groups per sampler pass must be a multiple "
          f"of mesh data x fsdp = {shards} (each pass's rows are split over those devices)")
-  slots = r.slots or rows
-  _check(not r.partial or slots % shards == 0, "rollout.slots",
-         f"{slots} rows in flight must be a multiple of mesh data x fsdp = {shards} (the slot "
-         "pool's rows are split over those devices)")
-  _check(not r.partial or jax.process_count() == 1, "rollout.partial",
+  _check(generation_mesh is not None or not uses_pool(config) or slots % shards == 0,
+         "rollout.slots", f"{slots} rows in flight must be a multiple of mesh data x fsdp = "
+         f"{shards} (the slot pool's rows are split over those devices)")
+  _check(not r.get("devices", 0) or jax.process_count() == 1, "rollout.devices",
+         f"not yet across {jax.process_count()} processes: the generation and training meshes "
+         "are built from one host's devices (one process may drive all of them)")
+  _check(not uses_pool(config) or jax.process_count() == 1, "rollout.partial",
          f"not yet across {jax.process_count()} processes: the producer reads which of the "
          "pool's rows ended on one host (one process may drive every local device)")
   _check(config.replay.capacity % shards == 0, "replay.capacity",
@@ -366,7 +404,7 @@ def step_config(config, replay=None) -> StepConfig:
   return StepConfig.from_group(
       deprecated.current(config.rl), group_size=r.group_size, prox_pass=prox_pass(config),
       prox_estimate=config.replay.prox, prox_chunks=config.replay.prox_chunks,
-      continued=bool(r.partial) and r.correction == "decoupled",
+      continued=uses_pool(config) and r.correction == "decoupled",
       temperature=r.temperature, compute_entropy=config.rl.loss.entropy_coef > 0,
       replay=replay_method(config) if replay is None else replay, remat=m.remat,
       query_block=m.query_block)

@@ -125,6 +125,33 @@ def mesh_from_config(config) -> Optional[Mesh]:
   return mesh if mesh.size > 1 else None
 
 
+def split_meshes(config) -> tuple[Mesh, Mesh]:
+  """(generation mesh, training mesh) for generation on its own devices
+  (``rollout.devices`` = K > 0): the first K devices laid out by ``rollout.generation_mesh``,
+  the others by ``mesh``. Both are meshes even of one device (each side's arrays live on its
+  own devices).
+
+  Raises:
+    MeshError: K leaves no device to train on, or a layout does not fit its devices.
+  """
+  devices = jax.devices()
+  k = config.rollout.devices
+  if k >= len(devices):
+    raise MeshError(f"config.rollout.devices: {k} generation devices leave none of the "
+                    f"{len(devices)} to train on; use at most {len(devices) - 1}")
+  try:
+    generation = make_mesh(MeshConfig.from_config(config.rollout.generation_mesh), devices[:k])
+  except MeshError as e:
+    raise MeshError(str(e).replace("config.mesh", "config.rollout.generation_mesh")
+                    + f" (rollout.devices = {k})") from None
+  try:
+    training = make_mesh(MeshConfig.from_config(config.mesh), devices[k:])
+  except MeshError as e:
+    raise MeshError(f"{e} (the {len(devices) - k} devices rollout.devices = {k} leaves to "
+                    "training)") from None
+  return generation, training
+
+
 def axis_size(mesh, axes) -> int:
   """Number of shards along ``axes`` (a mesh axis name, a tuple of them, or None) of a mesh
   or abstract mesh."""

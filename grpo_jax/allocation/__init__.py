@@ -25,12 +25,13 @@ def spec(table, group, name: str):
 
 
 def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None,
-                   scorer=None, make_producer=None) -> Allocator:
+                   scorer=None, make_producer=None, make_generator=None) -> Allocator:
   """The allocator described by ``config.allocation`` (validated by grpo_jax.configuration);
   its rows are scored by ``scorer`` (``scoring.make_scorer`` when None) and its phases timed on
   ``timer`` (a ``timing.PhaseTimer``; a private one when None). With ``make_producer``
   (``rollout.partial``: ``run.build.producer_factory``) the rows come from a slot pool
-  (``PartialGroups``)."""
+  (``PartialGroups``), generated on their own devices with ``make_generator``
+  (``rollout.devices``: ``run.build.generator_factory``)."""
   a, r = config.allocation, config.rollout
   selector = spec(SELECTORS, a, a.selector).build(
       stream, size=pool_size(task, config.task.train_size), seed=config.seed)
@@ -44,7 +45,8 @@ def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None,
     return PartialGroups(selector, sampler, make_producer=make_producer,
                          num_groups=r.batch_prompts, group_size=r.group_size,
                          effective_signal=config.rl.effective_signal, seed=config.seed,
-                         policy=policy, max_rounds=a.max_rounds)
+                         policy=policy, max_rounds=a.max_rounds,
+                         make_generator=make_generator)
   return spec(RULES, a, a.method).build(
       selector, sampler, num_groups=r.batch_prompts, group_size=r.group_size,
       effective_signal=config.rl.effective_signal, max_rounds=a.max_rounds, seed=config.seed)

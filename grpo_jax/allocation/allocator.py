@@ -88,6 +88,12 @@ class Allocator:
           raise
         return []
 
+  def overlap(self, params, step: int) -> dict:
+    """Update ``step`` was dispatched, its new parameters ``params``: work to overlap with it
+    (generation on its own devices: ``PartialGroups``), and its metrics; none here."""
+    del params, step
+    return {}
+
   def state_dict(self) -> dict:
     return {"selector": self.selector.state_dict()}
 

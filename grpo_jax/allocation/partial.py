@@ -36,6 +36,7 @@ import numpy as np
 from grpo_jax import keys
 from grpo_jax.allocation import rounds as rounds_lib
 from grpo_jax.allocation.allocator import Allocator
+from grpo_jax.generate import asynchronous
 from grpo_jax.generate import partial as partial_lib
 from grpo_jax.generate import tokenization
 from grpo_jax.types import Rollout
@@ -75,13 +76,17 @@ class PartialGroups(Allocator):
     seed: the run's seed (rows' keys: ``keys.partial_rows``).
     policy: the sequential rule (``PoolPolicy``; None: uniform, G rows a group at once).
     max_rounds: with a policy, at most max_rounds x B x G rows are admitted a step.
+    make_generator: ``make_generator(producer) -> generate.asynchronous.Generator`` for
+      generation on its own devices (``rollout.devices``), None to generate on the training
+      devices between updates.
   """
 
   name = "partial"
 
   def __init__(self, selector, sampler: rounds_lib.RoundSampler, *, make_producer,
                num_groups: int, group_size: int, effective_signal: str = "success",
-               seed: int = 0, policy: PoolPolicy | None = None, max_rounds: int = 10):
+               seed: int = 0, policy: PoolPolicy | None = None, max_rounds: int = 10,
+               make_generator=None):
     super().__init__(selector, sampler, num_groups=num_groups, group_size=group_size,
                      effective_signal=effective_signal)
     self._key = keys.partial_rows(seed)
@@ -93,6 +98,7 @@ class PartialGroups(Allocator):
     cap = max_rounds * num_groups * group_size if policy is not None else 0
     self.producer = make_producer(prompts=self._next_prompt,
                                   rule=None if policy is None else self, admit_cap=cap)
+    self.generator = None if make_generator is None else make_generator(self.producer)
 
   def _next_prompt(self) -> partial_lib.Prompt:
     """The next group's prompt (a ``generate.partial.Prompt``); its rows' keys fold the
@@ -136,9 +142,12 @@ class PartialGroups(Allocator):
     p = self.producer
     before = dataclasses.replace(p.counts)
     with self.timer.phase("generation"):
-      while p.version < step:  # the updates since the last step (one, or none on step 0)
-        p.advance(params)
-      groups = p.take(params, self.num_groups)
+      if self.generator is not None:  # on its own devices, fed parameters by ``overlap``
+        groups = self.generator.take(step)
+      else:
+        while p.version < step:  # the updates since the last step (one, or none on step 0)
+          p.advance(params)
+        groups = p.take(params, self.num_groups)
     done = p.counts.minus(before)
     prompts = [self._prompts.pop(g.tag) for g in groups]
     for serial in list(self._prompts):  # discarded groups' prompts
@@ -154,7 +163,6 @@ class PartialGroups(Allocator):
       rollout, stats = self._empty_batch(step, touched)
     trained = np.concatenate([g.versions[g.tokens_mask()] for g in groups]) if groups else (
         np.zeros(0, np.int32))
-    staleness = step - trained
     spent = done.rows_trained + done.rows_discarded + done.rows_dropped
     effective = stats["alloc/effective_groups"]
     stats.update({
@@ -168,13 +176,30 @@ class PartialGroups(Allocator):
         # in earlier steps.
         "alloc/useful_fraction": p.counts.useful_fraction,
         "alloc/decode_steps": float(done.decode_steps),
-        "alloc/staleness_mean": float(staleness.mean()) if staleness.size else 0.0,
-        "alloc/staleness_max": float(staleness.max()) if staleness.size else 0.0})
+        **asynchronous.staleness_stats(step, trained, p.max_staleness)})
+
     if self.policy is not None:
       stats.update({"alloc/groups_dropped": float(done.groups_dropped),
                     "alloc/capped": float(len(groups) < self.num_groups),
                     **self.policy.take_stats()})
     return rollout, stats
+
+  def overlap(self, params, step: int) -> dict:
+    """Update ``step`` was dispatched (its parameters ``params``): the generator works while it
+    runs and then holds its parameters (``generate.asynchronous.Generator.overlap``); returns
+    the step's ``rollout/`` busy, idle and transfer seconds. Nothing ({}) when generation
+    shares the training devices."""
+    if self.generator is None:
+      return {}
+    with self.timer.phase("generation"):
+      self.generator.overlap(params, step)
+    return self.generator.take_stats()
+
+  def start_generator(self, params) -> None:
+    """The generator's first parameters (the run's, fresh or restored; a no-op without
+    one)."""
+    if self.generator is not None:
+      self.generator.start(params)
 
   def _score(self, groups: list[partial_lib.Group], prompts) -> list[rounds_lib.Rows]:
     """Each complete group's host Rows: a policy's scored rows, or scored now (one call for

@@ -199,6 +199,9 @@ class Producer:
     self._pending: collections.deque[tuple[int, int]] = collections.deque()  # (serial, rows)
     self.ready: collections.deque[Group] = collections.deque()
     self._stale_cache = False  # restored rows whose cache is still to be rebuilt
+    self.horizon = -max_staleness  # groups older than this version are discarded (``expire``)
+    self.lead: int | None = None  # most groups ready and in flight (``work``); None: no limit
+    self._admitted = 0  # rows admitted since the last ``take``
 
   # -- admission ---------------------------------------------------------------------------
   def _new_group(self) -> int:
@@ -327,25 +330,9 @@ class Producer:
     """B complete groups (first completed first), decoding until they are ready, the
     ``budget`` is spent, or the ``admit_cap`` is reached with nothing left in flight (then
     fewer); rows in flight stay."""
-    self._rebuild_cache(params)
-    spent = admitted = 0
-    admit = self._admit_groups if self.rule is None else self._admit_by_rule
-    while len(self.ready) < b and (not self.budget or spent < self.budget):
-      free = np.flatnonzero(~np.asarray(self.pool.live))
-      room = self.admit_cap - admitted if self.admit_cap else len(free)
-      now = admit(params, free, room)
-      admitted += now
-      if len(free) == self.slots and not now:
-        break  # nothing in flight and nothing admitted (the cap is reached)
-      before = self.pool.length.sum()
-      self.pool, steps = self._decode(params, self.pool, jnp.int32(self.version))
-      steps, drawn = (int(x) for x in jax.device_get((steps, self.pool.length.sum() - before)))
-      spent += steps
-      self.counts.decode_steps += steps
-      self.counts.decode_positions += steps * self.slots
-      self.counts.tokens_generated += drawn
-      self._harvest()
-    self.counts.rows_admitted += admitted
+    self.work(params, until=lambda: len(self.ready) >= b, budget=self.budget)
+    self.counts.rows_admitted += self._admitted
+    self._admitted = 0
     out = [self.ready.popleft() for _ in range(min(b, len(self.ready)))]
     for group in out:
       self.counts.groups_trained += 1
@@ -353,21 +340,67 @@ class Producer:
       self.counts.tokens_trained += int(group.lengths.sum())
     return out
 
+  def can_decode(self) -> bool:
+    """Whether a token drawn now could still be trained: the version of the parameters held
+    is at least the ``horizon`` (else every row it continues is discarded before a step can
+    take it, so the generator waits for newer parameters)."""
+    return self.version >= self.horizon
+
+  def work(self, params, until: Callable[[], bool], budget: int = 0,
+           chunks: int = 0) -> int:
+    """Admits and decodes chunk after chunk until ``until()`` holds (checked before each
+    chunk), nothing is in flight or admissible, ``budget`` decode steps or ``chunks`` chunks
+    are spent (0: no limit), or no token drawn could be trained (``can_decode``). New groups
+    are admitted while the groups ready and in flight are fewer than ``lead`` (None: no limit)
+    and the ``admit_cap`` rows since the last ``take`` allow. Returns the chunks run."""
+    self._rebuild_cache(params)
+    spent = run = 0
+    admit = self._admit_groups if self.rule is None else self._admit_by_rule
+    while (not until() and self.can_decode() and (not budget or spent < budget)
+           and (not chunks or run < chunks)):
+      free = np.flatnonzero(~np.asarray(self.pool.live))
+      room = self.admit_cap - self._admitted if self.admit_cap else len(free)
+      if self.lead is not None:  # the groups ready and in flight may not run ahead
+        room = min(room, max(self.lead - len(self.ready) - len(self._groups), 0) * self.g)
+      now = admit(params, free, room)
+      self._admitted += now
+      if len(free) == self.slots and not now:
+        break  # nothing in flight and nothing admitted (the cap or the lead is reached)
+      before = self.pool.length.sum()
+      self.pool, steps = self._decode(params, self.pool, jnp.int32(self.version))
+      steps, drawn = (int(x) for x in jax.device_get((steps, self.pool.length.sum() - before)))
+      spent += steps
+      run += 1
+      self.counts.decode_steps += steps
+      self.counts.decode_positions += steps * self.slots
+      self.counts.tokens_generated += drawn
+      self._harvest()
+    return run
+
   def advance(self, params) -> None:
     """After an update: the version moves on; groups too old to train are discarded (ready,
     waiting for rows or in flight: their whole group), and with ``reprefill`` the live rows'
     cache is recomputed under ``params``."""
     self._rebuild_cache(params)
     self.version += 1
-    oldest_allowed = self.version - self.max_staleness
+    self.expire(self.version - self.max_staleness)
+    if self.do_reprefill and self.pool_live():
+      self.pool = self._reprefill(params, self.pool)
+      self.counts.reprefill_positions += self.slots * (self.p + self.t)
+
+  def expire(self, horizon: int) -> None:
+    """No group whose oldest token is older than version ``horizon`` can be trained any more
+    (the next step to take groups trains version ``horizon + max_staleness``): such groups
+    are discarded, ready, waiting for rows or in flight (their whole group)."""
+    self.horizon = max(self.horizon, horizon)
     kept = collections.deque()
     for group in self.ready:
-      if group.oldest < oldest_allowed:
+      if group.oldest < self.horizon:
         self._discard(self.g)
       else:
         kept.append(group)
     self.ready = kept
-    stale = {s for s, v in self._groups.items() if v["oldest"] < oldest_allowed}
+    stale = {s for s, v in self._groups.items() if v["oldest"] < self.horizon}
     if stale:
       tickets = np.asarray(self.pool.ticket)
       drop = np.asarray(self.pool.live) & np.isin(tickets // self.g, list(stale))
@@ -379,9 +412,6 @@ class Producer:
       self._pending = collections.deque(x for x in self._pending if x[0] not in stale)
       if drop.any():
         self.pool = self._release(self.pool, jnp.asarray(drop))
-    if self.do_reprefill and self.pool_live():
-      self.pool = self._reprefill(params, self.pool)
-      self.counts.reprefill_positions += self.slots * (self.p + self.t)
 
   def _discard(self, rows: int) -> None:
     self.counts.groups_discarded += 1
@@ -401,7 +431,8 @@ class Producer:
               for k, v in self._groups.items()}
     ready = [{f.name: getattr(g, f.name) for f in dataclasses.fields(Group)}
              for g in self.ready]
-    return {"version": self.version, "serial": self._serial, "counts": vars(self.counts),
+    return {"version": self.version, "horizon": self.horizon, "serial": self._serial,
+            "admitted": self._admitted, "counts": vars(self.counts),
             "pool": pool, "groups": groups, "ready": ready,
             "pending": [list(x) for x in self._pending]}
 
@@ -411,6 +442,8 @@ class Producer:
     ``keep`` the continued rows then attend to keys and values of the resumed parameters
     where the run that saved them held those of older ones."""
     self.version, self._serial = int(state["version"]), int(state["serial"])
+    self.horizon = int(state.get("horizon", self.version - self.max_staleness))
+    self._admitted = int(state.get("admitted", 0))
     self.counts = Counts(**state["counts"])
     # Each field back on the device(s) and layout of the one it replaces.
     fields = {f: jax.device_put(np.asarray(state["pool"][f], getattr(self.pool, f).dtype),

@@ -25,6 +25,7 @@ from grpo_jax import keys
 from grpo_jax import sharding as sharding_lib
 from grpo_jax import tasks as tasks_lib
 from grpo_jax import timing
+from grpo_jax.generate import asynchronous
 from grpo_jax.generate import partial as partial_lib
 from grpo_jax.generate import prompts as prompts_lib
 from grpo_jax.generate import sampler as sampler_lib
@@ -131,9 +132,12 @@ def setup(config, workdir: str) -> Run:
   configuration.validate(config)
   # Multi-host: every process runs this same function on the same prompts (README: Sharding).
   sharding_lib.initialize_distributed(config.mesh)
-  mesh = sharding_lib.mesh_from_config(config)  # None on a single device
-  configuration.check_mesh(config, mesh)
   r = config.rollout
+  if r.devices:  # generation on its own devices: two meshes, each of at least one device
+    generation_mesh, mesh = sharding_lib.split_meshes(config)
+  else:
+    generation_mesh, mesh = None, sharding_lib.mesh_from_config(config)  # None on one device
+  configuration.check_mesh(config, mesh, generation_mesh)
   configuration.check_backend(config)  # training runs the attention kernel: it must exist here
   for note in configuration.backend_notes(config, jax.default_backend()):
     console.say(note)
@@ -163,8 +167,11 @@ def setup(config, workdir: str) -> Run:
   scorer = scoring.make_scorer(config, task)  # the user's reward functions load here
   allocator = allocation.make_allocator(
       config, sample_fn, tokenizer, task, stream, timer, scorer,
-      make_producer=(producer_factory(config, graphdef, params, sampling, mesh) if r.partial
-                     else None))
+      make_producer=(producer_factory(config, graphdef, params, sampling,
+                                      generation_mesh or mesh)
+                     if configuration.uses_pool(config) else None),
+      make_generator=(generator_factory(config, state.params, generation_mesh) if r.devices
+                      else None))
 
   # Only now, after every input has been checked, is anything written.
   os.makedirs(workdir, exist_ok=True)
@@ -183,6 +190,8 @@ def setup(config, workdir: str) -> Run:
     counters = records.Counters.from_host(saved)
     allocator.load_state_dict(saved["allocator"])
     timers = workdir_lib.resumed_timers(workdir, timers)
+  if r.devices:  # the generation mesh's copy of the (fresh or restored) parameters
+    allocator.start_generator(state.params)
   shardings = None if mesh is None else sharding_lib.step_shardings(
       mesh, state, replay, family.param_axes(), ref_params)
   train_step = step_lib.make_train_step(graphdef, tx, configuration.step_config(config), shardings)
@@ -211,6 +220,17 @@ def producer_factory(config, graphdef, params, sampling, mesh=None):
       prompt_len=r.prompt_len, chunk=r.chunk or max(1, r.completion_len // 32),
       max_staleness=r.max_staleness,
       reprefill=r.partial_cache == "reprefill", budget=r.decode_budget, mesh=mesh)
+
+
+def generator_factory(config, params, generation_mesh):
+  """``make_generator(producer)``: generation on its own devices (``rollout.devices``,
+  ``generate.asynchronous.Generator``), the parameters laid out on the generation mesh by the
+  same rules as the training mesh's."""
+  r = config.rollout
+  shardings = sharding_lib.tree_shardings(generation_mesh, params, family.param_axes())
+  return lambda producer: asynchronous.Generator(
+      producer, shardings, num_groups=r.batch_prompts, schedule=r.schedule,
+      lockstep_chunks=r.lockstep_chunks)
 
 
 def frozen_reference(params, dtype: str):

@@ -110,9 +110,13 @@ def _step(run: Run, step: int) -> tuple[int, bool, bool]:
   with timer.phase("update"):
     p.state, p.replay, device_metrics = s.train_step(p.state, p.replay, rollout,
                                                            s.ref_params, keys.update(key))
-    # Generation needs the new parameters anyway, so waiting here costs no overlap and lets
-    # the phases split the time honestly: "update" is dispatch plus the device's work.
-    jax.block_until_ready(p.state.step)
+    if not config.rollout.devices:
+      # Generation needs the new parameters anyway, so waiting here costs no overlap and lets
+      # the phases split the time honestly: "update" is dispatch plus the device's work.
+      jax.block_until_ready(p.state.step)
+  # With generation on its own devices, it runs while the update does (its "generation"
+  # time), then holds the new parameters (generate/asynchronous.py).
+  stats.update(s.allocator.overlap(p.state.params, step))
   if p.pending is not None:  # the previous step's record, its metrics long computed
     with timer.phase("metrics"):
       _flush_pending(run)
