@@ -14,10 +14,11 @@ Staleness has partial rollouts' definition: a token's version is the number of u
 the parameters that drew it, and a token trained at step s has staleness s - its version.
 ``rollout.max_staleness`` = S holds exactly: before a step takes groups, and again when an
 update is dispatched, every group whose oldest token is older than (the next step to take
-groups) - S is discarded and counted (``Producer.expire``); the generator does not decode
-while no token it draws could be trained (its version + S < the next step), and admits no new
+groups) - S is discarded and counted (``Producer.expire``), and the generator admits no new
 group while the groups ready and in flight already fill the steps its tokens can reach
-(``Producer.lead`` = B x (version + S - next step + 1)): it waits rather than run ahead.
+(``Producer.lead`` = B x (version + S - next step + 1)): it waits rather than run ahead. When
+no token it could draw would be trainable (its version + S < the next step) both hold at once:
+every group in flight has expired and the lead is 0, so nothing is decoded.
 
 Host concurrency: one thread. JAX dispatch is asynchronous, so the train step is dispatched
 and runs on its devices while the host drives the generator's chunks on the others; the host
@@ -128,6 +129,7 @@ class Generator:
     self.times = Times()
     self._last_trained: float | None = None
     self.transfers = 0  # parameter sets received
+    self.next_step = 0  # the next step to take groups (the bound is counted from it)
 
   def start(self, train_params) -> None:
     """The generator's parameters: a copy of ``train_params`` (the run's, of the version the
@@ -157,6 +159,7 @@ class Generator:
     groups that step can no longer take are discarded, and the groups ready and in flight may
     fill the steps up to the last one the generator's tokens can reach."""
     p = self.producer
+    self.next_step = next_step
     p.expire(next_step - p.max_staleness)
     p.lead = self.b * max(p.version + p.max_staleness - next_step + 1, 0)
 
@@ -191,7 +194,8 @@ class Generator:
     self._gate(step + 1)
     p = self.producer
     if self.schedule == "lockstep":
-      self._busy(p.work, self.params, until=lambda: False, chunks=self.lockstep_chunks)
+      if self.lockstep_chunks:
+        self._busy(p.work, self.params, until=lambda: False, chunks=self.lockstep_chunks)
     else:
       self._busy(p.work, self.params, until=transit.ready)
     start = time.perf_counter()

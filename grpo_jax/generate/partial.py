@@ -340,23 +340,17 @@ class Producer:
       self.counts.tokens_trained += int(group.lengths.sum())
     return out
 
-  def can_decode(self) -> bool:
-    """Whether a token drawn now could still be trained: the version of the parameters held
-    is at least the ``horizon`` (else every row it continues is discarded before a step can
-    take it, so the generator waits for newer parameters)."""
-    return self.version >= self.horizon
-
   def work(self, params, until: Callable[[], bool], budget: int = 0,
            chunks: int = 0) -> int:
     """Admits and decodes chunk after chunk until ``until()`` holds (checked before each
-    chunk), nothing is in flight or admissible, ``budget`` decode steps or ``chunks`` chunks
-    are spent (0: no limit), or no token drawn could be trained (``can_decode``). New groups
-    are admitted while the groups ready and in flight are fewer than ``lead`` (None: no limit)
-    and the ``admit_cap`` rows since the last ``take`` allow. Returns the chunks run."""
+    chunk), nothing is in flight or admissible, or ``budget`` decode steps or ``chunks``
+    chunks are spent (0: no limit). New groups are admitted while the groups ready and in
+    flight are fewer than ``lead`` (None: no limit) and the ``admit_cap`` rows since the last
+    ``take`` allow. Returns the chunks run."""
     self._rebuild_cache(params)
     spent = run = 0
     admit = self._admit_groups if self.rule is None else self._admit_by_rule
-    while (not until() and self.can_decode() and (not budget or spent < budget)
+    while (not until() and (not budget or spent < budget)
            and (not chunks or run < chunks)):
       free = np.flatnonzero(~np.asarray(self.pool.live))
       room = self.admit_cap - self._admitted if self.admit_cap else len(free)
