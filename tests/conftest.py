@@ -70,16 +70,19 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_collection_finish(session):
-  """Starts the 8-device checks' subprocess in the background when a selected test needs it
-  (``tests/test_multidevice.py``), once per run: it runs beside the other tests."""
+  """Starts each 8-device checks' subprocess in the background when a selected test needs it
+  (``tests/test_multidevice.py``, ``tests/test_async_devices.py``), once per run: they run
+  beside the other tests."""
   if session.config.option.collectonly:
     return
-  if any(item.nodeid.startswith("tests/test_multidevice.py::") for item in session.items):
-    root = str(pathlib.Path(__file__).parent.parent)
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    run_once.start("multidevice", lambda folder: [
-        sys.executable, os.path.join(root, "tests", "multidevice_checks.py"),
-        str(folder / "report.json")], cwd=root, env=env)
+  root = str(pathlib.Path(__file__).parent.parent)
+  env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  for name, module, checks in (("multidevice", "test_multidevice.py", "multidevice_checks.py"),
+                               ("async", "test_async_devices.py", "async_checks.py")):
+    if any(item.nodeid.startswith(f"tests/{module}::") for item in session.items):
+      run_once.start(name, lambda folder, checks=checks: [
+          sys.executable, os.path.join(root, "tests", checks), str(folder / "report.json")],
+                     cwd=root, env=env)
 
 
 def pytest_sessionfinish(session, exitstatus):

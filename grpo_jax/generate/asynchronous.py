@@ -5,7 +5,7 @@ devices generate, the rest train. The slot pool of partial rollouts (``generate.
 the queue between them: the generator decodes chunk after chunk into it, a step takes the
 first B complete groups, and the rows still unfinished continue under the next parameters.
 After each update is dispatched its parameters are sent to the generation mesh device to
-device (``send``; under LoRA only the adapters), and the generator switches to them at its
+device (``generate.transfer``; under LoRA only the adapters), and the generator switches to them at its
 next chunk boundary once they have arrived (``overlap``). AReaL (arXiv 2505.24298), verl's
 one-step-off and fully asynchronous trainers, and tunix's separate-mesh agentic learner
 bound staleness the same way: a maximum off-policy lag, enforced by the generator.
@@ -47,7 +47,6 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax import sharding as sharding_lib
 from grpo_jax.generate import partial as partial_lib
 from grpo_jax.models import lora
 
@@ -107,7 +106,9 @@ class Generator:
 
   Args:
     producer: the ``generate.partial.Producer`` whose pool lives on the generation mesh.
-    shardings: the generation mesh's NamedShardings of the parameters (by path).
+    send: ``send(trained)``: the trained parameters (all of them, or under LoRA the adapters)
+      on the generation mesh, device to device (``generate.transfer.Transfer``).
+    send_frozen: the same for the parameters LoRA freezes (sent once, by ``start``).
     num_groups: B, groups a step takes.
     schedule: ``free`` or ``lockstep`` (module doc).
     lockstep_chunks: chunks run while each update runs (``lockstep``).
@@ -115,17 +116,15 @@ class Generator:
   ``start(params)`` gives it its first parameters (the run's, fresh or restored).
   """
 
-  def __init__(self, producer: partial_lib.Producer, shardings, *, num_groups: int,
-               schedule: str = "free", lockstep_chunks: int = 1):
+  def __init__(self, producer: partial_lib.Producer, send, send_frozen=None, *,
+               num_groups: int, schedule: str = "free", lockstep_chunks: int = 1):
     if schedule not in SCHEDULES:
       raise ValueError(f"schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
     self.producer, self.b = producer, num_groups
     self.schedule, self.lockstep_chunks = schedule, lockstep_chunks
-    self._all_shardings = shardings
-    self._shardings = shardings
+    self._send, self._send_frozen = send, send_frozen
     self._frozen = None
     self.params = None
-    self._transit: _InTransit | None = None
     self.times = Times()
     self._last_trained: float | None = None
     self.transfers = 0  # parameter sets received
@@ -136,9 +135,7 @@ class Generator:
     producer records) on the generation mesh. Under LoRA the base is copied here once and
     stays; each update sends the adapters only."""
     trained, frozen = lora.trainable(train_params)
-    if frozen is not None:
-      self._shardings, frozen_shardings = lora.trainable(self._all_shardings)
-      self._frozen = sharding_lib.put(frozen, frozen_shardings)
+    self._frozen = None if frozen is None else self._send_frozen(frozen)
     self.params = lora.join(self._send(trained), self._frozen)
     self._last_trained = None
 
@@ -146,13 +143,6 @@ class Generator:
   def version(self) -> int:
     """The version (updates) of the parameters the generator decodes with."""
     return self.producer.version
-
-  def _send(self, trained):
-    """``trained`` copied onto the generation mesh, device to device: a copy through the host
-    raises (``jax.transfer_guard``)."""
-    with jax.transfer_guard_device_to_host("disallow"), \
-        jax.transfer_guard_host_to_device("disallow"):
-      return sharding_lib.put(trained, self._shardings)
 
   def _gate(self, next_step: int) -> None:
     """The bound for tokens drawn from now on, which a step ``next_step`` or later trains:

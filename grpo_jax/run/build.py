@@ -29,6 +29,7 @@ from grpo_jax.generate import asynchronous
 from grpo_jax.generate import partial as partial_lib
 from grpo_jax.generate import prompts as prompts_lib
 from grpo_jax.generate import sampler as sampler_lib
+from grpo_jax.generate import transfer
 from grpo_jax.models import CheckpointError, from_pretrained, lora
 from grpo_jax.models import family
 from grpo_jax.rewards import scoring
@@ -170,7 +171,7 @@ def setup(config, workdir: str) -> Run:
       make_producer=(producer_factory(config, graphdef, params, sampling,
                                       generation_mesh or mesh)
                      if configuration.uses_pool(config) else None),
-      make_generator=(generator_factory(config, state.params, generation_mesh) if r.devices
+      make_generator=(generator_factory(config, state.params, mesh, generation_mesh) if r.devices
                       else None))
 
   # Only now, after every input has been checked, is anything written.
@@ -222,14 +223,19 @@ def producer_factory(config, graphdef, params, sampling, mesh=None):
       reprefill=r.partial_cache == "reprefill", budget=r.decode_budget, mesh=mesh)
 
 
-def generator_factory(config, params, generation_mesh):
+def generator_factory(config, params, mesh, generation_mesh):
   """``make_generator(producer)``: generation on its own devices (``rollout.devices``,
   ``generate.asynchronous.Generator``), the parameters laid out on the generation mesh by the
-  same rules as the training mesh's."""
+  same rules as on the training ``mesh`` and sent between them device to device
+  (``generate.transfer``): under LoRA the adapters after each update, the base once."""
   r = config.rollout
-  shardings = sharding_lib.tree_shardings(generation_mesh, params, family.param_axes())
+  axes = family.param_axes()
+  src = lora.trainable(sharding_lib.tree_shardings(mesh, params, axes))
+  dst = lora.trainable(sharding_lib.tree_shardings(generation_mesh, params, axes))
+  send = transfer.Transfer(src[0], dst[0], config.model.dtype)
+  send_frozen = None if src[1] is None else transfer.Transfer(src[1], dst[1], config.model.dtype)
   return lambda producer: asynchronous.Generator(
-      producer, shardings, num_groups=r.batch_prompts, schedule=r.schedule,
+      producer, send, send_frozen, num_groups=r.batch_prompts, schedule=r.schedule,
       lockstep_chunks=r.lockstep_chunks)
 
 

@@ -15,9 +15,8 @@ from tests.generate.test_partial import T, _producer
 
 def _generator(split, *, b=1, schedule="lockstep", chunks=0, **kw):
   producer = _producer(split, **kw)
-  shardings = jax.tree.map(lambda x: x.sharding, split[1])
-  gen = asynchronous.Generator(producer, shardings, num_groups=b, schedule=schedule,
-                               lockstep_chunks=chunks)
+  gen = asynchronous.Generator(producer, lambda params: params, num_groups=b,
+                               schedule=schedule, lockstep_chunks=chunks)
   gen.start(split[1])
   return gen
 

@@ -487,7 +487,7 @@ def test_partial_rollouts_span_versions_and_resume(tmp_path, cache):
   straight, resumed = os.fspath(tmp_path / "straight"), os.fspath(tmp_path / "resumed")
   train.train_and_evaluate(config(4), straight)
   steps = [r for r in metrics.read_metrics(straight) if "loss" in r]
-  assert max(r["alloc/staleness_max"] for r in steps) >= 1  # trained tokens spanned versions
+  assert max(r["rollout/staleness_max"] for r in steps) >= 1  # trained tokens spanned versions
   assert steps[-1]["alloc/rows_in_flight"] > 0  # reported, not lost
   # A rollout counts once, when handed out or discarded: never more than were admitted.
   assert all(r["alloc/rollouts_in_update"] <= 4 for r in steps)
@@ -499,7 +499,7 @@ def test_partial_rollouts_span_versions_and_resume(tmp_path, cache):
     return
   for x, y in zip(jax.tree.leaves(_final_state(straight)), jax.tree.leaves(_final_state(resumed))):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  keys = ("rollouts", "completion_tokens", "alloc/groups_discarded", "alloc/staleness_max")
+  keys = ("rollouts", "completion_tokens", "alloc/groups_discarded", "rollout/staleness_max")
   assert [[r[k] for k in keys] for r in steps] == [[r[k] for k in keys] for r in again]
 
 
