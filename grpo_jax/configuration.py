@@ -301,6 +301,9 @@ def check_mesh(config, mesh, generation_mesh=None) -> None:
   generation has its own devices). The parameters are checked as they load
   (``sharding.param_sharding``)."""
   r = config.rollout
+  _check(not r.get("devices", 0) or jax.process_count() == 1, "rollout.devices",
+         f"not yet across {jax.process_count()} processes: the generation and training meshes "
+         "are built from one host's devices (one process may drive all of them)")
   rows = r.batch_prompts * r.group_size
   slots = r.slots or rows
   if generation_mesh is not None:
@@ -321,9 +324,6 @@ def check_mesh(config, mesh, generation_mesh=None) -> None:
   _check(generation_mesh is not None or not uses_pool(config) or slots % shards == 0,
          "rollout.slots", f"{slots} rows in flight must be a multiple of mesh data x fsdp = "
          f"{shards} (the slot pool's rows are split over those devices)")
-  _check(not r.get("devices", 0) or jax.process_count() == 1, "rollout.devices",
-         f"not yet across {jax.process_count()} processes: the generation and training meshes "
-         "are built from one host's devices (one process may drive all of them)")
   _check(not uses_pool(config) or jax.process_count() == 1, "rollout.partial",
          f"not yet across {jax.process_count()} processes: the producer reads which of the "
          "pool's rows ended on one host (one process may drive every local device)")
