@@ -33,7 +33,7 @@ from grpo_jax.run import build, checkpoint as checkpoint_lib, loop, metrics  # n
 
 def _config(module, presets: str, total: int, **rollout):
   c = module.get_config(presets)
-  c.rollout.update(devices=4, partial=True, **rollout)
+  c.rollout.update(**{"devices": 4, "partial": True, **rollout})
   c.rollout.generation_mesh.update(data=2, fsdp=1, tensor=2)  # a layout unlike training's
   c.mesh.update(data=2, fsdp=2, tensor=1)
   c.total_steps = total
@@ -134,6 +134,34 @@ def transfer(root: str) -> dict:
   return out
 
 
+def fuzz(root: str, n: int, seed: int = 0) -> list:
+  """``n`` drawn settings of the asynchronous knobs on 8 devices: each is refused in one line
+  (validation or setup) or trains 2 steps within its bound."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in range(n):
+    axes = lambda: dict(zip(("data", "fsdp", "tensor"),
+                            rng.permutation([-1, int(rng.choice([1, 2])), 1]).tolist()))
+    knobs = dict(devices=int(rng.integers(1, 8)), schedule=str(rng.choice(["free", "lockstep"])),
+                 lockstep_chunks=int(rng.integers(0, 3)), max_staleness=int(rng.integers(0, 4)),
+                 slots=int(rng.choice([0, 4, 8, 16])), chunk=int(rng.choice([0, 1, 3])),
+                 partial_cache=str(rng.choice(["keep", "reprefill"])),
+                 correction=str(rng.choice(["decoupled", "naive"])))
+    gen_axes, train_axes = axes(), axes()
+    c = _config(grpo, "smoke", 2, **knobs)
+    c.rollout.generation_mesh.update(**gen_axes)
+    c.mesh.update(**train_axes)
+    case = {"knobs": knobs, "generation_mesh": gen_axes, "mesh": train_axes}
+    try:
+      run = _run(c, os.path.join(root, f"fuzz{i}"))
+      case["staleness_max"] = max(s["rollout/staleness_max"] for s in run["steps"])
+      case["steps"] = len(run["steps"])
+    except (ValueError, sharding.MeshError) as e:  # ConfigError and MeshError are ValueErrors
+      case["refused"] = str(e)
+    out.append(case)
+  return out
+
+
 def main(out_path: str) -> None:
   root = tempfile.mkdtemp()
   report = {"devices": jax.device_count()}
@@ -146,6 +174,7 @@ def main(out_path: str) -> None:
                                chunk=1, slots=8)
   report["sara_free"] = _run(_config(sara, "smoke", 3, max_staleness=1, chunk=1, slots=8),
                              os.path.join(root, "s"))
+  report["fuzz"] = fuzz(os.path.join(root, "f"), int(os.environ.get("ASYNC_FUZZ", "4")))
   with open(out_path, "w", encoding="utf-8") as f:
     json.dump(report, f, indent=1)
 

@@ -81,3 +81,14 @@ def test_sara_runs_asynchronously(report):
   assert [s["step"] for s in steps] == [1, 2, 3]
   assert all(s["rollout/staleness_max"] <= 1 for s in steps)
   assert report["sara_free"]["generator_devices"] == [0, 1, 2, 3]
+
+
+def test_every_accepted_setting_runs_and_every_refusal_is_one_line(report):
+  # Drawn device counts, both meshes' layouts, schedules, chunks, staleness, pool sizes, cache
+  # and correction (``async_checks.fuzz``; run once with ASYNC_FUZZ=40 locally).
+  for case in report["fuzz"]:
+    if "refused" in case:
+      assert "\n" not in case["refused"] and case["refused"].startswith("config."), case
+    else:
+      assert case["steps"] == 2 and case["staleness_max"] <= case["knobs"]["max_staleness"], case
+  assert any("refused" not in case for case in report["fuzz"])  # some settings ran
