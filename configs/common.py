@@ -105,6 +105,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.generation_mesh.tensor = 1
   c.rollout.schedule = "free"  # free (decode until the update's parameters arrive) | lockstep
   c.rollout.lockstep_chunks = 1  # lockstep: chunks the generator decodes while each update runs
+  c.rollout.ahead = 1  # steps beyond the next whose groups the generator may prepare (within the bound)
 
   # The train step's group: StepConfig's fields (grpo_jax/rl/step_config.py says what each
   # does), with the advantage estimator (rl.estimator: grpo | drgrpo | rloo, each its group
@@ -365,6 +366,7 @@ COMMON = {
     "naive": Preset(lambda c: c.rollout.update(correction="naive")),
     "async": Preset(lambda c, k: c.rollout.update(partial=True, devices=k), "int", bare=1,
                     usage="async, async=K"),
+    "ahead": Preset(lambda c, n: c.rollout.update(ahead=n), "int", usage="ahead=N"),
     "lockstep": Preset(lambda c, n: c.rollout.update(schedule="lockstep", lockstep_chunks=n),
                        "int", bare=1, usage="lockstep, lockstep=CHUNKS"),
     "lora": Preset(_lora, "int", bare=32, usage="lora, lora=R", last=True),

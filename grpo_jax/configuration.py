@@ -47,7 +47,7 @@ def _asynchronous(config) -> None:
   """``rollout.devices`` and its knobs (``generate/asynchronous.py``), each refusal one line;
   the device count is checked against the machine's in ``check_mesh``."""
   r = config.rollout
-  for name in ("devices", "generation_mesh", "schedule", "lockstep_chunks"):
+  for name in ("devices", "generation_mesh", "schedule", "lockstep_chunks", "ahead"):
     _check(name in r, f"rollout.{name}", "missing (start from configs/common.py)")
   _check(isinstance(r.devices, int) and not isinstance(r.devices, bool) and r.devices >= 0,
          "rollout.devices", f"{r.devices!r} must be an integer >= 0 (0 = generate on the "
@@ -56,6 +56,8 @@ def _asynchronous(config) -> None:
          f"{r.schedule!r}; known: {', '.join(asynchronous.SCHEDULES)}")
   _check(isinstance(r.lockstep_chunks, int) and r.lockstep_chunks >= 0,
          "rollout.lockstep_chunks", f"{r.lockstep_chunks!r} must be an integer >= 0")
+  _check(isinstance(r.ahead, int) and r.ahead >= 0, "rollout.ahead",
+         f"{r.ahead!r} must be an integer >= 0 (0 = only the next step's groups)")
   try:
     sharding.MeshConfig.from_config(r.generation_mesh)
   except sharding.MeshError as e:

@@ -139,16 +139,20 @@ def fuzz(root: str, n: int, seed: int = 0) -> list:
   (validation or setup) or trains 2 steps within its bound."""
   rng = np.random.default_rng(seed)
   out = []
+  layouts = [dict(data=-1, fsdp=1, tensor=1), dict(data=1, fsdp=-1, tensor=1),
+             dict(data=-1, fsdp=1, tensor=2), dict(data=1, fsdp=1, tensor=-1)]
   for i in range(n):
-    axes = lambda: dict(zip(("data", "fsdp", "tensor"),
-                            rng.permutation([-1, int(rng.choice([1, 2])), 1]).tolist()))
-    knobs = dict(devices=int(rng.integers(1, 8)), schedule=str(rng.choice(["free", "lockstep"])),
+    axes = lambda: dict(layouts[int(rng.integers(len(layouts)))])
+    knobs = dict(devices=int(rng.choice([1, 2, 3, 4, 6])),
+                 schedule=str(rng.choice(["free", "lockstep"])),
                  lockstep_chunks=int(rng.integers(0, 3)), max_staleness=int(rng.integers(0, 4)),
-                 slots=int(rng.choice([0, 4, 8, 16])), chunk=int(rng.choice([0, 1, 3])),
+                 ahead=int(rng.integers(0, 3)), slots=int(rng.choice([0, 8, 16])),
+                 chunk=int(rng.choice([0, 1, 3])),
                  partial_cache=str(rng.choice(["keep", "reprefill"])),
                  correction=str(rng.choice(["decoupled", "naive"])))
     gen_axes, train_axes = axes(), axes()
     c = _config(grpo, "smoke", 2, **knobs)
+    c.rollout.batch_prompts = 4  # 8 rows a step: they split over 1, 2, 4 or 8 devices
     c.rollout.generation_mesh.update(**gen_axes)
     c.mesh.update(**train_axes)
     case = {"knobs": knobs, "generation_mesh": gen_axes, "mesh": train_axes}

@@ -15,10 +15,17 @@ the parameters that drew it, and a token trained at step s has staleness s - its
 ``rollout.max_staleness`` = S holds exactly: before a step takes groups, and again when an
 update is dispatched, every group whose oldest token is older than (the next step to take
 groups) - S is discarded and counted (``Producer.expire``), and the generator admits no new
-group while the groups ready and in flight already fill the steps its tokens can reach
-(``Producer.lead`` = B x (version + S - next step + 1)): it waits rather than run ahead. When
-no token it could draw would be trainable (its version + S < the next step) both hold at once:
-every group in flight has expired and the lead is 0, so nothing is decoded.
+group while the groups ready and in flight already fill the steps it may prepare: the next
+step and ``ahead`` more, as far as its tokens can reach (``Producer.lead`` = B x (min(ahead,
+version + S - next step) + 1)): it waits rather than run ahead. When no token it could draw
+would be trainable (its version + S < the next step) both hold at once: every group in flight
+has expired and the lead is 0, so nothing is decoded.
+
+``ahead`` (``rollout.ahead``) sets how stale the trained tokens are in practice: a generator
+faster than the trainer fills every step it may prepare, so with ``ahead`` >= S nearly every
+trained token sits at the bound S; with ``ahead`` = 0 it prepares only the next step's groups
+(drawn while the previous update runs: staleness 1), and rows that span updates are what
+reaches past it.
 
 Host concurrency: one thread. JAX dispatch is asynchronous, so the train step is dispatched
 and runs on its devices while the host drives the generator's chunks on the others; the host
@@ -112,16 +119,18 @@ class Generator:
     num_groups: B, groups a step takes.
     schedule: ``free`` or ``lockstep`` (module doc).
     lockstep_chunks: chunks run while each update runs (``lockstep``).
+    ahead: steps beyond the next whose groups the generator may prepare (module doc).
 
   ``start(params)`` gives it its first parameters (the run's, fresh or restored).
   """
 
   def __init__(self, producer: partial_lib.Producer, send, send_frozen=None, *,
-               num_groups: int, schedule: str = "free", lockstep_chunks: int = 1):
+               num_groups: int, schedule: str = "free", lockstep_chunks: int = 1,
+               ahead: int = 1):
     if schedule not in SCHEDULES:
       raise ValueError(f"schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
     self.producer, self.b = producer, num_groups
-    self.schedule, self.lockstep_chunks = schedule, lockstep_chunks
+    self.schedule, self.lockstep_chunks, self.ahead = schedule, lockstep_chunks, ahead
     self._send, self._send_frozen = send, send_frozen
     self._frozen = None
     self.params = None
@@ -147,11 +156,11 @@ class Generator:
   def _gate(self, next_step: int) -> None:
     """The bound for tokens drawn from now on, which a step ``next_step`` or later trains:
     groups that step can no longer take are discarded, and the groups ready and in flight may
-    fill the steps up to the last one the generator's tokens can reach."""
+    fill the next step and ``ahead`` more, up to the last one its tokens can reach."""
     p = self.producer
     self.next_step = next_step
     p.expire(next_step - p.max_staleness)
-    p.lead = self.b * max(p.version + p.max_staleness - next_step + 1, 0)
+    p.lead = self.b * max(min(self.ahead, p.version + p.max_staleness - next_step) + 1, 0)
 
   def _busy(self, fn, *args, **kwargs):
     start = time.perf_counter()

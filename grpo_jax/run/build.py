@@ -231,12 +231,16 @@ def generator_factory(config, params, mesh, generation_mesh):
   r = config.rollout
   axes = family.param_axes()
   src = lora.trainable(sharding_lib.tree_shardings(mesh, params, axes))
-  dst = lora.trainable(sharding_lib.tree_shardings(generation_mesh, params, axes))
+  try:
+    dst = lora.trainable(sharding_lib.tree_shardings(generation_mesh, params, axes))
+  except sharding_lib.MeshError as e:  # its message names config.mesh: say which one
+    raise sharding_lib.MeshError(str(e).replace("config.mesh", "config.rollout.generation_mesh")
+                                 .replace("mesh.", "rollout.generation_mesh.")) from None
   send = transfer.Transfer(src[0], dst[0], config.model.dtype)
   send_frozen = None if src[1] is None else transfer.Transfer(src[1], dst[1], config.model.dtype)
   return lambda producer: asynchronous.Generator(
       producer, send, send_frozen, num_groups=r.batch_prompts, schedule=r.schedule,
-      lockstep_chunks=r.lockstep_chunks)
+      lockstep_chunks=r.lockstep_chunks, ahead=r.ahead)
 
 
 def frozen_reference(params, dtype: str):

@@ -13,10 +13,10 @@ from grpo_jax.generate import asynchronous
 from tests.generate.test_partial import T, _producer
 
 
-def _generator(split, *, b=1, schedule="lockstep", chunks=0, **kw):
+def _generator(split, *, b=1, schedule="lockstep", chunks=0, ahead=1, **kw):
   producer = _producer(split, **kw)
   gen = asynchronous.Generator(producer, lambda params: params, num_groups=b,
-                               schedule=schedule, lockstep_chunks=chunks)
+                               schedule=schedule, lockstep_chunks=chunks, ahead=ahead)
   gen.start(split[1])
   return gen
 
@@ -86,6 +86,23 @@ def test_the_lead_stops_admission_the_bound_cannot_use(split):
   assert (first.tag, second.tag) == (0, 1) and second.oldest == 0
 
 
+def test_ahead_sets_how_stale_the_trained_tokens_are(split):
+  # B = 1, S = 3, rows of 2 tokens (the prefill's and one decode step), 8 slots, 2 lockstep
+  # chunks an update. ahead = 0: while update s runs the lead is 1 x (min(0, s + 3 - (s + 1))
+  # + 1) = 1 group, drawn at version s and taken by step s + 1: staleness 1 from step 1 on.
+  # ahead = 3: the lead is min(3, 2) + 1 = 3 groups while updating, min(3, 3) + 1 = 4 at a
+  # take; the oldest ready group is taken first, so the queue ages to the bound: staleness 3
+  # from step 3 on (step 1 takes a group of version 0, step 2 one of version 0, step 3 one of
+  # version 0: the three admitted in update 0's first chunk).
+  staleness = {}
+  for ahead in (0, 3):
+    gen = _generator(split, chunks=2, slots=8, chunk=1, staleness=3, stops=(2,), ahead=ahead)
+    staleness[ahead] = [step - int(g.oldest) for step, groups in enumerate(_run(gen, split[1], 6))
+                        for g in groups]
+  assert staleness[0] == [0, 1, 1, 1, 1, 1]
+  assert staleness[3] == [0, 1, 2, 3, 3, 3]
+
+
 def test_a_step_is_taken_only_with_the_previous_update_parameters(split):
   gen = _generator(split)
   gen.take(0)
@@ -130,14 +147,14 @@ def _logged(gen):
                   chunks=st.integers(0, 3), b=st.integers(1, 2), slots=st.sampled_from([2, 4]),
                   chunk=st.sampled_from([1, 3]), stops=st.lists(st.integers(1, T), min_size=1,
                                                                  max_size=6),
-                  arrivals=st.lists(st.booleans(), max_size=12))
+                  arrivals=st.lists(st.booleans(), max_size=12), ahead=st.integers(0, 3))
 def test_any_schedule_holds_the_bound_and_stamps_each_token_with_its_version(
-    split, staleness, schedule, chunks, b, slots, chunk, stops, arrivals):
+    split, staleness, schedule, chunks, b, slots, chunk, stops, arrivals, ahead):
   # The free schedule's "have the parameters arrived?" answers follow ``arrivals`` (then yes):
   # any interleaving of chunks and updates. Every trained token is within the bound, carries
   # the version its chunk (or prefill) was drawn at, and every admitted row is accounted for.
   gen = _generator(split, b=b, schedule=schedule, chunks=chunks, slots=slots, chunk=chunk,
-                   staleness=staleness, stops=tuple(stops))
+                   staleness=staleness, stops=tuple(stops), ahead=ahead)
   p = gen.producer
   log = _logged(gen)
   answers = iter(arrivals)

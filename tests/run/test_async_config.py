@@ -14,6 +14,7 @@ from grpo_jax import configuration, sharding
     (dict(devices=True), "rollout.devices: True must be an integer >= 0"),
     (dict(schedule="eager"), "rollout.schedule: 'eager'; known: free, lockstep"),
     (dict(lockstep_chunks=-1), "rollout.lockstep_chunks: -1 must be an integer >= 0"),
+    (dict(ahead=-1), "rollout.ahead: -1 must be an integer >= 0"),
 ])
 def test_asynchronous_knobs_are_refused_in_one_line(changes, message):
   c = grpo.get_config("async=2")
