@@ -19,8 +19,12 @@ The last line is one JSON object.
 
 On this machine the "devices" are threads of one 2-core CPU (``--xla_force_host_platform_
 device_count``): both sides compete for the same cores, so the overlap measured here is a
-lower bound on what separate accelerators give. On a multi-GPU host the same command without
-``--fake_devices`` (``--fake_devices=0``) measures the real split.
+lower bound on what separate accelerators give. On a multi-GPU host ``--fake_devices=0``
+measures the real split, e.g. on 8 GPUs::
+
+    python -m grpo_jax.bench.asynchronous --fake_devices=0 --generation_devices=2,4 \
+        --config=grpo:qwen3_1p7b,gsm8k,slots=512 --set=model.path=/data/Qwen3-1.7B \
+        --set=rollout.completion_len=1024 --steps=10 --out=async_gpu.jsonl
 """
 
 from __future__ import annotations
@@ -43,15 +47,25 @@ flags.DEFINE_integer("minibatches", 8, "rl.num_minibatches (updates a batch).")
 flags.DEFINE_integer("steps", 8, "Measured steps per mode.")
 flags.DEFINE_integer("warmup", 3, "Steps per mode before measuring (compilation, fill).")
 flags.DEFINE_string("out", "", "JSONL file the rows are appended to (none when empty).")
+flags.DEFINE_multi_string("set", [], "KEY=VALUE config overrides of every mode, e.g. "
+                          "--set=model.path=/data/Qwen3-1.7B (each value read as the key's type).")
 
 _TIMES = ("generator_busy", "generator_idle", "trainer_busy", "trainer_idle", "transfer")
 
 
 def _config(spec: str, devices: int, schedule: str, staleness: int, minibatches: int,
-            total: int):
+            total: int, overrides=()):
   import importlib  # pylint: disable=g-import-not-at-top
   module, _, presets = spec.partition(":")
   c = importlib.import_module(f"configs.{module}").get_config(presets)
+  for item in overrides:
+    key, _, value = item.partition("=")
+    *groups, name = key.split(".")
+    parent = c
+    for g in groups:
+      parent = parent[g]
+    parent[name] = type(parent[name])(value) if not isinstance(parent[name], bool) else (
+        value.lower() in ("1", "true", "yes"))
   c.rollout.update(partial=True, max_staleness=staleness, devices=devices, schedule=schedule,
                    lockstep_chunks=1)
   c.rl.num_minibatches = minibatches
@@ -62,14 +76,15 @@ def _config(spec: str, devices: int, schedule: str, staleness: int, minibatches:
 
 
 def measure(spec: str, devices: int, schedule: str, *, staleness: int, minibatches: int,
-            steps: int, warmup: int) -> dict:
+            steps: int, warmup: int, overrides=()) -> dict:
   """One mode's row (module doc): trains ``warmup + steps`` steps in a temporary workdir."""
   from grpo_jax import train  # pylint: disable=g-import-not-at-top
   from grpo_jax.run import metrics  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as workdir:
     train.train_and_evaluate(
-        _config(spec, devices, schedule, staleness, minibatches, warmup + steps), workdir)
+        _config(spec, devices, schedule, staleness, minibatches, warmup + steps, overrides),
+        workdir)
     records = [r for r in metrics.read_metrics(workdir) if "loss" in r][warmup:]
   # The run's last step also evaluates and checkpoints: not the steps' own time.
   step_s = float(np.mean([r["time/step_s"] - r["time/evaluation_s"] - r["time/checkpoint_s"]
@@ -112,7 +127,8 @@ def main(argv):
   rows = []
   for devices, schedule in modes:
     rows.append(measure(FLAGS.config, devices, schedule, staleness=FLAGS.staleness,
-                        minibatches=FLAGS.minibatches, steps=FLAGS.steps, warmup=FLAGS.warmup))
+                        minibatches=FLAGS.minibatches, steps=FLAGS.steps, warmup=FLAGS.warmup,
+                        overrides=FLAGS.set))
     if FLAGS.out:
       with open(FLAGS.out, "a", encoding="utf-8") as f:
         f.write(json.dumps(rows[-1]) + "\n")
