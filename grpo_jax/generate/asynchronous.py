@@ -86,8 +86,8 @@ class _InTransit:
   """One update's parameters on their way to the generation mesh, and its timing: a daemon
   thread waits for the train state, then for the copy, and notes when each was ready."""
 
-  def __init__(self, version: int, train_leaf, params):
-    self.version, self.params = version, params
+  def __init__(self, train_leaf, params):
+    self.params = params
     self.dispatched = time.perf_counter()
     self.trained = self.arrived = None
     self._thread = threading.Thread(target=self._watch, args=(train_leaf,), daemon=True)
@@ -187,7 +187,7 @@ class Generator:
     current parameters while they are on their way (``lockstep``: exactly ``lockstep_chunks``
     chunks; ``free``: until they have arrived), then switches to them."""
     trained, _ = lora.trainable(train_params)
-    transit = _InTransit(step + 1, jax.tree.leaves(train_params)[0], self._send(trained))
+    transit = _InTransit(jax.tree.leaves(train_params)[0], self._send(trained))
     if self._last_trained is not None:
       self.times.trainer_idle += transit.dispatched - self._last_trained
     self._gate(step + 1)
