@@ -37,18 +37,24 @@ import tempfile
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("fake_devices", 8, "Fake CPU devices (XLA_FLAGS, set before JAX starts); "
-                     "0 uses the machine's own devices.")
-flags.DEFINE_list("generation_devices", ["4"], "Values of rollout.devices to measure.")
-flags.DEFINE_string("config", "grpo:slots=512,decode_budget=8",
-                    "configs/<module>.py:presets of every mode (partial rollouts are added).")
-flags.DEFINE_integer("staleness", 2, "rollout.max_staleness.")
-flags.DEFINE_integer("minibatches", 8, "rl.num_minibatches (updates a batch).")
-flags.DEFINE_integer("steps", 8, "Measured steps per mode.")
-flags.DEFINE_integer("warmup", 3, "Steps per mode before measuring (compilation, fill).")
-flags.DEFINE_string("out", "", "JSONL file the rows are appended to (none when empty).")
-flags.DEFINE_multi_string("set", [], "KEY=VALUE config overrides of every mode, e.g. "
-                          "--set=model.path=/data/Qwen3-1.7B (each value read as the key's type).")
+
+
+def define_flags() -> None:
+  """The command line's flags, defined when this runs as a program (other benchmarks that
+  tests import beside it define some of the same names)."""
+  flags.DEFINE_integer("fake_devices", 8, "Fake CPU devices (XLA_FLAGS, set before JAX starts); "
+                       "0 uses the machine's own devices.")
+  flags.DEFINE_list("generation_devices", ["4"], "Values of rollout.devices to measure.")
+  flags.DEFINE_string("config", "grpo:slots=512,decode_budget=8",
+                      "configs/<module>.py:presets of every mode (partial rollouts are added).")
+  flags.DEFINE_integer("staleness", 2, "rollout.max_staleness.")
+  flags.DEFINE_integer("minibatches", 8, "rl.num_minibatches (updates a batch).")
+  flags.DEFINE_integer("steps", 8, "Measured steps per mode.")
+  flags.DEFINE_integer("warmup", 3, "Steps per mode before measuring (compilation, fill).")
+  flags.DEFINE_string("out", "", "JSONL file the rows are appended to (none when empty).")
+  flags.DEFINE_multi_string("set", [], "KEY=VALUE config overrides of every mode, e.g. "
+                            "--set=model.path=/data/Qwen3-1.7B (read as the key's type).")
+
 
 _TIMES = ("generator_busy", "generator_idle", "trainer_busy", "trainer_idle", "transfer")
 
@@ -149,4 +155,5 @@ def _fake_devices(argv) -> None:
 
 if __name__ == "__main__":
   _fake_devices(sys.argv)
+  define_flags()
   app.run(main)
