@@ -106,7 +106,7 @@ def transfer(root: str) -> dict:
   trained, _ = lora.split(state.params)
   out = {"lora_leaves": len(jax.tree.leaves(trained)),
          "all_leaves": len(jax.tree.leaves(state.params)),
-         "sent_leaves": len(jax.tree.leaves(gen._send(trained)))}  # pylint: disable=protected-access
+         "sent_leaves": len(jax.tree.leaves(gen._send(trained)))}  # pylint: disable=W0212
   run.setup.ckpt.close()
   run.setup.scorer.close()
   # Full parameters between the run's training mesh (data 2 x fsdp 2) and a generation mesh
@@ -128,7 +128,7 @@ def transfer(root: str) -> dict:
                                                               jax.tree.leaves(dst))),
         "devices": _devices(sent)}
     with jax.transfer_guard_device_to_device("disallow_explicit"):
-      out[name]["device_to_device_guard"] = _guarded(lambda: send(params))  # pylint: disable=cell-var-from-loop
+      out[name]["device_to_device_guard"] = _guarded(lambda: send(params))  # pylint: disable=W0640
     host = jax.tree.map(np.asarray, params)
     out[name]["host_guard"] = _guarded(lambda: send(host))  # pylint: disable=cell-var-from-loop
   return out

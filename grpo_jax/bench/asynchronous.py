@@ -12,9 +12,10 @@ decode steps a step, 8 updates a batch) at ``rollout.max_staleness`` = ``--stale
 * ``async K free`` / ``async K lockstep``: K devices generate, the others train
   (``rollout.devices`` = K; the free-running schedule, and lockstep with one chunk an update).
 
-Per mode: seconds per step (evaluation and checkpoint excluded), the generator's and trainer's busy fractions (their busy seconds
-over the step's wall time, from ``rollout/*_s`` in metrics.jsonl), the parameter transfer,
-the trained tokens' mean staleness and the steps' speed-up over ``colocated`` (> 1 is faster).
+Per mode: seconds per step (evaluation and checkpoint excluded), the generator's and
+trainer's busy fractions (their busy seconds over the step's wall time, from ``rollout/*_s``
+in metrics.jsonl), the parameter transfer, the trained tokens' mean staleness and the steps'
+speed-up over ``colocated`` (> 1 is faster).
 The last line is one JSON object.
 
 On this machine the "devices" are threads of one 2-core CPU (``--xla_force_host_platform_

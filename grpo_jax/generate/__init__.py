@@ -5,6 +5,7 @@ behaviour log-probs of every sampled token), the teacher-forced log-prob passes 
 and the sampler share (``logprobs``), tokenization (``tokenization``), the building of
 prompt batches (``prompts``), the slot pool of partial rollouts (``pool``, ``partial``), packed
 log-prob passes (``packing``, ``packed_logprobs``), and generation on its own devices
-(``asynchronous``, with ``transfer`` moving parameters between the meshes). May import ``grpo_jax.models`` and the shared top-level modules
+(``asynchronous``, with ``transfer`` moving parameters between the meshes). May import
+``grpo_jax.models`` and the shared top-level modules
 (types, keys, sharding, errors, console); never ``rl``, ``rewards``, ``allocation`` or ``run``.
 """

@@ -5,10 +5,11 @@ devices generate, the rest train. The slot pool of partial rollouts (``generate.
 the queue between them: the generator decodes chunk after chunk into it, a step takes the
 first B complete groups, and the rows still unfinished continue under the next parameters.
 After each update is dispatched its parameters are sent to the generation mesh device to
-device (``generate.transfer``; under LoRA only the adapters), and the generator switches to them at its
-next chunk boundary once they have arrived (``overlap``). AReaL (arXiv 2505.24298), verl's
-one-step-off and fully asynchronous trainers, and tunix's separate-mesh agentic learner
-bound staleness the same way: a maximum off-policy lag, enforced by the generator.
+device (``generate.transfer``; under LoRA only the adapters), and the generator switches to
+them at its next chunk boundary once they have arrived (``overlap``). AReaL (arXiv
+2505.24298), verl's one-step-off and fully asynchronous trainers, and tunix's separate-mesh
+agentic learner bound staleness the same way: a maximum off-policy lag, enforced by the
+generator.
 
 Staleness has partial rollouts' definition: a token's version is the number of updates of
 the parameters that drew it, and a token trained at step s has staleness s - its version.

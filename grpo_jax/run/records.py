@@ -42,7 +42,8 @@ class StepRecord:
   Attributes:
     step: the steps done after it (1 for the first).
     metrics: the train step's device metrics (float32 scalars, not fetched).
-    stats: the allocator's statistics of its rollouts (``truncated_fraction``, ``alloc/*``, ``rollout/*``).
+    stats: the allocator's statistics of its rollouts (``truncated_fraction``, ``alloc/*``,
+      ``rollout/*``).
     counters: the run's Counters after it.
     wall_s: seconds since this process's loop started, at the end of its update (earlier
       evaluations included; not resumed).
@@ -67,7 +68,8 @@ class StepRecord:
     return {**self.values, "rollouts": c.rollouts, "completion_tokens": c.completion_tokens,
             "reward_errors": c.reward_errors,
             "truncated_fraction": self.stats["truncated_fraction"],
-            **{k: v for k, v in self.stats.items() if k.startswith(("alloc/", "reward/", "rollout/"))},
+            **{k: v for k, v in self.stats.items()
+               if k.startswith(("alloc/", "reward/", "rollout/"))},
             "tokens_per_s": (c.completion_tokens - tokens_at_start) / self.wall_s,
             "wall_s": self.wall_s,
             # This step's time window (timing_lib.PHASES; time/step_s is its wall time)...

@@ -159,7 +159,7 @@ def test_any_schedule_holds_the_bound_and_stamps_each_token_with_its_version(
   log = _logged(gen)
   answers = iter(arrivals)
   ready = asynchronous._InTransit.ready  # pylint: disable=protected-access
-  asynchronous._InTransit.ready = lambda self: next(answers, True)  # pylint: disable=protected-access
+  asynchronous._InTransit.ready = lambda self: next(answers, True)  # pylint: disable=W0212
   try:
     taken = _run(gen, split[1], 6)
   finally:
