@@ -96,7 +96,7 @@ def test_every_accepted_setting_runs_and_every_refusal_is_one_line(report):
 
 def test_the_bench_measures_both_sides(report):
   row = report["bench"]
-  assert row["mode"] == "async 4 lockstep" and row["steps"] == 2
+  assert row["mode"] == "async 4 lockstep ahead 1" and row["steps"] == 2
   for key in ("step_s", "generator_busy_s", "trainer_busy_s", "transfer_s"):
     assert row[key] > 0, key
   assert 0 < row["generator_busy_fraction"] and 0 < row["trainer_busy_fraction"]

@@ -9,8 +9,9 @@ Each mode trains ``--steps`` steps after ``--warmup`` (compilation excluded) of 
 decode steps a step, 8 updates a batch) at ``rollout.max_staleness`` = ``--staleness``:
 
 * ``colocated``: partial rollouts on every device (one mesh; generation, then the update);
-* ``async K free`` / ``async K lockstep``: K devices generate, the others train
-  (``rollout.devices`` = K; the free-running schedule, and lockstep with one chunk an update).
+* ``async K free ahead A`` / ``async K lockstep ahead A``: K devices generate, the others
+  train (``rollout.devices`` = K; the free-running schedule, and lockstep with one chunk an
+  update; ``rollout.ahead`` = A, ``--ahead``).
 
 Per mode: seconds per step (evaluation and checkpoint excluded), the generator's and
 trainer's busy fractions (their busy seconds over the step's wall time, from ``rollout/*_s``
@@ -46,6 +47,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("fake_devices", 8, "Fake CPU devices (XLA_FLAGS, set before JAX starts); "
                        "0 uses the machine's own devices.")
   flags.DEFINE_list("generation_devices", ["4"], "Values of rollout.devices to measure.")
+  flags.DEFINE_list("schedules", ["free", "lockstep"], "rollout.schedule values to measure.")
+  flags.DEFINE_list("ahead", ["1"], "rollout.ahead values to measure.")
   flags.DEFINE_string("config", "grpo:slots=512,decode_budget=8",
                       "configs/<module>.py:presets of every mode (partial rollouts are added).")
   flags.DEFINE_integer("staleness", 2, "rollout.max_staleness.")
@@ -61,7 +64,7 @@ _TIMES = ("generator_busy", "generator_idle", "trainer_busy", "trainer_idle", "t
 
 
 def _config(spec: str, devices: int, schedule: str, staleness: int, minibatches: int,
-            total: int, overrides=()):
+            total: int, overrides=(), ahead: int = 1):
   import importlib  # pylint: disable=g-import-not-at-top
   module, _, presets = spec.partition(":")
   c = importlib.import_module(f"configs.{module}").get_config(presets)
@@ -74,7 +77,7 @@ def _config(spec: str, devices: int, schedule: str, staleness: int, minibatches:
     parent[name] = type(parent[name])(value) if not isinstance(parent[name], bool) else (
         value.lower() in ("1", "true", "yes"))
   c.rollout.update(partial=True, max_staleness=staleness, devices=devices, schedule=schedule,
-                   lockstep_chunks=1)
+                   lockstep_chunks=1, ahead=ahead)
   c.rl.num_minibatches = minibatches
   c.total_steps = total
   c.eval.update(every=10_000, num_prompts=8, greedy=False)
@@ -83,21 +86,22 @@ def _config(spec: str, devices: int, schedule: str, staleness: int, minibatches:
 
 
 def measure(spec: str, devices: int, schedule: str, *, staleness: int, minibatches: int,
-            steps: int, warmup: int, overrides=()) -> dict:
+            steps: int, warmup: int, overrides=(), ahead: int = 1) -> dict:
   """One mode's row (module doc): trains ``warmup + steps`` steps in a temporary workdir."""
   from grpo_jax import train  # pylint: disable=g-import-not-at-top
   from grpo_jax.run import metrics  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as workdir:
     train.train_and_evaluate(
-        _config(spec, devices, schedule, staleness, minibatches, warmup + steps, overrides),
-        workdir)
+        _config(spec, devices, schedule, staleness, minibatches, warmup + steps, overrides,
+                ahead), workdir)
     records = [r for r in metrics.read_metrics(workdir) if "loss" in r][warmup:]
   # The run's last step also evaluates and checkpoints: not the steps' own time.
   step_s = float(np.mean([r["time/step_s"] - r["time/evaluation_s"] - r["time/checkpoint_s"]
                           for r in records]))
-  row = {"mode": "colocated" if not devices else f"async {devices} {schedule}",
+  row = {"mode": "colocated" if not devices else f"async {devices} {schedule} ahead {ahead}",
          "devices": devices, "schedule": schedule if devices else "", "staleness": staleness,
+         "ahead": ahead if devices else None,
          "steps": len(records), "step_s": step_s,
          "staleness_mean": float(np.mean([r["rollout/staleness_mean"] for r in records]))}
   if devices:
@@ -129,13 +133,13 @@ def main(argv):
   del argv
   from grpo_jax import console  # pylint: disable=g-import-not-at-top
   console.quiet_unless_verbose()
-  modes = [(0, "free")] + [(int(k), s) for k in FLAGS.generation_devices
-                       for s in ("free", "lockstep")]
+  modes = [(0, "free", 1)] + [(int(k), s, int(a)) for k in FLAGS.generation_devices
+                              for s in FLAGS.schedules for a in FLAGS.ahead]
   rows = []
-  for devices, schedule in modes:
+  for devices, schedule, ahead in modes:
     rows.append(measure(FLAGS.config, devices, schedule, staleness=FLAGS.staleness,
                         minibatches=FLAGS.minibatches, steps=FLAGS.steps, warmup=FLAGS.warmup,
-                        overrides=FLAGS.set))
+                        overrides=FLAGS.set, ahead=ahead))
     if FLAGS.out:
       with open(FLAGS.out, "a", encoding="utf-8") as f:
         f.write(json.dumps(rows[-1]) + "\n")
