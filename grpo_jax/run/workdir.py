@@ -21,8 +21,11 @@ from grpo_jax.run import report
 # Fields that may change between the runs of one workdir: how long, how often to evaluate,
 # log and checkpoint, and the mesh (checkpoints restore onto any mesh; the values then differ
 # only by float rounding). Anything else changes the trajectory.
-_RESUMABLE_CHANGES = ("total_steps", "total_rollouts", "total_tokens", "log_every", "eval.", "checkpoint.",
-                      "mesh.")
+# Generation on its own devices saves at the same point under either schedule, and its pool
+# restores onto any layout; the split itself (rollout.devices) is not among these.
+_RESUMABLE_CHANGES = ("total_steps", "total_rollouts", "total_tokens", "log_every", "eval.",
+                      "checkpoint.", "mesh.", "rollout.generation_mesh.", "rollout.schedule",
+                      "rollout.lockstep_chunks", "rollout.ahead")
 
 
 def check_same_run(config, workdir: str) -> None:

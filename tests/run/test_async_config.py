@@ -57,3 +57,16 @@ def test_multi_process_asynchronous_runs_are_refused_in_one_line(monkeypatch):
                      "processes") as e:
     configuration.check_mesh(c, None)
   assert "\n" not in str(e.value)
+
+
+def test_the_generation_layout_and_schedule_may_change_on_resume_the_split_may_not(tmp_path):
+  from grpo_jax import configuration as config_lib  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  c = grpo.get_config("smoke,async=2")
+  workdir_lib.check_same_run(c, str(tmp_path))
+  c.rollout.generation_mesh.update(data=1, tensor=-1)
+  c.rollout.update(schedule="lockstep", lockstep_chunks=3, ahead=0)
+  workdir_lib.check_same_run(c, str(tmp_path))  # accepted (and recorded)
+  c.rollout.devices = 4
+  with pytest.raises(config_lib.ConfigError, match=r"rollout.devices \(2 -> 4\)"):
+    workdir_lib.check_same_run(c, str(tmp_path))
