@@ -166,39 +166,52 @@ def table(rows: Sequence[dict], baseline: str = "grpo") -> str:
           "difference of gains | p | n | resolvable | detectable (80%) |")
   lines = [head, "|---" * 10 + "|"]
   for r in rows:
-    diff = f"{100 * r['diff']:+.1f} ± {100 * r['diff_se']:.1f}"
+    diff = f"{100 * r['diff']:+.1f} ± {_points(r['diff_se'])}"
+    p = "—" if math.isnan(r["p"]) else f"{r['p']:.3f}"
     lines.append(
         f"| {r['method']} | {r['setting']} ({r['small']} → {r['large']}) | "
         f"{r['base_small']:.3f} → {r['base_large']:.3f} | {100 * r['gain_small']:+.1f} | "
         f"{100 * r['gain_large']:+.1f} | {f'**{diff}**' if r['resolved'] else diff} | "
-        f"{r['p']:.3f} | {r['n']} | {100 * r['resolvable']:.1f} | "
-        f"{100 * r['detectable']:.1f} |")
+        f"{p} | {r['n']} | "
+        f"{_points(r['resolvable'])} | {_points(r['detectable'])} |")
   return ("Points of final mean@k at equal generated rollouts; difference of gains = gain at "
           "the larger size − gain at the smaller, paired by seed; resolvable: the smallest "
           "|difference| these seeds call resolved (p < 0.05) at this spread; detectable: the "
           "difference they resolve with 80% power.\n\n" + "\n".join(lines) + "\n")
 
 
+def _points(x: float) -> str:
+  """A fraction as points with one decimal; a dash where it is unknown (one pair)."""
+  return "—" if math.isnan(x) else f"{100 * x:.1f}"
+
+
 def plot(sizes: Sequence[tuple[str, dict]], path: str, baseline: str = "grpo") -> bool:
   """size.png: one panel per setting, the gain over the baseline (points, mean ± SE over the
-  seeds) against model size, a line per method. False when matplotlib is not installed."""
+  seeds every size ran) against model size, a line per method run at two sizes or more.
+  False when matplotlib is not installed."""
   plt = report._pyplot()  # pylint: disable=protected-access
   if plt is None:
     return False
   first = sizes[0][1]
-  methods = list(dict.fromkeys(m for m, _ in first if m != baseline))
+  # the methods run at two sizes or more
+  methods = [m for m in dict.fromkeys(m for m, _ in first if m != baseline)
+             if sum(any(k[0] == m for k in runs) for _, runs in sizes) > 1]
   settings = list(dict.fromkeys(s for _, s in first))
   fig, axes = plt.subplots(1, len(settings), figsize=(3.2 * len(settings), 3.0),
                            sharey=True, squeeze=False)
   for ax, setting in zip(axes[0], settings):
-    for method in methods:
+    for j, method in enumerate(methods):
+      gains = [_gains(runs, method, setting, baseline) for _, runs in sizes]
+      # the seeds every size ran, so a line's rise is the table's difference of gains
+      ran = [g for g in gains if g]
+      seeds = set.intersection(*map(set, ran)) if ran else set()
       xs, ys, es = [], [], []
-      for i, (_, runs) in enumerate(sizes):
-        g = list(_gains(runs, method, setting, baseline).values())
-        if g:
-          xs.append(i)
-          ys.append(100 * np.mean(g))
-          es.append(100 * np.std(g, ddof=1) / math.sqrt(len(g)) if len(g) > 1 else 0.0)
+      for i, g in enumerate(gains):
+        if g and seeds:
+          v = [g[s] for s in sorted(seeds)]
+          xs.append(i + 0.04 * (j - (len(methods) - 1) / 2))  # side by side, not on top
+          ys.append(100 * np.mean(v))
+          es.append(100 * np.std(v, ddof=1) / math.sqrt(len(v)) if len(v) > 1 else 0.0)
       ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=method)
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xticks(range(len(sizes)), [label for label, _ in sizes])
