@@ -3,6 +3,7 @@
     python -m grpo_jax.sft --config=configs/sft.py
     python -m grpo_jax.sft --config=configs/sft.py:smoke --config.output_dir=/tmp/sft
     python -m grpo_jax.sft --config=configs/sft.py:x4     # the regime study's ~4x model
+    python -m grpo_jax.sft --config=configs/sft.py:x16    # and its ~13x one
 
 Trains a ~1M-parameter Qwen3-architecture model from scratch on generated Countdown solutions
 and stops as soon as held-out mean@8 (temperature 1) reaches ``stop.target_accuracy``: the RL
@@ -12,14 +13,18 @@ starting policy must be neither hopeless nor solved.
 import ml_collections
 
 X4_MODEL = "runs/models/countdown-qwen3-4m"  # where the ``x4`` preset writes its folder
+X16_MODEL = "runs/models/countdown-qwen3-13m"  # and the ``x16`` preset
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  """Returns the SFT config; ``arg`` may be "smoke" (seconds-long check) or "x4": a model
-  ~3.7x the embedded one (width 256, SwiGLU 768, 8 query and 4 key/value heads of 32: 3.4M
-  parameters) to the same accuracy target, for the regime study's model-size axis
-  (``configs/sweeps/difficulty.py:x4``), written to runs/models/countdown-qwen3-4m. It is
-  evaluated every 25 steps (not 50), as a larger model crosses the target band faster."""
+  """Returns the SFT config; ``arg`` may be "smoke" (seconds-long check), "x4" or "x16".
+
+  "x4" is a model ~3.7x the embedded one (width 256, SwiGLU 768, 8 query and 4 key/value
+  heads of 32: 3.4M parameters) and "x16" one ~13x (width 512, SwiGLU 1536, 16 and 8 heads:
+  12.7M), each trained to the same accuracy target, for the regime study's model-size axis
+  (``configs/sweeps/difficulty.py:x4`` and ``:x16``), written to ``X4_MODEL`` / ``X16_MODEL``.
+  They are evaluated every 25 steps (not 50), as a larger model crosses the target band
+  faster."""
   c = ml_collections.ConfigDict()
   c.seed = 0  # parameter init and sampling seed
   c.output_dir = "grpo_jax/assets/countdown-qwen3-1m"  # Hugging Face folder written at the end
@@ -75,6 +80,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.output_dir = X4_MODEL
     c.model.update(hidden_size=256, intermediate_size=768, num_heads=8, num_kv_heads=4)
     c.eval.every = 25
+  elif arg == "x16":
+    c.output_dir = X16_MODEL
+    c.model.update(hidden_size=512, intermediate_size=1536, num_heads=16, num_kv_heads=8)
+    c.eval.every = 25
   elif arg:
-    raise ValueError(f"unknown configs/sft.py preset {arg!r}; known: smoke, x4")
+    raise ValueError(f"unknown configs/sft.py preset {arg!r}; known: smoke, x4, x16")
   return c

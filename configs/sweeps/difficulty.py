@@ -37,6 +37,17 @@ cell by cell. 27 cells.
     python -m grpo_jax.sft --config=configs/sft.py:x4
     python -m grpo_jax.bench.sweep --grid=configs/sweeps/difficulty.py:x4 \
         --out=docs/results/regime/difficulty_x4 --workdirs=runs/regime/difficulty_x4
+
+``:x16`` is the third size, ~13x the embedded model (``configs/sft.py:x16``), at fewer cells:
+the same three methods at numbers to 50 only, 3 seeds (9 cells). Numbers to 50 because it is
+where accuracy is far from the floor (GRPO ~0.36; at numbers to 100 it is ~0.06, and every
+gain there is under a point at both smaller sizes) and where the gains moved most between the
+first two sizes; the third size asks whether that movement goes on. Grid name
+``difficulty_x16``; its cells pair with both smaller grids by id.
+
+    python -m grpo_jax.sft --config=configs/sft.py:x16
+    python -m grpo_jax.bench.sweep --grid=configs/sweeps/difficulty.py:x16 \
+        --out=docs/results/regime/difficulty_x16 --workdirs=runs/regime/difficulty_x16
 """
 
 import os
@@ -45,9 +56,9 @@ from configs import sft
 
 
 def get_grid(arg=None):
-  if arg not in (None, "tuned", "x4"):
-    raise ValueError(f"difficulty grid: unknown variant {arg!r} (expected none, 'tuned' or "
-                     "'x4')")
+  if arg not in (None, "tuned", "x4", "x16"):
+    raise ValueError(f"difficulty grid: unknown variant {arg!r} (expected none, 'tuned', "
+                     "'x4' or 'x16')")
   tuned = arg == "tuned"
   methods = {"grpo": "grpo", "drgrpo": "drgrpo", "rloo": "rloo", "dapo": "dapo",
              "popo": "popo", "rollout_replay": "rollout_replay:paper",
@@ -58,12 +69,15 @@ def get_grid(arg=None):
     methods = {k: v for k, v in methods.items() if k not in ("drgrpo", "rloo")}
     methods["popo-align_mu"] = "popo:align_mu"
     overrides.update({"opt.learning_rate": 1e-4, "rl.num_minibatches": 4})
-  if arg == "x4":
-    if not os.path.isfile(os.path.join(sft.X4_MODEL, "config.json")):
-      raise ValueError(f"the x4 variant trains {sft.X4_MODEL}, which is not built yet: "
-                       "python -m grpo_jax.sft --config=configs/sft.py:x4")
+  numbers = [50, 70, 100]
+  if arg in ("x4", "x16"):
+    model = sft.X4_MODEL if arg == "x4" else sft.X16_MODEL
+    if not os.path.isfile(os.path.join(model, "config.json")):
+      raise ValueError(f"the {arg} variant trains {model}, which is not built yet: "
+                       f"python -m grpo_jax.sft --config=configs/sft.py:{arg}")
     methods = {k: methods[k] for k in ("grpo", "popo", "rollout_replay")}
-    overrides["model.path"] = sft.X4_MODEL
+    overrides["model.path"] = model
+    numbers = numbers if arg == "x4" else [50]
   default = arg is None
   return dict(
       name="difficulty" if default else f"difficulty_{arg}",
@@ -73,6 +87,6 @@ def get_grid(arg=None):
       more_seeds={m: [3, 4] for m in ("grpo", "popo", "dapo")} if default else {},
       budget={"rollouts": 25600}, evaluations=4,
       overrides=overrides,
-      axes={"task.countdown.max_number": [50, 70, 100]},
+      axes={"task.countdown.max_number": numbers},
       plot={"x": "task.countdown.max_number", "panels": None,
             "x_measured": "ineffective_fraction"})

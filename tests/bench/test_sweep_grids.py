@@ -66,25 +66,29 @@ def test_an_unknown_grid_variant_is_one_grid_error(spec):
     grid.load(spec)
 
 
-def test_the_model_size_variant_needs_its_model_and_then_pairs_with_the_default_grid(
-    tmp_path, monkeypatch):
-  # Run from an empty folder: the x4 model's folder (runs/models/...) is relative to it.
-  spec = os.path.join(ROOT, "configs/sweeps/difficulty.py") + ":x4"
+@pytest.mark.parametrize("variant,model,cells,last", [
+    # GRPO, POPO, rollout replay x max_number {50, 70, 100} x 3 seeds = 27
+    ("x4", sft.X4_MODEL, 27, "rollout_replay__task.countdown.max_number=100__seed2"),
+    # the same three at max_number 50 only: 3 x 1 x 3 = 9
+    ("x16", sft.X16_MODEL, 9, "rollout_replay__task.countdown.max_number=50__seed2")])
+def test_the_model_size_variants_need_their_model_and_then_pair_with_the_default_grid(
+    tmp_path, monkeypatch, variant, model, cells, last):
+  # Run from an empty folder: the model's folder (runs/models/...) is relative to it.
+  spec = os.path.join(ROOT, "configs/sweeps/difficulty.py") + f":{variant}"
   monkeypatch.chdir(tmp_path)
   with pytest.raises(grid.GridError, match=r"not built yet: python -m grpo_jax.sft "
-                                           r"--config=configs/sft.py:x4"):
+                                           rf"--config=configs/sft.py:{variant}"):
     grid.load(spec)
-  # Any Hugging Face folder passes the check; the embedded model stands in for the x4 one.
+  # Any Hugging Face folder passes the check; the embedded model stands in for the real one.
   (tmp_path / "runs" / "models").mkdir(parents=True)
-  os.symlink(assets.EMBEDDED_MODEL, tmp_path / sft.X4_MODEL)
+  os.symlink(assets.EMBEDDED_MODEL, tmp_path / model)
   g = grid.load(spec)
-  # GRPO, POPO, rollout replay x max_number {50, 70, 100} x 3 seeds = 27
-  assert g.name == "difficulty_x4" and len(g.cells()) == 27
+  assert g.name == f"difficulty_{variant}" and len(g.cells()) == cells
   default = grid.load(os.path.join(ROOT, "configs/sweeps/difficulty.py"))
   cell = g.cells()[-1]
-  assert cell.id == "rollout_replay__task.countdown.max_number=100__seed2"
-  assert cell.id in {c.id for c in default.cells()}  # the two sizes pair cell by cell
-  assert g.config(cell).model.path == sft.X4_MODEL
+  assert cell.id == last
+  assert cell.id in {c.id for c in default.cells()}  # the sizes pair cell by cell
+  assert g.config(cell).model.path == model
   assert default.config(cell).model.path == assets.EMBEDDED_MODEL
 
 
