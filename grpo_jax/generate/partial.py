@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax.generate import partial_state as state_lib
 from grpo_jax.generate import pool as pool_lib
 
 
@@ -417,17 +418,12 @@ class Producer:
     the groups waiting for rows, the rule's requests, the ready queue, the version and the
     counts; JSON but for its NumPy arrays (which the checkpoint writes as arrays,
     ``run.checkpoint``)."""
-    pool = {f: np.asarray(getattr(self.pool, f)) for f in _POOL_FIELDS}
-    groups = {str(k): {"prompt": _prompt_json(v["prompt"]),
-                       "rows": {str(g): [np.asarray(a) for a in r]
-                                for g, r in v["rows"].items()},
-                       "admitted": v["admitted"], "oldest": v["oldest"]}
-              for k, v in self._groups.items()}
     ready = [{f.name: getattr(g, f.name) for f in dataclasses.fields(Group)}
              for g in self.ready]
     return {"version": self.version, "horizon": self.horizon, "serial": self._serial,
             "admitted": self._admitted, "counts": vars(self.counts),
-            "pool": pool, "groups": groups, "ready": ready,
+            "pool": state_lib.pool_arrays(self.pool),
+            "groups": state_lib.groups_json(self._groups), "ready": ready,
             "pending": [list(x) for x in self._pending]}
 
   def load_state_dict(self, state: dict) -> None:
@@ -439,28 +435,12 @@ class Producer:
     self.horizon = int(state.get("horizon", self.version - self.max_staleness))
     self._admitted = int(state.get("admitted", 0))
     self.counts = Counts(**state["counts"])
-    # Each field back on the device(s) and layout of the one it replaces.
-    fields = {f: jax.device_put(np.asarray(state["pool"][f], getattr(self.pool, f).dtype),
-                                getattr(self.pool, f).sharding) for f in _POOL_FIELDS}
-    self.pool = self.pool.replace(**fields)
-    oldest = np.asarray(state["pool"]["versions"])[:, 0]
-    tickets = np.asarray(state["pool"]["ticket"])
-
-    def group(k: int, v: dict) -> dict:
-      rows = {int(g): tuple(np.asarray(a, d) for a, d in zip(r, _ROW_DTYPES))
-              for g, r in v["rows"].items()}
-      if "oldest" not in v:  # saved before groups recorded it: whole groups, admitted at once
-        live = oldest[tickets // self.g == k]
-        firsts = [int(r[2][0]) for r in rows.values()] + [int(x) for x in live]
-        v = {**v, "admitted": self.g, "oldest": min(firsts, default=self.version)}
-      return {"prompt": _prompt_from_json(v["prompt"]), "rows": rows,
-              "admitted": int(v["admitted"]), "oldest": int(v["oldest"])}
-
-    self._groups = {int(k): group(int(k), v) for k, v in state["groups"].items()}
+    self.pool = state_lib.restore_pool(self.pool, state["pool"])
+    self._groups = state_lib.groups_from_json(state["groups"], state["pool"], self.g,
+                                              self.version)
     self._pending = collections.deque(tuple(x) for x in state.get("pending", []))
-    self.ready = collections.deque(
-        Group(tag=g["tag"], **{k: np.asarray(g[k], d) for k, d in _GROUP_DTYPES.items()})
-        for g in state["ready"])
+    self.ready = collections.deque(Group(tag=g["tag"], **state_lib.ready_arrays(g))
+                                   for g in state["ready"])
     self._stale_cache = True
 
   def _rebuild_cache(self, params) -> None:
@@ -478,28 +458,6 @@ class Producer:
     """Rows live in the pool (unfinished or awaiting their group's other rows)."""
     return int(np.asarray(self.pool.live).sum()) + sum(
         len(g["rows"]) for g in self._groups.values())
-
-
-_POOL_FIELDS = ("prompt_ids", "prompt_mask", "tokens", "logp", "versions", "length", "live",
-                "done", "ended", "key", "stop_at", "ticket")
-# A harvested row: (tokens, logp, versions, length, ended).
-_ROW_DTYPES = (np.int32, np.float32, np.int32, np.int32, bool)
-_GROUP_DTYPES = {"prompt_ids": np.int32, "prompt_mask": bool, "tokens": np.int32,
-                 "logp": np.float32, "versions": np.int32, "lengths": np.int32, "ended": bool}
-
-
-def _jsonable(x):
-  return np.asarray(x).tolist() if isinstance(x, (np.ndarray, np.generic)) else x
-
-
-def _prompt_json(prompt: Prompt) -> list:
-  return [_jsonable(x) for x in prompt]
-
-
-def _prompt_from_json(values: list) -> Prompt:
-  tag, ids, mask, stop, key = values
-  return (tag, np.asarray(ids, np.int32), np.asarray(mask, bool),
-          None if stop is None else np.asarray(stop, np.int32), np.asarray(key, np.uint32))
 
 
 def key_data(key, n: int) -> np.ndarray:
