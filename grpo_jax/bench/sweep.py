@@ -7,6 +7,7 @@ tidy table, a summary and figures.
     python -m grpo_jax.bench.sweep --grid=... --out=... --only=seed=1 \
         --only=opt.learning_rate=1e-4,2e-4                              # only these cells now
     python -m grpo_jax.bench.sweep --grid=... --out=... --report        # tables and figures only
+    python -m grpo_jax.bench.sweep --grid=... --out=... --carry_over    # after re-runs, below
 
 The grid file (``grpo_jax/bench/grid.py`` says what it holds; examples in configs/sweeps/)
 names the methods, seeds, budget, axes and overrides; every cell's config is checked before
@@ -20,7 +21,10 @@ them; the metrics stay).
 
 Resuming: the same command again runs only what is missing. A cell with a record of the same
 config hash is done; one whose config has changed since (the grid, a config file, a default)
-runs again; one interrupted mid-run resumes from its last checkpoint (one per evaluation),
+runs again (its old record is kept in the new one: ``previous`` says whether the re-run
+reproduced it exactly; ``--carry_over`` then marks that method's other records of the same
+code current, so a change that moves nothing costs one cell per method, not the grid);
+one interrupted mid-run resumes from its last checkpoint (one per evaluation),
 bit for bit as ``grpo_jax.train`` resumes. A second sweep on the same ``--out`` is refused
 while the first is alive. SIGTERM or Ctrl-C stops the running cell at its next step (it
 checkpoints) and then the sweep.
@@ -71,6 +75,9 @@ def define_flags():
                             "method or an axis path; repeat to match all); the tables and "
                             "figures still cover every finished cell of the grid")
   flags.DEFINE_bool("report", False, "only write the tables and figures of the finished cells")
+  flags.DEFINE_bool("carry_over", False, "mark records of older configs current where a "
+                    "re-run of the same method and code reproduced its record exactly (see "
+                    "carry_over), then write the tables")
   flags.DEFINE_bool("detach", False, "run in the background, output in <out>/sweep.log")
   flags.DEFINE_bool("keep_checkpoints", False, "keep each finished cell's checkpoints")
   flags.DEFINE_string("cell", "", "internal: run this one cell (by id) in this process")
@@ -88,6 +95,78 @@ def finished(out: str, grid: grid_lib.Grid, cell: grid_lib.Cell) -> bool:
   except (OSError, ValueError):
     return False
   return rec.get("status") == "done" and rec.get("config_hash") == grid.config_hash(cell)
+
+
+def _stale_record(out: str, grid: grid_lib.Grid, cell: grid_lib.Cell) -> dict | None:
+  """The cell's done record if it ran an older config (a re-run's ``previous``), else None."""
+  try:
+    with open(cell_path(out, cell)) as f:
+      rec = json.load(f)
+  except (OSError, ValueError):
+    return None
+  rec = rec.get("replaces", rec)  # a re-run stopped before its end kept the old record here
+  if rec.get("status") != "done" or rec.get("config_hash") == grid.config_hash(cell):
+    return None
+  return rec
+
+
+# What a re-run must reproduce exactly, at every evaluation, to carry older records over.
+_SAME = ("step", "rollouts", "completion_tokens", "mean_at_k", "pass_at_k", "greedy_accuracy")
+
+
+def same_evaluations(a: dict, b: dict) -> bool:
+  """Whether two records' evaluations are identical (every ``_SAME`` field, bit for bit)."""
+  pick = lambda r: [[e.get(k) for k in _SAME] for e in r.get("evals", [])]
+  return bool(a.get("evals")) and pick(a) == pick(b)
+
+
+def carry_over(grid: grid_lib.Grid, out: str) -> tuple[list[str], dict[str, str]]:
+  """Marks done records of older configs as records of the current one where re-runs showed
+  the difference changes nothing.
+
+  A config hash covers the whole resolved config, so a key added to the package (a new knob
+  whose default keeps the old behaviour) or a renamed one makes every record stale. The
+  evidence is a re-run: a stale cell run again on the current config (``--only`` picks it)
+  whose every evaluation equals its old record's (``previous.identical``). Such a re-run of a
+  method carries over that method's other stale records written by the same code commit (the
+  same code and config change between them and now); one that differed blocks them. The old
+  hash and the re-runs are kept in the record (``carried_over``).
+
+  Returns:
+    The ids carried over, and for each stale record left as it is, why.
+  """
+  recs, now = {}, {}
+  for cell in grid.cells():
+    try:
+      with open(cell_path(out, cell)) as f:
+        recs[cell] = json.load(f)
+    except (OSError, ValueError):
+      continue
+    now[cell] = grid.config_hash(cell)
+  proof: dict[tuple, dict[str, list[str]]] = {}
+  for cell, r in recs.items():
+    p = r.get("previous")
+    if r.get("status") == "done" and r.get("config_hash") == now[cell] and p:
+      verdict = "same" if p.get("identical") else "differed"
+      proof.setdefault((r["method"], p.get("code")), {}).setdefault(verdict, []).append(cell.id)
+  carried, left = [], {}
+  for cell, r in recs.items():
+    if r.get("status") != "done" or r.get("config_hash") == now[cell]:
+      continue
+    code = r.get("code") or "?"
+    seen = proof.get((r["method"], r.get("code")), {})
+    if seen.get("differed"):
+      left[cell.id] = (f"{r['method']} at {code[:12]}: the re-run of {seen['differed'][0]} "
+                       "differs from its record")
+    elif not seen.get("same"):
+      left[cell.id] = (f"{r['method']} at {code[:12]}: no re-run of its cells yet (run one "
+                       "with --only)")
+    else:
+      r["carried_over"] = {"from": r["config_hash"], "verified_by": seen["same"]}
+      r["config_hash"] = now[cell]
+      _write_json(cell_path(out, cell), r)
+      carried.append(cell.id)
+  return carried, left
 
 
 def records(out: str, grid: grid_lib.Grid) -> list[dict]:
@@ -125,6 +204,7 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
            "spec": grid.methods[cell.method], "setting": dict(cell.setting),
            "setting_key": cell.setting_key, "seed": cell.seed,
            "config_hash": grid.config_hash(cell), "code": code_version}
+    prev = _stale_record(out, grid, cell)  # a done record of an older config, if any
     start, cpu0, busy0 = time.monotonic(), _children_cpu(), _machine_busy_s()
     code, last = _run_child(spec, cell, workdir, env)
     rec.update(wall_s=time.monotonic() - start, cpu_s=_children_cpu() - cpu0,
@@ -143,6 +223,9 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
       console.say(f"[{i + 1}/{len(todo)}] {cell.id}: mean@{k} {end['mean_at_k']:.3f} (se "
                   f"{end['mean_at_k_se']:.3f}) at {end['rollouts']:,} rollouts, "
                   f"{rec['wall_s']:.0f} s{eta}")
+      if prev is not None:  # the evidence ``carry_over`` reads
+        rec["previous"] = {"config_hash": prev["config_hash"], "code": prev.get("code"),
+                           "identical": same_evaluations(prev, rec)}
       if not keep_checkpoints:
         shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
     elif code == _STOPPED or (_STOP["asked"] and code in _SIGNALLED):
@@ -155,6 +238,8 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
       rec.update(status="failed", returncode=code, error=last)
       console.say(f"[{i + 1}/{len(todo)}] {cell.id}: FAILED ({last}); log: "
                   f"{os.path.join(workdir, 'cell.log')}{eta}")
+    if prev is not None and rec["status"] != "done":
+      rec["replaces"] = prev  # a stopped or failed re-run loses nothing of the old record
     _write_json(cell_path(out, cell), rec)
     write_outputs(grid, out, figures=False)
     signalled = code < 0 or code == _STOPPED or code in _SIGNALLED
@@ -412,7 +497,13 @@ def main(argv):
   out = f.out or os.path.join("runs", "sweep", grid.name)
   workdirs = f.workdirs or os.path.join(out, "runs")
   os.makedirs(out, exist_ok=True)
-  if f.report:
+  if f.carry_over:
+    carried, left = carry_over(grid, out)
+    console.say(f"sweep {grid.name}: {len(carried)} record(s) carried over to the current "
+                f"config; {len(left)} stale record(s) left")
+    for reason in dict.fromkeys(left.values()):
+      console.say(f"  left: {reason}")
+  if f.report or f.carry_over:
     for path in write_outputs(grid, out):
       print(f"wrote {path}")
     return

@@ -439,3 +439,69 @@ def test_the_grid_figure_names_a_series_missing_from_its_first_panel():
   plt.close(fig)
   assert labels == ["grpo", "popo"]  # headroom drew nothing: not named
   assert [h.get_label() for h in handles] == labels
+
+
+def test_a_rerun_that_reproduces_its_record_carries_the_methods_other_records_over(
+    tmp_path, monkeypatch):
+  # Two seeds of GRPO and one of POPO with records of an older config (hash 0...0) written by
+  # commit "old". Re-running grpo seed 0 with the same evaluations carries grpo seed 1 over;
+  # POPO, with no re-run, stays stale; then a POPO re-run that differs is recorded as such.
+  grid = _grid_file(tmp_path, """dict(methods={"grpo": "grpo", "popo": "popo"}, seeds=[0, 1],
+      presets="smoke", budget={"steps": 2})""")
+  g, out = grid_lib.load(grid), os.fspath(tmp_path / "out")
+  evals = [{"step": 0, "rollouts": 0, "completion_tokens": 0, "mean_at_k": 0.25,
+            "mean_at_k_se": 0.1, "pass_at_k": 0.5, "greedy_accuracy": 0.0},
+           {"step": 2, "rollouts": 16, "completion_tokens": 120, "mean_at_k": 0.375,
+            "mean_at_k_se": 0.1, "pass_at_k": 0.5, "greedy_accuracy": 0.5}]
+  for cell in g.cells():
+    sweep._write_json(sweep.cell_path(out, cell), {  # pylint: disable=protected-access
+        "id": cell.id, "method": cell.method, "status": "done", "config_hash": "0" * 12,
+        "code": "old", "evals": evals})
+  assert not any(sweep.finished(out, g, c) for c in g.cells())
+  rerun = {"evals": evals}
+  monkeypatch.setattr(sweep, "_run_child", lambda *a: (0, ""))
+  monkeypatch.setattr(cells_lib, "record", lambda workdir, k: rerun)
+  monkeypatch.setattr(sweep, "write_outputs", lambda *a, **kw: [])
+  monkeypatch.setitem(sweep._STOP, "asked", False)  # pylint: disable=protected-access
+  assert sweep.run(g, grid, out, os.path.join(out, "runs"), only=("method=grpo",
+                                                                  "seed=0")) == 0
+  ids = {c.id: c for c in g.cells()}
+  rec = json.load(open(sweep.cell_path(out, ids["grpo__seed0"])))
+  assert rec["previous"] == {"config_hash": "0" * 12, "code": "old", "identical": True}
+  carried, left = sweep.carry_over(g, out)
+  assert carried == ["grpo__seed1"]
+  assert set(left) == {"popo__seed0", "popo__seed1"}
+  assert "no re-run of its cells yet" in left["popo__seed0"]
+  rec = json.load(open(sweep.cell_path(out, ids["grpo__seed1"])))
+  assert rec["carried_over"] == {"from": "0" * 12, "verified_by": ["grpo__seed0"]}
+  assert sweep.finished(out, g, ids["grpo__seed1"]) and rec["evals"] == evals
+  # a POPO re-run whose last evaluation moves by one sample in 64 blocks its other record
+  rerun = {"evals": [evals[0], dict(evals[1], mean_at_k=0.375 + 1 / 64)]}
+  assert sweep.run(g, grid, out, os.path.join(out, "runs"), only=("method=popo",
+                                                                  "seed=0")) == 0
+  carried, left = sweep.carry_over(g, out)
+  assert carried == [] and list(left) == ["popo__seed1"]
+  assert "the re-run of popo__seed0 differs from its record" in left["popo__seed1"]
+  assert not sweep.finished(out, g, ids["popo__seed1"])
+
+
+def test_a_stopped_rerun_keeps_the_old_record_for_the_next_one(tmp_path, monkeypatch):
+  g, out = grid_lib.load(SMOKE), os.fspath(tmp_path)
+  cell = g.cells()[0]
+  old = {"id": cell.id, "method": cell.method, "status": "done", "config_hash": "0" * 12,
+         "code": "old", "evals": [{"step": 2, "rollouts": 16, "completion_tokens": 120,
+                                   "mean_at_k": 0.5, "mean_at_k_se": 0.1, "pass_at_k": 0.5,
+                                   "greedy_accuracy": 0.5}]}
+  sweep._write_json(sweep.cell_path(out, cell), old)  # pylint: disable=protected-access
+  monkeypatch.setattr(sweep, "_run_child", lambda *a: (sweep._STOPPED, "stopped"))  # pylint: disable=protected-access
+  monkeypatch.setattr(sweep, "write_outputs", lambda *a, **kw: [])
+  monkeypatch.setitem(sweep._STOP, "asked", False)  # pylint: disable=protected-access
+  sweep.run(g, SMOKE, out, os.path.join(out, "runs"), only=(f"method={cell.method}",))
+  rec = json.load(open(sweep.cell_path(out, cell)))
+  assert rec["status"] == "stopped" and rec["replaces"] == old
+  # the resumed re-run still compares with the old record
+  monkeypatch.setattr(sweep, "_run_child", lambda *a: (0, ""))
+  monkeypatch.setattr(cells_lib, "record", lambda workdir, k: {"evals": old["evals"]})
+  sweep.run(g, SMOKE, out, os.path.join(out, "runs"), only=(f"method={cell.method}",))
+  rec = json.load(open(sweep.cell_path(out, cell)))
+  assert rec["status"] == "done" and rec["previous"]["identical"] and "replaces" not in rec
