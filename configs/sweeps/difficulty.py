@@ -38,6 +38,16 @@ cell by cell. 27 cells.
     python -m grpo_jax.bench.sweep --grid=configs/sweeps/difficulty.py:x4 \
         --out=docs/results/regime/difficulty_x4 --workdirs=runs/regime/difficulty_x4
 
+``:x4_updates`` is the x4 grid's control for rollout replay's loss: GRPO with one update per
+batch (``:paper``'s update count) beside GRPO's 4, at numbers to 50, 3 seeds. Its GRPO cells
+have the x4 grid's configs (the same hashes): copy their records into its ``cells/`` and only
+the 3 one-update cells run. Grid name ``difficulty_x4_updates``.
+
+    cp docs/results/regime/difficulty_x4/cells/grpo__task.countdown.max_number=50__seed* \
+        docs/results/regime/difficulty_x4_updates/cells/
+    python -m grpo_jax.bench.sweep --grid=configs/sweeps/difficulty.py:x4_updates \
+        --out=docs/results/regime/difficulty_x4_updates --workdirs=runs/regime/difficulty_x4
+
 ``:x16`` is the third size, ~13x the embedded model (``configs/sft.py:x16``), at fewer cells:
 the same three methods at numbers to 50 only, 3 seeds (9 cells). Numbers to 50 because it is
 where accuracy is far from the floor (GRPO ~0.36; at numbers to 100 it is ~0.06, and every
@@ -56,9 +66,9 @@ from configs import sft
 
 
 def get_grid(arg=None):
-  if arg not in (None, "tuned", "x4", "x16"):
+  if arg not in (None, "tuned", "x4", "x4_updates", "x16"):
     raise ValueError(f"difficulty grid: unknown variant {arg!r} (expected none, 'tuned', "
-                     "'x4' or 'x16')")
+                     "'x4', 'x4_updates' or 'x16')")
   tuned = arg == "tuned"
   methods = {"grpo": "grpo", "drgrpo": "drgrpo", "rloo": "rloo", "dapo": "dapo",
              "popo": "popo", "rollout_replay": "rollout_replay:paper",
@@ -70,12 +80,15 @@ def get_grid(arg=None):
     methods["popo-align_mu"] = "popo:align_mu"
     overrides.update({"opt.learning_rate": 1e-4, "rl.num_minibatches": 4})
   numbers = [50, 70, 100]
-  if arg in ("x4", "x16"):
-    model = sft.X4_MODEL if arg == "x4" else sft.X16_MODEL
+  if arg in ("x4", "x4_updates", "x16"):
+    size = "x16" if arg == "x16" else "x4"
+    model = sft.X16_MODEL if size == "x16" else sft.X4_MODEL
     if not os.path.isfile(os.path.join(model, "config.json")):
       raise ValueError(f"the {arg} variant trains {model}, which is not built yet: "
-                       f"python -m grpo_jax.sft --config=configs/sft.py:{arg}")
+                       f"python -m grpo_jax.sft --config=configs/sft.py:{size}")
     methods = {k: methods[k] for k in ("grpo", "popo", "rollout_replay")}
+    if arg == "x4_updates":
+      methods = {"grpo": "grpo", "grpo-1update": "grpo:minibatches=1"}
     overrides["model.path"] = model
     numbers = numbers if arg == "x4" else [50]
   default = arg is None

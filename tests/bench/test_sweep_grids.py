@@ -70,14 +70,17 @@ def test_an_unknown_grid_variant_is_one_grid_error(spec):
     # GRPO, POPO, rollout replay x max_number {50, 70, 100} x 3 seeds = 27
     ("x4", sft.X4_MODEL, 27, "rollout_replay__task.countdown.max_number=100__seed2"),
     # the same three at max_number 50 only: 3 x 1 x 3 = 9
-    ("x16", sft.X16_MODEL, 9, "rollout_replay__task.countdown.max_number=50__seed2")])
+    ("x16", sft.X16_MODEL, 9, "rollout_replay__task.countdown.max_number=50__seed2"),
+    # GRPO with 4 and with 1 update per batch at max_number 50: 2 x 1 x 3 = 6
+    ("x4_updates", sft.X4_MODEL, 6, "grpo-1update__task.countdown.max_number=50__seed2")])
 def test_the_model_size_variants_need_their_model_and_then_pair_with_the_default_grid(
     tmp_path, monkeypatch, variant, model, cells, last):
   # Run from an empty folder: the model's folder (runs/models/...) is relative to it.
   spec = os.path.join(ROOT, "configs/sweeps/difficulty.py") + f":{variant}"
   monkeypatch.chdir(tmp_path)
+  size = variant.split("_")[0]
   with pytest.raises(grid.GridError, match=r"not built yet: python -m grpo_jax.sft "
-                                           rf"--config=configs/sft.py:{variant}"):
+                                           rf"--config=configs/sft.py:{size}$"):
     grid.load(spec)
   # Any Hugging Face folder passes the check; the embedded model stands in for the real one.
   (tmp_path / "runs" / "models").mkdir(parents=True)
@@ -85,11 +88,18 @@ def test_the_model_size_variants_need_their_model_and_then_pair_with_the_default
   g = grid.load(spec)
   assert g.name == f"difficulty_{variant}" and len(g.cells()) == cells
   default = grid.load(os.path.join(ROOT, "configs/sweeps/difficulty.py"))
-  cell = g.cells()[-1]
-  assert cell.id == last
-  assert cell.id in {c.id for c in default.cells()}  # the sizes pair cell by cell
-  assert g.config(cell).model.path == model
-  assert default.config(cell).model.path == assets.EMBEDDED_MODEL
+  assert g.cells()[-1].id == last
+  assert all(g.config(c).model.path == model for c in g.cells())
+  # the sizes pair cell by cell: every GRPO cell is the default grid's on another model
+  ids = {c.id: c for c in default.cells()}
+  grpo = [c for c in g.cells() if c.method == "grpo"]
+  assert grpo and all(c.id in ids for c in grpo)
+  assert default.config(ids[grpo[0].id]).model.path == assets.EMBEDDED_MODEL
+  if variant == "x4_updates":  # its GRPO cells are the x4 grid's, hash for hash
+    x4 = grid.load(spec.replace(":x4_updates", ":x4"))
+    assert {g.config_hash(c) for c in grpo} <= {x4.config_hash(c) for c in x4.cells()}
+    one = g.config(g.cells()[-1])
+    assert (one.rl.num_minibatches, g.config(grpo[0]).rl.num_minibatches) == (1, 4)
 
 
 def test_the_partial_grids_cells_are_the_corrections_they_name():
