@@ -9,8 +9,8 @@ gain over GRPO grows with model size (+4.35 points at 4B, less at the smaller sc
 size is a sweep folder (``grpo_jax.bench.sweep`` writes its ``summary.json``) over the same
 settings and seeds, the smallest size first.
 
-For a method, a setting and a larger size, each seed ``s`` present in all four runs (the method
-and the baseline at both sizes) gives one difference of gains,
+For a method, a setting and two sizes (every pair), each seed ``s`` present in all four runs
+(the method and the baseline at both sizes) gives one difference of gains,
 
     d_s = (method_large[s] - baseline_large[s]) - (method_small[s] - baseline_small[s]),
 
@@ -114,29 +114,31 @@ def difference(pairs: Sequence[float]) -> dict:
 
 
 def compare(sizes: Sequence[tuple[str, dict]], baseline: str = "grpo") -> list[dict]:
-  """One row per (method, setting, larger size): the gains at both sizes and their difference.
+  """One row per (method, setting, pair of sizes): the gains at both and their difference.
 
   Args:
-    sizes: ``[(label, finals(folder)), ...]``, the smallest model first.
+    sizes: ``[(label, finals(folder)), ...]``, the smallest model first; every pair of them
+      is compared (with three sizes: 1-2, 1-3, 2-3), the smaller as ``small``.
     baseline: the method the gains are measured against.
 
   Returns:
     Rows with ``method``, ``setting`` (or ``ALL``), ``small``/``large`` (size labels),
     ``gain_small``/``gain_large`` (mean over the paired seeds), ``base_small``/``base_large``
     (the baseline's mean final over them), ``seeds`` and ``difference``'s keys. Methods and
-    settings in the smallest size's order; a (method, setting) missing at a size is left out.
+    settings in the smallest size's order; a (method, setting) missing at a size is left out
+    of that size's pairs.
   """
-  (small, first), rest = sizes[0], sizes[1:]
-  methods = list(dict.fromkeys(m for m, _ in first if m != baseline))
-  settings = list(dict.fromkeys(s for _, s in first))
+  methods = list(dict.fromkeys(m for m, _ in sizes[0][1] if m != baseline))
+  settings = list(dict.fromkeys(s for _, s in sizes[0][1]))
   rows = []
-  for large, runs in rest:
+  pairs = [(a, b) for i, a in enumerate(sizes) for b in sizes[i + 1:]]
+  for (small, first), (large, runs) in pairs:
     for method in methods:
       pooled = {k: [] for k in ("d", "gs", "gl", "bs", "bl")}
       for setting in settings + [ALL]:
         if setting == ALL:
           if len({r["setting"] for r in rows if r["method"] == method
-                  and r["large"] == large}) < 2:
+                  and (r["small"], r["large"]) == (small, large)}) < 2:
             continue  # one setting: the pooled row would repeat it
           seeds, parts = None, pooled
         else:

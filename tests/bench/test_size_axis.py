@@ -116,3 +116,19 @@ def test_write_makes_the_table_with_resolved_bold_and_the_figure(sizes, tmp_path
 def test_bad_sizes_flag_says_what_is_wrong(specs, match):
   with pytest.raises(ValueError, match=match):
     size_axis.parse_sizes(specs)
+
+
+def test_three_sizes_compare_every_pair(sizes, tmp_path):
+  # a third size at numbers to 50 only: popo's gains 0.06, 0.05, 0.07
+  big = _sweep(tmp_path, "big", [_summary("grpo", A, [0.50, 0.50, 0.50]),
+                                 _summary("popo", A, [0.56, 0.55, 0.57])])
+  rows = size_axis.compare([(label, size_axis.finals(folder))
+                            for label, folder in sizes + [("16M", big)]])
+  pairs = {(r["method"], r["setting"], r["small"], r["large"]): r for r in rows}
+  assert {k[2:] for k in pairs} == {("1M", "4M"), ("1M", "16M"), ("4M", "16M")}
+  # 4M -> 16M: d = (0.06 - 0.03, 0.05 - 0.04, 0.07 - 0.02) = (0.03, 0.01, 0.05), mean 0.03
+  assert pairs[("popo", "numbers to 50", "4M", "16M")]["diff"] == pytest.approx(0.03)
+  # 1M -> 16M: d = (0.05, 0.04, 0.06), mean 0.05; one setting there, so no pooled row
+  assert pairs[("popo", "numbers to 50", "1M", "16M")]["diff"] == pytest.approx(0.05)
+  assert ("popo", size_axis.ALL, "1M", "16M") not in pairs
+  assert ("popo", size_axis.ALL, "1M", "4M") in pairs
