@@ -3,7 +3,7 @@
     python -m grpo_jax.sft --config=configs/sft.py
     python -m grpo_jax.sft --config=configs/sft.py:smoke --config.output_dir=/tmp/sft
     python -m grpo_jax.sft --config=configs/sft.py:x4     # the regime study's ~4x model
-    python -m grpo_jax.sft --config=configs/sft.py:x16    # and its ~13x one
+    python -m grpo_jax.sft --config=configs/sft.py:x16    # and its ~14x one
 
 Trains a ~1M-parameter Qwen3-architecture model from scratch on generated Countdown solutions
 and stops as soon as held-out mean@8 (temperature 1) reaches ``stop.target_accuracy``: the RL
@@ -20,8 +20,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the SFT config; ``arg`` may be "smoke" (seconds-long check), "x4" or "x16".
 
   "x4" is a model ~3.7x the embedded one (width 256, SwiGLU 768, 8 query and 4 key/value
-  heads of 32: 3.4M parameters) and "x16" one ~13x (width 512, SwiGLU 1536, 16 and 8 heads:
-  12.7M), each trained to the same accuracy target, for the regime study's model-size axis
+  heads of 32: 3.4M parameters) and "x16" one ~14x (width 512, SwiGLU 1536, 16 and 8 heads:
+  13.1M), each trained to the same accuracy target, for the regime study's model-size axis
   (``configs/sweeps/difficulty.py:x4`` and ``:x16``), written to ``X4_MODEL`` / ``X16_MODEL``.
   They are evaluated every 25 steps (not 50), as a larger model crosses the target band
   faster."""

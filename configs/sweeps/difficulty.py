@@ -48,7 +48,7 @@ the 3 one-update cells run. Grid name ``difficulty_x4_updates``.
     python -m grpo_jax.bench.sweep --grid=configs/sweeps/difficulty.py:x4_updates \
         --out=docs/results/regime/difficulty_x4_updates --workdirs=runs/regime/difficulty_x4
 
-``:x16`` is the third size, ~13x the embedded model (``configs/sft.py:x16``), at fewer cells:
+``:x16`` is the third size, ~14x the embedded model (``configs/sft.py:x16``), at fewer cells:
 the same three methods at numbers to 50 only, 3 seeds (9 cells). Numbers to 50 because it is
 where accuracy is far from the floor (GRPO ~0.36; at numbers to 100 it is ~0.06, and every
 gain there is under a point at both smaller sizes) and where the gains moved most between the
