@@ -54,6 +54,20 @@ def _short(value: Any) -> str:
   return grid_lib.value_text(value)
 
 
+def read_summaries(folder: str) -> list[dict]:
+  """A sweep folder's summary.json rows.
+
+  Raises:
+    FileNotFoundError: no summary.json (with the command that writes it).
+  """
+  path = os.path.join(folder, "summary.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path}: no sweep summary (python -m grpo_jax.bench.sweep "
+                            f"--grid=... --out={folder} --report writes it)")
+  with open(path) as f:
+    return json.load(f)
+
+
 def load(folders: Sequence[str]) -> list[dict]:
   """Every summary row of the folders, each with ``sweep`` (the folder's name) and ``column``.
 
@@ -62,12 +76,7 @@ def load(folders: Sequence[str]) -> list[dict]:
   """
   rows = []
   for folder in folders:
-    path = os.path.join(folder, "summary.json")
-    if not os.path.isfile(path):
-      raise FileNotFoundError(f"{path}: no sweep summary (python -m grpo_jax.bench.sweep "
-                              f"--grid=... --out={folder} --report writes it)")
-    with open(path) as f:
-      summaries = json.load(f)
+    summaries = read_summaries(folder)
     sweep = os.path.basename(os.path.normpath(folder))
     for s in summaries:
       # A method's own-axis values are in its label already ("popo [max_uses=4]"): the

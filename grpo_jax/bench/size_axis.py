@@ -26,7 +26,6 @@ Writes ``<out>/size.md`` and, with matplotlib, ``<out>/size.png``.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Sequence
@@ -74,14 +73,8 @@ def finals(folder: str) -> dict[tuple[str, str], dict[int, float]]:
   Raises:
     FileNotFoundError: no summary.json (with the command that writes it).
   """
-  path = os.path.join(folder, "summary.json")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path}: no sweep summary (python -m grpo_jax.bench.sweep "
-                            f"--grid=... --out={folder} --report writes it)")
-  with open(path) as f:
-    summaries = json.load(f)
   return {(s["method"], regime_map.setting_label(s["setting_values"])):
-          dict(zip(s["seeds"], s["final"])) for s in summaries}
+          dict(zip(s["seeds"], s["final"])) for s in regime_map.read_summaries(folder)}
 
 
 def _gains(runs: dict, method: str, setting: str, baseline: str) -> dict[int, float]:

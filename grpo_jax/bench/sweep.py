@@ -57,6 +57,7 @@ import time
 from absl import app, flags
 
 from grpo_jax import console
+from grpo_jax.bench import carry_over as carry_lib
 from grpo_jax.bench import cells as cells_lib
 from grpo_jax.bench import grid as grid_lib
 from grpo_jax.run import metrics as metrics_lib
@@ -104,33 +105,11 @@ def _stale_record(out: str, grid: grid_lib.Grid, cell: grid_lib.Cell) -> dict | 
       rec = json.load(f)
   except (OSError, ValueError):
     return None
-  rec = rec.get("replaces", rec)  # a re-run stopped before its end kept the old record here
-  if rec.get("status") != "done" or rec.get("config_hash") == grid.config_hash(cell):
-    return None
-  return rec
-
-
-# What a re-run must reproduce exactly, at every evaluation, to carry older records over.
-_SAME = ("step", "rollouts", "completion_tokens", "mean_at_k", "pass_at_k", "greedy_accuracy")
-
-
-def same_evaluations(a: dict, b: dict) -> bool:
-  """Whether two records' evaluations are identical (every ``_SAME`` field, bit for bit)."""
-  pick = lambda r: [[e.get(k) for k in _SAME] for e in r.get("evals", [])]
-  return bool(a.get("evals")) and pick(a) == pick(b)
+  return carry_lib.stale(rec, grid.config_hash(cell))
 
 
 def carry_over(grid: grid_lib.Grid, out: str) -> tuple[list[str], dict[str, str]]:
-  """Marks done records of older configs as records of the current one where re-runs showed
-  the difference changes nothing.
-
-  A config hash covers the whole resolved config, so a key added to the package (a new knob
-  whose default keeps the old behaviour) or a renamed one makes every record stale. The
-  evidence is a re-run: a stale cell run again on the current config (``--only`` picks it)
-  whose every evaluation equals its old record's (``previous.identical``). Such a re-run of a
-  method carries over that method's other stale records written by the same code commit (the
-  same code and config change between them and now); one that differed blocks them. The old
-  hash and the re-runs are kept in the record (``carried_over``).
+  """``carry_over.decide`` on the grid's records under ``out``; rewrites those carried over.
 
   Returns:
     The ids carried over, and for each stale record left as it is, why.
@@ -139,34 +118,15 @@ def carry_over(grid: grid_lib.Grid, out: str) -> tuple[list[str], dict[str, str]
   for cell in grid.cells():
     try:
       with open(cell_path(out, cell)) as f:
-        recs[cell] = json.load(f)
+        recs[cell.id] = json.load(f)
     except (OSError, ValueError):
       continue
-    now[cell] = grid.config_hash(cell)
-  proof: dict[tuple, dict[str, list[str]]] = {}
-  for cell, r in recs.items():
-    p = r.get("previous")
-    if r.get("status") == "done" and r.get("config_hash") == now[cell] and p:
-      verdict = "same" if p.get("identical") else "differed"
-      proof.setdefault((r["method"], p.get("code")), {}).setdefault(verdict, []).append(cell.id)
-  carried, left = [], {}
-  for cell, r in recs.items():
-    if r.get("status") != "done" or r.get("config_hash") == now[cell]:
-      continue
-    code = r.get("code") or "?"
-    seen = proof.get((r["method"], r.get("code")), {})
-    if seen.get("differed"):
-      left[cell.id] = (f"{r['method']} at {code[:12]}: the re-run of {seen['differed'][0]} "
-                       "differs from its record")
-    elif not seen.get("same"):
-      left[cell.id] = (f"{r['method']} at {code[:12]}: no re-run of its cells yet (run one "
-                       "with --only)")
-    else:
-      r["carried_over"] = {"from": r["config_hash"], "verified_by": seen["same"]}
-      r["config_hash"] = now[cell]
-      _write_json(cell_path(out, cell), r)
-      carried.append(cell.id)
-  return carried, left
+    now[cell.id] = grid.config_hash(cell)
+  carried, left = carry_lib.decide(recs, now)
+  cells = {c.id: c for c in grid.cells()}
+  for cell_id, rec in carried.items():
+    _write_json(cell_path(out, cells[cell_id]), rec)
+  return list(carried), left
 
 
 def records(out: str, grid: grid_lib.Grid) -> list[dict]:
@@ -225,7 +185,7 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
                   f"{rec['wall_s']:.0f} s{eta}")
       if prev is not None:  # the evidence ``carry_over`` reads
         rec["previous"] = {"config_hash": prev["config_hash"], "code": prev.get("code"),
-                           "identical": same_evaluations(prev, rec)}
+                           "identical": carry_lib.same_evaluations(prev, rec)}
       if not keep_checkpoints:
         shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
     elif code == _STOPPED or (_STOP["asked"] and code in _SIGNALLED):
