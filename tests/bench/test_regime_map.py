@@ -1,12 +1,12 @@
 """The regime map: several sweeps' summaries as one table per sweep and one heat map, checked
 by hand on two small made-up sweeps."""
 
-import json
 import os
 
 import pytest
 
 from grpo_jax.bench import regime_map
+from tests.bench.summaries import write_sweep
 
 
 def _summary(method, setting_values, seeds, mean, gain=0.0, gain_se=0.0, resolved=False,
@@ -16,22 +16,16 @@ def _summary(method, setting_values, seeds, mean, gain=0.0, gain_se=0.0, resolve
           "train/ineffective_fraction": ineffective}
 
 
-def _sweep(tmp_path, name, rows):
-  folder = tmp_path / name
-  folder.mkdir()
-  (folder / "summary.json").write_text(json.dumps(rows))
-  return os.fspath(folder)
-
 
 @pytest.fixture
 def sweeps(tmp_path):
   lr = lambda v: {"opt.learning_rate": v}
-  movement = _sweep(tmp_path, "movement", [
+  movement = write_sweep(tmp_path, "movement", [
       _summary("grpo", lr(3e-5), [0, 1, 2], 0.3371),
       _summary("popo", lr(3e-5), [0, 1, 2], 0.343, gain=0.006, gain_se=0.0004, resolved=True),
       _summary("grpo", lr(2e-4), [0, 1, 2], 0.41),
       _summary("popo", lr(2e-4), [0, 1], 0.40, gain=-0.0187, gain_se=0.0101)])
-  knobs = _sweep(tmp_path, "knobs", [
+  knobs = write_sweep(tmp_path, "knobs", [
       _summary("grpo", {}, [0, 1, 2], 0.061, ineffective=0.85),
       # an own-axis value is in the label, so its column is the shared setting: defaults
       _summary("popo [max_uses=4]", {"replay.popo.max_uses": 4}, [0, 1, 2], 0.065,

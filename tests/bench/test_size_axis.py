@@ -1,12 +1,12 @@
 """The size axis: gains at two model sizes and their paired difference, checked by hand on two
 small made-up sweeps."""
 
-import json
 import os
 
 import pytest
 
 from grpo_jax.bench import size_axis
+from tests.bench.summaries import write_sweep
 
 A = {"task.countdown.max_number": 50}
 B = {"task.countdown.max_number": 100}
@@ -17,23 +17,17 @@ def _summary(method, setting_values, final, seeds=(0, 1, 2)):
           "final": final}
 
 
-def _sweep(tmp_path, name, rows):
-  folder = tmp_path / name
-  folder.mkdir()
-  (folder / "summary.json").write_text(json.dumps(rows))
-  return os.fspath(folder)
-
 
 @pytest.fixture
 def sizes(tmp_path):
-  small = _sweep(tmp_path, "small", [
+  small = write_sweep(tmp_path, "small", [
       _summary("grpo", A, [0.30, 0.32, 0.34]),
       _summary("popo", A, [0.31, 0.33, 0.35]),      # gains 0.01, 0.01, 0.01
       _summary("rr", A, [0.30, 0.32, 0.34]),        # gains 0, 0, 0
       _summary("grpo", B, [0.10, 0.10, 0.10, 0.11, 0.12], seeds=(0, 1, 2, 3, 4)),
       _summary("popo", B, [0.10, 0.11, 0.12, 0.20, 0.20], seeds=(0, 1, 2, 3, 4)),
       _summary("headroom", A, [0.5, 0.5, 0.5])])    # not run at the larger size
-  large = _sweep(tmp_path, "large", [
+  large = write_sweep(tmp_path, "large", [
       _summary("grpo", A, [0.40, 0.41, 0.42]),
       _summary("popo", A, [0.43, 0.45, 0.44]),      # gains 0.03, 0.04, 0.02
       _summary("rr", A, [0.45, 0.46, 0.48]),        # gains 0.05, 0.05, 0.06
@@ -120,7 +114,7 @@ def test_bad_sizes_flag_says_what_is_wrong(specs, match):
 
 def test_three_sizes_compare_every_pair(sizes, tmp_path):
   # a third size at numbers to 50 only: popo's gains 0.06, 0.05, 0.07
-  big = _sweep(tmp_path, "big", [_summary("grpo", A, [0.50, 0.50, 0.50]),
+  big = write_sweep(tmp_path, "big", [_summary("grpo", A, [0.50, 0.50, 0.50]),
                                  _summary("popo", A, [0.56, 0.55, 0.57])])
   rows = size_axis.compare([(label, size_axis.finals(folder))
                             for label, folder in sizes + [("16M", big)]])
