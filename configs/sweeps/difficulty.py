@@ -48,6 +48,13 @@ the 3 one-update cells run. Grid name ``difficulty_x4_updates``.
     python -m grpo_jax.bench.sweep --grid=configs/sweeps/difficulty.py:x4_updates \
         --out=docs/results/regime/difficulty_x4_updates --workdirs=runs/regime/difficulty_x4
 
+``:x16_updates`` is the same control on the x16 model (its GRPO cells are the x16 grid's):
+
+    cp docs/results/regime/difficulty_x16/cells/grpo__* \
+        docs/results/regime/difficulty_x16_updates/cells/
+    python -m grpo_jax.bench.sweep --grid=configs/sweeps/difficulty.py:x16_updates \
+        --out=docs/results/regime/difficulty_x16_updates --workdirs=runs/regime/difficulty_x16
+
 ``:x16`` is the third size, ~14x the embedded model (``configs/sft.py:x16``), at fewer cells:
 the same three methods at numbers to 50 only, 3 seeds (9 cells). Numbers to 50 because it is
 where accuracy is far from the floor (GRPO ~0.36; at numbers to 100 it is ~0.06, and every
@@ -66,9 +73,9 @@ from configs import sft
 
 
 def get_grid(arg=None):
-  if arg not in (None, "tuned", "x4", "x4_updates", "x16"):
+  if arg not in (None, "tuned", "x4", "x4_updates", "x16", "x16_updates"):
     raise ValueError(f"difficulty grid: unknown variant {arg!r} (expected none, 'tuned', "
-                     "'x4', 'x4_updates' or 'x16')")
+                     "'x4', 'x4_updates', 'x16' or 'x16_updates')")
   tuned = arg == "tuned"
   methods = {"grpo": "grpo", "drgrpo": "drgrpo", "rloo": "rloo", "dapo": "dapo",
              "popo": "popo", "rollout_replay": "rollout_replay:paper",
@@ -80,14 +87,14 @@ def get_grid(arg=None):
     methods["popo-align_mu"] = "popo:align_mu"
     overrides.update({"opt.learning_rate": 1e-4, "rl.num_minibatches": 4})
   numbers = [50, 70, 100]
-  if arg in ("x4", "x4_updates", "x16"):
-    size = "x16" if arg == "x16" else "x4"
+  if arg in ("x4", "x4_updates", "x16", "x16_updates"):
+    size = arg.split("_")[0]
     model = sft.X16_MODEL if size == "x16" else sft.X4_MODEL
     if not os.path.isfile(os.path.join(model, "config.json")):
       raise ValueError(f"the {arg} variant trains {model}, which is not built yet: "
                        f"python -m grpo_jax.sft --config=configs/sft.py:{size}")
     methods = {k: methods[k] for k in ("grpo", "popo", "rollout_replay")}
-    if arg == "x4_updates":
+    if arg.endswith("_updates"):
       methods = {"grpo": "grpo", "grpo-1update": "grpo:minibatches=1"}
     overrides["model.path"] = model
     numbers = numbers if arg == "x4" else [50]
