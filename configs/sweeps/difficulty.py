@@ -28,6 +28,18 @@ completions their length terms barely differ from GRPO's). Its results go to the
     python -m grpo_jax.bench.sweep --grid=configs/sweeps/difficulty.py:tuned \
         --out=docs/results/regime/difficulty_tuned --workdirs=runs/regime/difficulty_tuned
 
+``:tuned_selection`` is the tuned grid's prompt-selection rows with their baseline on the code as
+it stands: GRPO, GRPO + MoPPS and GRPO + DPS, 27 cells with the tuned grid's configs (the same
+hashes). The tuned grid's records were made on 4 December 2026; re-runs of them on later code
+follow the recorded run bit for bit for 25 to 78 steps and then part by float rounding (a
+sampled token flips), so its seed-0-only rows are completed here as a grid of one code, its
+GRPO run again beside them, rather than mixed into the older records. Grid name
+``difficulty_tuned_selection``.
+
+    python -m grpo_jax.bench.sweep --grid=configs/sweeps/difficulty.py:tuned_selection \
+        --out=docs/results/regime/difficulty_tuned_selection \
+        --workdirs=runs/regime/difficulty_tuned_selection
+
 ``:x4`` is the model-size axis (the rollout-replay paper: the gain grows with model size):
 GRPO, POPO and rollout replay at the defaults, on a model ~3.7x the embedded one, warm-started
 to the same accuracy target by ``configs/sft.py:x4`` (build it first; it is not shipped).
@@ -73,10 +85,10 @@ from configs import sft
 
 
 def get_grid(arg=None):
-  if arg not in (None, "tuned", "x4", "x4_updates", "x16", "x16_updates"):
+  if arg not in (None, "tuned", "tuned_selection", "x4", "x4_updates", "x16", "x16_updates"):
     raise ValueError(f"difficulty grid: unknown variant {arg!r} (expected none, 'tuned', "
-                     "'x4', 'x4_updates', 'x16' or 'x16_updates')")
-  tuned = arg == "tuned"
+                     "'tuned_selection', 'x4', 'x4_updates', 'x16' or 'x16_updates')")
+  tuned = arg in ("tuned", "tuned_selection")
   methods = {"grpo": "grpo", "drgrpo": "drgrpo", "rloo": "rloo", "dapo": "dapo",
              "popo": "popo", "rollout_replay": "rollout_replay:paper",
              "headroom": "headroom", "sara": "sara", "sara-dps": "sara:dps",
@@ -86,6 +98,8 @@ def get_grid(arg=None):
     methods = {k: v for k, v in methods.items() if k not in ("drgrpo", "rloo")}
     methods["popo-align_mu"] = "popo:align_mu"
     overrides.update({"opt.learning_rate": 1e-4, "rl.num_minibatches": 4})
+  if arg == "tuned_selection":
+    methods = {k: methods[k] for k in ("grpo", "grpo-mopps", "grpo-dps")}
   numbers = [50, 70, 100]
   if arg in ("x4", "x4_updates", "x16", "x16_updates"):
     size = arg.split("_")[0]

@@ -32,6 +32,22 @@ def same_evaluations(a: dict, b: dict) -> bool:
   return bool(a.get("evals")) and pick(a) == pick(b)
 
 
+def agreed_until(a: dict, b: dict) -> int | None:
+  """The last evaluation step up to which two records agree on every ``SAME`` field, from the
+  first evaluation on (None when they differ at the first, or either has none).
+
+  Where a re-run parts from its record says what moved: a change of behaviour shows at once, a
+  float-rounding difference (another machine, library version or summation order) only once
+  it has flipped a sampled token, after which the two are different draws.
+  """
+  last = None
+  for ea, eb in zip(a.get("evals", []), b.get("evals", [])):
+    if any(ea.get(k) != eb.get(k) for k in SAME):
+      break
+    last = ea.get("step")
+  return last
+
+
 def decide(recs: dict[str, dict],
            now: dict[str, str]) -> tuple[dict[str, dict], dict[str, str]]:
   """Which stale done records the re-runs vouch for.

@@ -185,7 +185,8 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
                   f"{rec['wall_s']:.0f} s{eta}")
       if prev is not None:  # the evidence ``carry_over`` reads
         rec["previous"] = {"config_hash": prev["config_hash"], "code": prev.get("code"),
-                           "identical": carry_lib.same_evaluations(prev, rec)}
+                           "identical": carry_lib.same_evaluations(prev, rec),
+                           "agreed_until_step": carry_lib.agreed_until(prev, rec)}
       if not keep_checkpoints:
         shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
     elif code == _STOPPED or (_STOP["asked"] and code in _SIGNALLED):

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from grpo_jax.bench import carry_over
 from grpo_jax.bench import cells as cells_lib
 from grpo_jax.bench import grid as grid_lib
 from grpo_jax.bench import sweep
@@ -467,7 +468,8 @@ def test_a_rerun_that_reproduces_its_record_carries_the_methods_other_records_ov
                                                                   "seed=0")) == 0
   ids = {c.id: c for c in g.cells()}
   rec = json.load(open(sweep.cell_path(out, ids["grpo__seed0"])))
-  assert rec["previous"] == {"config_hash": "0" * 12, "code": "old", "identical": True}
+  assert rec["previous"] == {"config_hash": "0" * 12, "code": "old", "identical": True,
+                            "agreed_until_step": 2}
   carried, left = sweep.carry_over(g, out)
   assert carried == ["grpo__seed1"]
   assert set(left) == {"popo__seed0", "popo__seed1"}
@@ -482,7 +484,27 @@ def test_a_rerun_that_reproduces_its_record_carries_the_methods_other_records_ov
   carried, left = sweep.carry_over(g, out)
   assert carried == [] and list(left) == ["popo__seed1"]
   assert "the re-run of popo__seed0 differs from its record" in left["popo__seed1"]
+  rec = json.load(open(sweep.cell_path(out, ids["popo__seed0"])))
+  assert rec["previous"]["agreed_until_step"] == 0  # the first evaluation still agrees
   assert not sweep.finished(out, g, ids["popo__seed1"])
+
+
+def test_where_a_rerun_parts_from_its_record():
+  ev = lambda step, tokens, mean: {"step": step, "rollouts": 8 * step, "mean_at_k": mean,
+                                   "completion_tokens": tokens, "pass_at_k": 0.5,
+                                   "greedy_accuracy": 0.5, "mean_at_k_se": 0.1}
+  rec = {"evals": [ev(0, 0, 0.25), ev(25, 200, 0.30), ev(50, 400, 0.35)]}
+  assert carry_over.agreed_until(rec, rec) == 50
+  # a token count off at step 50 with the same accuracy is a difference there
+  moved = {"evals": [ev(0, 0, 0.25), ev(25, 200, 0.30), ev(50, 407, 0.35)]}
+  assert carry_over.agreed_until(rec, moved) == 25
+  # agreeing again later (the same mean by chance) does not undo a difference
+  moved = {"evals": [ev(0, 0, 0.25), ev(25, 200, 0.3125), ev(50, 400, 0.35)]}
+  assert carry_over.agreed_until(rec, moved) == 0
+  # the SE is not compared (it follows from the mean), the first evaluation is
+  assert carry_over.agreed_until(rec, {"evals": [dict(ev(0, 0, 0.25), mean_at_k_se=0.2)]}) == 0
+  assert carry_over.agreed_until(rec, {"evals": [ev(0, 0, 0.5)]}) is None
+  assert carry_over.agreed_until(rec, {}) is None
 
 
 def test_a_stopped_rerun_keeps_the_old_record_for_the_next_one(tmp_path, monkeypatch):

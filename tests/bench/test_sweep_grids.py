@@ -18,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 #   difficulty: 11 methods x max_number {50, 70, 100} x 3 seeds
 #               + GRPO, POPO, DAPO x 3 x 2 more seeds = 99 + 18                 = 117
 #   :tuned     10 methods (the 11 but Dr. GRPO and RLOO, plus POPO align_mu) x 3 x 3   = 90
+#   :tuned_selection  GRPO, GRPO + MoPPS, GRPO + DPS x 3 x 3                       = 27
 #   knobs: GRPO 1 + Headroom tau 4 + headroom-only 1 + drift-only tau 4
 #          + POPO reuse 4 x capacity 2 + POPO age 16: reuse 2 x capacity 2
 #          + rho 3 x tau_max 3 + DAPO 2 + SARA tau_lo 3
@@ -29,6 +30,7 @@ GRIDS = {
     "configs/sweeps/movement.py:quick": ("movement", 96),
     "configs/sweeps/difficulty.py": ("difficulty", 117),
     "configs/sweeps/difficulty.py:tuned": ("difficulty_tuned", 90),
+    "configs/sweeps/difficulty.py:tuned_selection": ("difficulty_tuned_selection", 27),
     "configs/sweeps/knobs.py": ("knobs", 108),
     "configs/sweeps/partial.py": ("partial", 24),
     "configs/sweeps/partial_fast.py": ("partial_fast", 15),
@@ -56,6 +58,15 @@ def test_the_tuned_difficulty_grid_runs_at_the_movement_grids_chosen_setting():
   d = default.config(cell)
   assert (d.opt.learning_rate, d.rl.num_minibatches) == (3e-5, 4)
   assert d.task.countdown.max_number == c.task.countdown.max_number
+
+
+def test_the_tuned_selection_grid_is_the_tuned_grids_cells_hash_for_hash():
+  # Its records pair with the tuned grid's by id and config: only the methods are fewer.
+  tuned, selection = grid.load("configs/sweeps/difficulty.py:tuned"), grid.load(
+      "configs/sweeps/difficulty.py:tuned_selection")
+  hashes = {c.id: tuned.config_hash(c) for c in tuned.cells()}
+  assert {c.method for c in selection.cells()} == {"grpo", "grpo-mopps", "grpo-dps"}
+  assert all(selection.config_hash(c) == hashes[c.id] for c in selection.cells())
 
 
 @pytest.mark.parametrize("spec", ["configs/sweeps/difficulty.py:hard",
