@@ -45,8 +45,11 @@ from __future__ import annotations
 
 import atexit
 import csv
+import hashlib
+import importlib.metadata
 import json
 import os
+import platform
 import resource
 import shutil
 import signal
@@ -153,7 +156,7 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
               + (f" (at most {max_cells} now)" if max_cells and max_cells < len(todo) else ""))
   if max_cells:
     todo = todo[:max_cells]
-  code_version = _code_version()
+  code_version, machine = _code_version(), _platform()
   env = dict(os.environ)
   env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(workdirs, "jax_cache"))
   failed, walls = 0, []
@@ -163,7 +166,8 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
     rec = {"grid": grid.name, "id": cell.id, "method": cell.method,
            "spec": grid.methods[cell.method], "setting": dict(cell.setting),
            "setting_key": cell.setting_key, "seed": cell.seed,
-           "config_hash": grid.config_hash(cell), "code": code_version}
+           "config_hash": grid.config_hash(cell), "code": code_version,
+           "platform": machine}
     prev = _stale_record(out, grid, cell)  # a done record of an older config, if any
     start, cpu0, busy0 = time.monotonic(), _children_cpu(), _machine_busy_s()
     code, last = _run_child(spec, cell, workdir, env)
@@ -341,6 +345,28 @@ def _stop(signum, frame):
   _STOP["asked"] = True
   if _STOP["child"] is not None and _STOP["child"].poll() is None:
     _STOP["child"].send_signal(signum)
+
+
+def _platform() -> dict[str, str]:
+  """What besides the code and config moves a run's float rounding: the library builds and the
+  CPU (XLA compiles for its features). Two records that part after some steps on the same code
+  are told apart by this (``carry_over.agreed_until``)."""
+  versions = {}
+  for name in ("jax", "jaxlib", "numpy"):
+    try:
+      versions[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      versions[name] = "none"
+  cpu, flags = platform.processor() or platform.machine(), ""
+  try:
+    with open("/proc/cpuinfo") as f:
+      info = dict((k.strip(), v.strip()) for k, v in (
+          line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line))
+    cpu = info.get("model name", cpu)
+    flags = hashlib.sha256(info.get("flags", "").encode()).hexdigest()[:8]
+  except OSError:
+    pass
+  return dict(versions, python=platform.python_version(), cpu=cpu, cpu_flags=flags)
 
 
 def _code_version() -> str:

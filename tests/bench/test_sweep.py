@@ -1,6 +1,7 @@
 """The sweep runner: grids read and checked, cell records and summaries by hand, and the command
 line on the two-cell smoke grid, resumed."""
 
+import importlib.metadata
 import json
 import math
 import os
@@ -470,6 +471,9 @@ def test_a_rerun_that_reproduces_its_record_carries_the_methods_other_records_ov
   rec = json.load(open(sweep.cell_path(out, ids["grpo__seed0"])))
   assert rec["previous"] == {"config_hash": "0" * 12, "code": "old", "identical": True,
                             "agreed_until_step": 2}
+  # what else moves float rounding is recorded beside the code (here, this machine's)
+  assert rec["platform"]["jax"] == importlib.metadata.version("jax")
+  assert set(rec["platform"]) == {"jax", "jaxlib", "numpy", "python", "cpu", "cpu_flags"}
   carried, left = sweep.carry_over(g, out)
   assert carried == ["grpo__seed1"]
   assert set(left) == {"popo__seed0", "popo__seed1"}
