@@ -36,9 +36,11 @@ def agreed_until(a: dict, b: dict) -> int | None:
   """The last evaluation step up to which two records agree on every ``SAME`` field, from the
   first evaluation on (None when they differ at the first, or either has none).
 
-  Where a re-run parts from its record says what moved: a change of behaviour shows at once, a
-  float-rounding difference (another machine, library version or summation order) only once
-  it has flipped a sampled token, after which the two are different draws.
+  Where a re-run parts from its record hints at what moved: a change on every step's path shows
+  at the first evaluation after step 0; a float-rounding difference (another machine, library
+  build or summation order) only once it has flipped a sampled token, after which the two runs
+  are different draws. A change in a path taken only late reads like the second: a run of the
+  old code on today's machine tells them apart.
   """
   last = None
   for ea, eb in zip(a.get("evals", []), b.get("evals", [])):
