@@ -51,18 +51,21 @@ cell by cell. 27 cells.
         --out=docs/results/regime/difficulty_x4 --workdirs=runs/regime/difficulty_x4
 
 ``:x4_updates`` is the x4 grid's control for rollout replay's loss: GRPO with one update per
-batch (``:paper``'s update count) beside GRPO's 4, at numbers to 50, 3 seeds. Its GRPO cells
-have the x4 grid's configs (the same hashes): copy their records into its ``cells/`` and only
-the 3 one-update cells run. Grid name ``difficulty_x4_updates``.
+batch (``:paper``'s update count) beside GRPO's 4 and rollout replay, at numbers to 50, 3
+seeds, gains measured against the one-update GRPO (so rollout replay's gain is its replay's
+alone, at equal update count). Its GRPO and rollout-replay cells have the x4 grid's configs
+(the same hashes): copy their records into its ``cells/`` and only the 3 one-update cells run.
+Grid name ``difficulty_x4_updates``.
 
-    cp docs/results/regime/difficulty_x4/cells/grpo__task.countdown.max_number=50__seed* \
+    cp docs/results/regime/difficulty_x4/cells/{grpo,rollout_replay}__*max_number=50__* \
         docs/results/regime/difficulty_x4_updates/cells/
     python -m grpo_jax.bench.sweep --grid=configs/sweeps/difficulty.py:x4_updates \
         --out=docs/results/regime/difficulty_x4_updates --workdirs=runs/regime/difficulty_x4
 
-``:x16_updates`` is the same control on the x16 model (its GRPO cells are the x16 grid's):
+``:x16_updates`` is the same control on the x16 model (its GRPO and rollout-replay cells are
+the x16 grid's):
 
-    cp docs/results/regime/difficulty_x16/cells/grpo__* \
+    cp docs/results/regime/difficulty_x16/cells/{grpo,rollout_replay}__* \
         docs/results/regime/difficulty_x16_updates/cells/
     python -m grpo_jax.bench.sweep --grid=configs/sweeps/difficulty.py:x16_updates \
         --out=docs/results/regime/difficulty_x16_updates --workdirs=runs/regime/difficulty_x16
@@ -109,12 +112,14 @@ def get_grid(arg=None):
                        f"python -m grpo_jax.sft --config=configs/sft.py:{size}")
     methods = {k: methods[k] for k in ("grpo", "popo", "rollout_replay")}
     if arg.endswith("_updates"):
-      methods = {"grpo": "grpo", "grpo-1update": "grpo:minibatches=1"}
+      methods = {"grpo": "grpo", "grpo-1update": "grpo:minibatches=1",
+                 "rollout_replay": methods["rollout_replay"]}
     overrides["model.path"] = model
     numbers = numbers if arg == "x4" else [50]
   default = arg is None
   return dict(
       name="difficulty" if default else f"difficulty_{arg}",
+      baseline="grpo-1update" if arg and arg.endswith("_updates") else "grpo",
       targets=["dapo"] if "dapo" in methods else [],  # POPO: DAPO's accuracy, ~30% of its rollouts
       methods=methods,
       seeds=[0, 1, 2], presets="pool=1024",

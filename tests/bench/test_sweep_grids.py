@@ -82,9 +82,9 @@ def test_an_unknown_grid_variant_is_one_grid_error(spec):
     ("x4", sft.X4_MODEL, 27, "rollout_replay__task.countdown.max_number=100__seed2"),
     # the same three at max_number 50 only: 3 x 1 x 3 = 9
     ("x16", sft.X16_MODEL, 9, "rollout_replay__task.countdown.max_number=50__seed2"),
-    # GRPO with 4 and with 1 update per batch at max_number 50: 2 x 1 x 3 = 6
-    ("x4_updates", sft.X4_MODEL, 6, "grpo-1update__task.countdown.max_number=50__seed2"),
-    ("x16_updates", sft.X16_MODEL, 6, "grpo-1update__task.countdown.max_number=50__seed2")])
+    # GRPO with 4 and with 1 update per batch, rollout replay, at max_number 50: 3 x 1 x 3 = 9
+    ("x4_updates", sft.X4_MODEL, 9, "rollout_replay__task.countdown.max_number=50__seed2"),
+    ("x16_updates", sft.X16_MODEL, 9, "rollout_replay__task.countdown.max_number=50__seed2")])
 def test_the_model_size_variants_need_their_model_and_then_pair_with_the_default_grid(
     tmp_path, monkeypatch, variant, model, cells, last):
   # Run from an empty folder: the model's folder (runs/models/...) is relative to it.
@@ -107,10 +107,14 @@ def test_the_model_size_variants_need_their_model_and_then_pair_with_the_default
   grpo = [c for c in g.cells() if c.method == "grpo"]
   assert grpo and all(c.id in ids for c in grpo)
   assert default.config(ids[grpo[0].id]).model.path == assets.EMBEDDED_MODEL
-  if variant.endswith("_updates"):  # its GRPO cells are its size's grid's, hash for hash
+  if variant.endswith("_updates"):  # its GRPO and replay cells are its size's, hash for hash
     sized = grid.load(spec.replace("_updates", ""))
-    assert {g.config_hash(c) for c in grpo} <= {sized.config_hash(c) for c in sized.cells()}
-    one = g.config(g.cells()[-1])
+    shared = [c for c in g.cells() if c.method != "grpo-1update"]
+    assert {c.method for c in shared} == {"grpo", "rollout_replay"}
+    assert {g.config_hash(c) for c in shared} <= {sized.config_hash(c) for c in sized.cells()}
+    # gains against the one-update GRPO: rollout replay's is its replay's at equal updates
+    one = g.config([c for c in g.cells() if c.method == "grpo-1update"][0])
+    assert g.baseline == "grpo-1update"
     assert (one.rl.num_minibatches, g.config(grpo[0]).rl.num_minibatches) == (1, 4)
 
 
