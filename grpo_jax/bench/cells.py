@@ -217,7 +217,7 @@ def summary_markdown(summaries: Sequence[dict], baseline: str, k: int,
   """Markdown: one row per (setting, method), settings in grid order, the baseline first;
   a "rollouts to m's final" column per ``targets`` method (with the share of m's own)."""
   head = (f"| setting | method | mean@{k}: seeds / mean ± std | eval SE | gain vs {baseline} "
-          "(± SE) | gain at equal tokens | rollouts to its final | "
+          f"(± SE) | gain at equal tokens | rollouts to {baseline}'s final | "
           + "".join(f"rollouts to {m}'s final (share of its) | " for m in targets)
           + " | ".join(h for _, h, _ in _COLUMNS) + " | wall s |")
   lines = [head, "|" + "---|" * (head.count("|") - 1)]

@@ -301,6 +301,7 @@ def test_rollouts_to_another_methods_final_and_its_share_by_hand():
   assert s["dapo"]["rollouts_to"]["dapo"]["share"] == pytest.approx(1.0)
   md = cells_lib.summary_markdown(list(s.values()), "grpo", 8, targets=["dapo"])
   assert "rollouts to dapo's final (share of its) |" in md
+  assert "| rollouts to grpo's final | rollouts to dapo's" in md  # the baseline's, named
   assert "| 35 (1/1; 29%) |" in md and "| 70 (1/1; 58%) |" in md
   # a seed that never reaches it is counted out and named
   recs.append(_rec("popo", 1, [(0, 0, 0.20), (100, 1000, 0.26)]))
