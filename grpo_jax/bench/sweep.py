@@ -45,11 +45,8 @@ from __future__ import annotations
 
 import atexit
 import csv
-import hashlib
-import importlib.metadata
 import json
 import os
-import platform
 import resource
 import shutil
 import signal
@@ -63,6 +60,7 @@ from grpo_jax import console
 from grpo_jax.bench import carry_over as carry_lib
 from grpo_jax.bench import cells as cells_lib
 from grpo_jax.bench import grid as grid_lib
+from grpo_jax.bench import provenance
 from grpo_jax.run import metrics as metrics_lib
 from grpo_jax.run import report
 from grpo_jax.run import workdir as workdir_lib
@@ -156,7 +154,7 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
               + (f" (at most {max_cells} now)" if max_cells and max_cells < len(todo) else ""))
   if max_cells:
     todo = todo[:max_cells]
-  code_version, machine = _code_version(), _platform()
+  code_version, machine = provenance.code_version(), provenance.platform_info()
   env = dict(os.environ)
   env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(workdirs, "jax_cache"))
   failed, walls = 0, []
@@ -345,41 +343,6 @@ def _stop(signum, frame):
   _STOP["asked"] = True
   if _STOP["child"] is not None and _STOP["child"].poll() is None:
     _STOP["child"].send_signal(signum)
-
-
-def _platform() -> dict[str, str]:
-  """What besides the code and config moves a run's float rounding: the library builds and the
-  CPU (XLA compiles for its features). Two records that part after some steps on the same code
-  are told apart by this (``carry_over.agreed_until``)."""
-  versions = {}
-  for name in ("jax", "jaxlib", "numpy"):
-    try:
-      versions[name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      versions[name] = "none"
-  cpu, flags = platform.processor() or platform.machine(), ""
-  try:
-    with open("/proc/cpuinfo") as f:
-      info = dict((k.strip(), v.strip()) for k, v in (
-          line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line))
-    cpu = info.get("model name", cpu)
-    flags = hashlib.sha256(info.get("flags", "").encode()).hexdigest()[:8]
-  except OSError:
-    pass
-  return dict(versions, python=platform.python_version(), cpu=cpu, cpu_flags=flags)
-
-
-def _code_version() -> str:
-  """The git commit of the code the cells run (``+dirty`` with uncommitted changes to it)."""
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  try:
-    head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
-                          text=True, check=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "grpo_jax",
-                            "configs"], capture_output=True, text=True, check=True).stdout
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
-  return head + ("+dirty" if dirty.strip() else "")
 
 
 def _machine_busy_s() -> float:
