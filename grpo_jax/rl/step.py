@@ -355,7 +355,10 @@ def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_metho
     if not objective.uses_prox or full_NxT is not None or comp.prox_logp is not None:
       replayed_prox_NxT = None
       if objective.uses_prox:
-        replayed_prox_NxT = full_NxT if comp.prox_logp is None else comp.prox_logp
+        # The pass, where one ran, already holds the method's own values on the rows it
+        # measured (``_proximal_pass``); the method's array alone holds mu on every other row,
+        # which would give continued rows the naive correction.
+        replayed_prox_NxT = comp.prox_logp if full_NxT is None else full_NxT
       replayed_mu_NxT, replayed_ratio_NxT = objective.denominators(mu_NxT, replayed_prox_NxT,
                                                                    comp.gen_logp)
       behaviour_NxT = jnp.where(known_N[:, None], replayed_mu_NxT, mu_NxT)

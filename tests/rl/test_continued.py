@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from grpo_jax.rl import losses, prox, step as step_lib
-from grpo_jax.rl.replay import init_replay
+from grpo_jax.rl.replay import headroom, init_replay, popo
 from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.types import Rollout
 from tests.rl.test_step import G, MIXED, P, T, _copy, _rollout
@@ -34,13 +34,13 @@ def _continued_rollout(split):
   return rollout.replace(version=jnp.asarray(version), behaviour_logp=jnp.asarray(mu)), stale
 
 
-def _step(split, rollout, **kw):
+def _step(split, rollout, capacity=0, **kw):
   graphdef, params = split
   tx = optax.sgd(1.0)  # parameters move by the gradient itself: comparing them compares it
   config = StepConfig(group_size=G, loss=losses.LossConfig(is_cap=2.0), prox_chunks=2, **kw)
   fn = step_lib.make_train_step(graphdef, tx, config)
   state = step_lib.init_train_state(_copy(params), tx).replace(step=jnp.int32(STEP))
-  return fn(state, init_replay(0, G, P, T), rollout, None, jax.random.key(0))
+  return fn(state, init_replay(capacity, G, P, T), rollout, None, jax.random.key(0))
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +132,27 @@ def test_interpolation_ages_each_token_from_its_own_version(split):
                                  jnp.int32(STEP))
   np.testing.assert_array_equal(batch.age, np.where(stale, 2.0, 0.0))
   np.testing.assert_array_equal(batch.behaviour_logp, rollout.behaviour_logp)  # mu, for now
+
+
+# Methods that measure pi_prox of their replay candidates themselves (``Composition.prox_logp``:
+# POPO-KL's divergence pass, Headroom's candidate pass with the decoupled objective), each with
+# an empty buffer of 2 entries so that the method replays (and makes its own pass); POPO's
+# recency priority makes none and is the control.
+MEASURING = {
+    "popo_recency": popo.Popo(priority="recency"),
+    "popo_lowest_kl": popo.Popo(priority="lowest_kl"),
+    "headroom_decoupled": headroom.HeadroomDrift(slots=1, candidates=2, objective="decoupled"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MEASURING))
+def test_continued_rows_get_the_pass_when_the_method_measures_its_own_candidates(split, name):
+  # The same continued rows as above, now beside a replay method. Nothing is replayed (the
+  # buffer is empty), so every continued row's pi_prox must come from the step's pass: its
+  # stale tokens carry w = pi_prox / mu = e^0.5 = 1.6487. A method's own pi_prox array holds
+  # mu on the rows it did not replay; taking it for the continued rows gives them w = 1, the
+  # naive correction (the defect this guards: is_weight_max 1.0 for POPO-KL and Headroom).
+  rollout, _ = _continued_rollout(split)
+  _, _, metrics = _step(split, rollout, capacity=2, continued=True, replay=MEASURING[name])
+  assert float(metrics["continued_rows"]) == G
+  assert float(metrics["is_weight_max"]) == pytest.approx(np.exp(SHIFT), rel=1e-4)
