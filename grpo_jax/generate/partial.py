@@ -213,10 +213,12 @@ class Producer:
                             "oldest": self.version}
     return serial
 
-  def _admit_groups(self, params, free: np.ndarray, cap: int) -> int:
-    """Admits as many whole groups as the free slots (and ``cap`` rows) hold, in calls of 2^k
-    groups (few compilations); the rows admitted."""
+  def _admit_groups(self, params, free: np.ndarray, cap: int, groups: int | None) -> int:
+    """Admits as many whole groups as the free slots (and ``cap`` rows, and ``groups`` new
+    groups unless None) hold, in calls of 2^k groups (few compilations); the rows admitted."""
     count = min(len(free), cap) // self.g
+    if groups is not None:
+      count = min(count, groups)
     if self.static and (self.pool_live() or count * self.g < self.slots):
       return 0
     start = admitted = 0
@@ -243,10 +245,13 @@ class Producer:
       admitted += rows
     return admitted
 
-  def _admit_by_rule(self, params, free: np.ndarray, cap: int) -> int:
+  def _admit_by_rule(self, params, free: np.ndarray, cap: int, groups: int | None) -> int:
     """Admits the rows the rule asked for (oldest request first; one that does not fit holds
-    back everything after it), then new groups' first rows while they fit; the rows admitted.
-    Each row is prefilled on its own, in one call padded to a power of two rows."""
+    back everything after it), then new groups' first rows while they fit and (unless None)
+    fewer than ``groups`` new groups were admitted; the rows admitted. The rows a group
+    already in flight asks for are never held back by ``groups``: the lead counted that group
+    when it was admitted. Each row is prefilled on its own, in one call padded to a power of
+    two rows."""
     room = min(len(free), cap)
     wanted = []  # (serial, row g)
     while self._pending and self._pending[0][1] <= room:
@@ -255,10 +260,12 @@ class Producer:
       wanted += [(serial, group["admitted"] + j) for j in range(n)]
       group["admitted"] += n
       room -= n
-    while not self._pending and room:
+    new = 0
+    while not self._pending and room and (groups is None or new < groups):
       first = self.rule.first_rows()
       if first > room:
         break
+      new += 1
       serial = self._new_group()
       self._groups[serial]["admitted"] = first
       wanted += [(serial, j) for j in range(first)]
@@ -346,8 +353,9 @@ class Producer:
     """Admits and decodes chunk after chunk until ``until()`` holds (checked before each
     chunk), nothing is in flight or admissible, or ``budget`` decode steps or ``chunks``
     chunks are spent (0: no limit). New groups are admitted while the groups ready and in
-    flight are fewer than ``lead`` (None: no limit) and the ``admit_cap`` rows since the last
-    ``take`` allow. Returns the chunks run."""
+    flight are fewer than ``lead`` (None: no limit; counted in groups, whatever rows each has
+    admitted so far), and rows (new groups' or those a rule asked for) while the
+    ``admit_cap`` rows since the last ``take`` allow. Returns the chunks run."""
     self._rebuild_cache(params)
     spent = run = 0
     admit = self._admit_groups if self.rule is None else self._admit_by_rule
@@ -355,9 +363,10 @@ class Producer:
            and (not chunks or run < chunks)):
       free = np.flatnonzero(~np.asarray(self.pool.live))
       room = self.admit_cap - self._admitted if self.admit_cap else len(free)
-      if self.lead is not None:  # the groups ready and in flight may not run ahead
-        room = min(room, max(self.lead - len(self.ready) - len(self._groups), 0) * self.g)
-      now = admit(params, free, room)
+      groups = None  # the groups ready and in flight may not run ahead of the lead
+      if self.lead is not None:
+        groups = max(self.lead - len(self.ready) - len(self._groups), 0)
+      now = admit(params, free, room, groups)
       self._admitted += now
       if len(free) == self.slots and not now:
         break  # nothing in flight and nothing admitted (the cap or the lead is reached)
@@ -375,8 +384,11 @@ class Producer:
   def advance(self, params) -> None:
     """After an update: the version moves on; groups too old to train are discarded (ready,
     waiting for rows or in flight: their whole group), and with ``reprefill`` the live rows'
-    cache is recomputed under ``params``."""
-    self._rebuild_cache(params)
+    cache is recomputed under ``params`` (once: a restored pool's rebuild is that one)."""
+    if self.do_reprefill:
+      self._stale_cache = False  # rebuilt below, after the discards, under the same params
+    else:
+      self._rebuild_cache(params)
     self.version += 1
     self.expire(self.version - self.max_staleness)
     if self.do_reprefill and self.pool_live():
@@ -455,9 +467,11 @@ class Producer:
     return {v["prompt"][0] for v in self._groups.values()} | {g.tag for g in self.ready}
 
   def in_flight(self) -> int:
-    """Rows live in the pool (unfinished or awaiting their group's other rows)."""
-    return int(np.asarray(self.pool.live).sum()) + sum(
-        len(g["rows"]) for g in self._groups.values())
+    """Rows generated or being generated and not yet handed out, dropped or discarded: live
+    in the pool, ended and awaiting their group's other rows or the rule, and in complete
+    groups waiting to be taken."""
+    return (int(np.asarray(self.pool.live).sum())
+            + sum(len(g["rows"]) for g in self._groups.values()) + self.g * len(self.ready))
 
 
 def key_data(key, n: int) -> np.ndarray:

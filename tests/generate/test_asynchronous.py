@@ -10,7 +10,7 @@ import pytest
 from hypothesis import strategies as st
 
 from grpo_jax.generate import asynchronous
-from tests.generate.test_partial import T, _producer
+from tests.generate.test_partial import T, _producer, _Scripted
 
 
 def _generator(split, *, b=1, schedule="lockstep", chunks=0, ahead=1, **kw):
@@ -103,6 +103,45 @@ def test_ahead_sets_how_stale_the_trained_tokens_are(split):
   assert staleness[3] == [0, 1, 2, 3, 3, 3]
 
 
+class _CommitAll:
+  """SARA's shape, every group committed: 2 probe rows, then the rest of G."""
+
+  def __init__(self, g):
+    self.g = g
+
+  def first_rows(self):
+    return 2
+
+  def decide(self, prompt, rows):
+    del prompt
+    return self.g - len(rows)
+
+  def forget(self, tag):
+    del tag
+
+
+def test_groups_that_ask_for_more_rows_are_taken_every_step(split):
+  # B = 2, G = 4, 2 probe rows a group, S = 4, ahead = 1, 16 slots, rows of 2 tokens (one
+  # decode step each), 2 lockstep chunks an update. take(0): the lead is 2 x (min(1, 4) + 1) =
+  # 4 groups: 4 groups' probes (8 rows) in the first chunk, their other 8 rows in the second;
+  # 4 complete, 2 taken. While update s runs the lead is 2 x (min(1, 3) + 1) = 4 again: the 2
+  # waiting fill half of it, 2 new groups complete in the 2 chunks. Every step takes 2 groups,
+  # as the colocated producer does. (A lead counted in rows let 16 / 2 = 8 groups' probes in,
+  # then held back the rows they asked for: no group completed until they expired.)
+  kw = dict(g=4, slots=16, chunk=1, staleness=4, stops=(2,))
+  gen = _generator(split, b=2, chunks=2, ahead=1, rule=_CommitAll(4), **kw)
+  p = gen.producer
+  taken = []
+  for step in range(6):
+    taken.append(gen.take(step))
+    gen.overlap(split[1], step)
+    assert len(p.ready) + len(p._groups) <= p.lead  # pylint: disable=protected-access
+  assert [len(groups) for groups in taken] == [2] * 6
+  assert [g.tag for groups in taken for g in groups] == list(range(12))
+  colocated = _producer(split, rule=_CommitAll(4), **kw)
+  assert len(colocated.take(split[1], 2)) == 2
+
+
 def test_a_step_is_taken_only_with_the_previous_update_parameters(split):
   gen = _generator(split)
   gen.take(0)
@@ -147,14 +186,17 @@ def _logged(gen):
                   chunks=st.integers(0, 3), b=st.integers(1, 2), slots=st.sampled_from([2, 4]),
                   chunk=st.sampled_from([1, 3]), stops=st.lists(st.integers(1, T), min_size=1,
                                                                  max_size=6),
-                  arrivals=st.lists(st.booleans(), max_size=12), ahead=st.integers(0, 3))
+                  arrivals=st.lists(st.booleans(), max_size=12), ahead=st.integers(0, 3),
+                  g=st.sampled_from([1, 2, 4]), rule=st.sampled_from([None, "sara", "dapo"]))
 def test_any_schedule_holds_the_bound_and_stamps_each_token_with_its_version(
-    split, staleness, schedule, chunks, b, slots, chunk, stops, arrivals, ahead):
+    split, staleness, schedule, chunks, b, slots, chunk, stops, arrivals, ahead, g, rule):
   # The free schedule's "have the parameters arrived?" answers follow ``arrivals`` (then yes):
-  # any interleaving of chunks and updates. Every trained token is within the bound, carries
+  # any interleaving of chunks and updates, with or without a rule that asks for more rows or
+  # drops groups. Every step takes B groups, every trained token is within the bound, carries
   # the version its chunk (or prefill) was drawn at, and every admitted row is accounted for.
-  gen = _generator(split, b=b, schedule=schedule, chunks=chunks, slots=slots, chunk=chunk,
-                   staleness=staleness, stops=tuple(stops), ahead=ahead)
+  rules = None if rule is None else _Scripted(rule, g, max(1, g // 2))
+  gen = _generator(split, b=b, schedule=schedule, chunks=chunks, slots=slots * g, chunk=chunk,
+                   staleness=staleness, stops=tuple(stops), ahead=ahead, g=g, rule=rules)
   p = gen.producer
   log = _logged(gen)
   answers = iter(arrivals)
@@ -175,8 +217,7 @@ def test_any_schedule_holds_the_bound_and_stamps_each_token_with_its_version(
         np.testing.assert_array_equal(g.versions[row, :g.lengths[row]], want)
   c = p.counts
   admitted = c.rows_admitted + p._admitted  # pylint: disable=protected-access
-  in_ready = sum(len(g.lengths) for g in p.ready)
-  assert admitted == c.rows_trained + c.rows_discarded + c.rows_dropped + p.in_flight() + in_ready
+  assert admitted == c.rows_trained + c.rows_discarded + c.rows_dropped + p.in_flight()
   assert gen.version == 6 and gen.transfers == 6
 
 

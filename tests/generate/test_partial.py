@@ -250,4 +250,41 @@ def test_any_accepted_pool_settings_run_and_account_for_every_row(
   held = (int(np.asarray(producer.pool.live).sum())
           + sum(len(v["rows"]) for v in producer._groups.values())  # pylint: disable=protected-access
           + g * len(producer.ready))
+  assert producer.in_flight() == held
   assert c.rows_admitted == c.rows_trained + c.rows_discarded + c.rows_dropped + held
+
+
+def test_rows_in_flight_include_complete_groups_waiting_to_be_taken(split):
+  # 4 slots, G = 1, B = 1, rows of 2 tokens: the step admits 4 groups, one decode step ends
+  # them all; it takes one and 3 wait, complete: 3 rows in flight, none of them live.
+  producer = _producer(split, slots=4, stops=(2,))
+  assert len(producer.take(split[1], 1)) == 1
+  assert len(producer.ready) == 3 and not producer.pool_live()
+  assert producer.in_flight() == 3
+
+
+def test_a_restored_pool_rebuilds_its_cache_once_and_counts_it_once(split):
+  # Under reprefill each update recomputes the live rows' cache: slots x (P + T) positions. A
+  # run saves its producer after a step's take, before the update (version 1 here, group 1's
+  # 8-token row live); restored, its next call is the update's ``advance``, whose reprefill is
+  # the restored cache's rebuild: the same counts and tokens as the uninterrupted producer (not
+  # one more rebuild of slots x (P + T) = 28 positions under the same parameters).
+  kw = dict(slots=2, stops=(2, 8, 3), reprefill=True)
+  straight, first = _producer(split, **kw), _producer(split, **kw)
+  for producer in (straight, first):
+    producer.take(split[1], 1)
+    producer.advance(split[1])
+    producer.take(split[1], 1)
+  assert first.pool_live()
+  resumed = _producer(split, **kw)
+  resumed.prompts = first.prompts  # the prompt stream goes on (the run's is checkpointed)
+  resumed.load_state_dict(first.state_dict())
+  for producer in (straight, resumed):
+    producer.advance(split[1])
+    producer.take(split[1], 1)
+  assert vars(resumed.counts) == vars(straight.counts)
+  assert straight.counts.reprefill_positions == 2 * 2 * (P + T)  # one an update, both slots
+  a, b = straight.take(split[1], 1), resumed.take(split[1], 1)
+  assert [g.tag for g in a] == [g.tag for g in b]
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x.tokens, y.tokens)
