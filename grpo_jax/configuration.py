@@ -33,6 +33,8 @@ _check = errors.check
 
 
 PARTIAL_CACHES = ("keep", "reprefill")
+# The asynchronous knobs' defaults (configs/common.py): any other value needs rollout.devices.
+ASYNC_DEFAULTS = {"schedule": "free", "lockstep_chunks": 1, "ahead": 1}
 CORRECTIONS = ("decoupled", "naive")
 
 
@@ -58,6 +60,11 @@ def _asynchronous(config) -> None:
          "rollout.lockstep_chunks", f"{r.lockstep_chunks!r} must be an integer >= 0")
   _check(isinstance(r.ahead, int) and r.ahead >= 0, "rollout.ahead",
          f"{r.ahead!r} must be an integer >= 0 (0 = only the next step's groups)")
+  if not r.devices:  # the knobs of a generator on its own devices: nothing for them to act on
+    for name, default in ASYNC_DEFAULTS.items():
+      _check(r[name] == default, f"rollout.{name}",
+             f"{r[name]!r} acts only with generation on its own devices (rollout.devices > 0, "
+             f"preset :async=K); with rollout.devices=0 leave it at {default!r}")
   try:
     sharding.MeshConfig.from_config(r.generation_mesh)
   except sharding.MeshError as e:

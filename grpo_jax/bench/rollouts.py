@@ -22,7 +22,8 @@ Measured over ``--steps`` steps after ``--warmup`` (compilation and the pipeline
 excluded; the drain too: rows still in flight at the end are reported, not counted as
 trained). Per mode: tokens generated, token positions computed (decode row-steps of every slot,
 prefill and re-prefill positions), the useful-slot fraction (tokens of trained rows over
-positions computed), wall seconds per useful token of generation, and of the whole step
+positions computed; a useful token is one decoded inside the measured window and trained in
+it: ``run_mode``), wall seconds per useful token of generation, and of the whole step
 (generation plus one update, the same in both modes, timed apart: the forward and backward
 pass of the train step's log-prob pass, ``policy.logprobs``, over B x G rows whose completions
 have the workload's lengths, each prompt once per group, with an Adam step; padded,
@@ -125,27 +126,37 @@ def prompt_source(vocab: int, p: int, g: int, draw, seed: int):
 
 
 def run_mode(producer: partial.Producer, params, b: int, warmup: int, steps: int) -> dict:
-  """``steps`` timed steps (generation, then ``advance``) after ``warmup`` untimed ones."""
+  """``steps`` timed steps (generation, then ``advance``) after ``warmup`` untimed ones.
+
+  Useful tokens are the trained rows' tokens decoded inside the timed window: version (the
+  updates before the token was drawn) at least the window's first, so a token decoded during
+  the warm-up and trained in the window is not credited to the window's positions (its
+  ``useful_fraction`` can never exceed 1). ``tokens_trained_all`` counts every token of the
+  rows handed out in the window, wherever it was decoded.
+  """
   for _ in range(warmup):
     producer.take(params, b)
     producer.advance(params)
   start_counts = partial.Counts(**vars(producer.counts))
-  seconds = 0.0
+  start_version = producer.version
+  seconds, trained = 0.0, 0
   for _ in range(steps):
     t0 = time.perf_counter()
-    producer.take(params, b)
+    groups = producer.take(params, b)
     producer.advance(params)  # a discard (and a re-prefill) belong to the generation
     jax.block_until_ready(producer.pool.tokens)
     seconds += time.perf_counter() - t0
+    trained += sum(int(np.sum(g.versions[g.tokens_mask()] >= start_version)) for g in groups)
   c = producer.counts.minus(start_counts)
   return {"generation_s": round(seconds, 3), "tokens_generated": c.tokens_generated,
-          "tokens_trained": c.tokens_trained, "positions": c.positions,
+          "tokens_trained": trained, "tokens_trained_all": c.tokens_trained,
+          "positions": c.positions,
           "decode_positions": c.decode_positions, "prefill_positions": c.prefill_positions,
           "reprefill_positions": c.reprefill_positions,
-          "useful_fraction": round(c.useful_fraction, 4),
+          "useful_fraction": round(trained / max(c.positions, 1), 4),
           "groups_trained": c.groups_trained, "groups_discarded": c.groups_discarded,
           "in_flight_at_end": producer.in_flight(),
-          "generation_us_per_useful_token": round(1e6 * seconds / max(c.tokens_trained, 1), 3)}
+          "generation_us_per_useful_token": round(1e6 * seconds / max(trained, 1), 3)}
 
 
 def update_seconds(graphdef, params, ids, mask, completions, completion_mask, group: int,

@@ -29,6 +29,14 @@ def test_the_command_ends_with_its_summary_json():
   assert summary["static_useful_fraction"] < summary["pipeline_useful_fraction"] <= 1
   full = [r for r in lines if "update_s" in r][0]
   assert full["static"]["groups_trained"] == 2 * 2  # B groups per measured step
+  # Useful tokens are those decoded inside the window: never more than it generated. The
+  # pipeline at staleness 4 (warm-up 1 + 4 steps) trains rows begun in its warm-up, whose
+  # tokens from then are not credited to the window.
+  for key in ("static", "pipeline_staleness_1", "pipeline_staleness_4"):
+    mode = full[key]
+    assert mode["tokens_trained"] <= mode["tokens_trained_all"], key
+    assert mode["tokens_trained"] <= mode["tokens_generated"], key
+    assert mode["useful_fraction"] <= 1
   # --compare_cache: the re-prefilling pipeline beside the one keeping its cache, and its
   # re-prefill positions counted (the keeping one computes none).
   assert summary["reprefill_useful_fraction"] > 0 and summary["reprefill_generation_time_ratio"] > 0
@@ -47,3 +55,21 @@ def test_the_command_ends_with_its_summary_json():
   assert step["tokens"]["loss"] == pytest.approx(step["none"]["loss"], rel=1e-4, abs=1e-6)
   assert summary["popo_step_useful_fraction_none"] < summary["popo_step_useful_fraction"] <= 1
   assert summary["popo_step_speedup_per_token"] > 0
+
+
+def test_only_tokens_decoded_in_the_window_are_credited(split):
+  # The producer of tests/generate/test_partial.py's first test: 2 slots, one decode step a
+  # step; group 1 (8 tokens, versions [0, 0, 1, 2, 3, 4, 5, 6]) spans steps 0-6 beside a short
+  # group (2 tokens, both of the step's version) each step; steps take tags 0, 2, 3, 4, 5, 6,
+  # 7, 1. Warm-up: steps 0-1; window: steps 2-7 (first version 2).
+  from grpo_jax.bench.rollouts import run_mode  # pylint: disable=g-import-not-at-top
+  from tests.generate.test_partial import P, _producer  # pylint: disable=g-import-not-at-top
+  producer = _producer(split, stops=(2, 8, 2, 2, 2, 2, 2, 2))
+  mode = run_mode(producer, split[1], b=1, warmup=2, steps=6)
+  # Generated in the window: groups 3-7's prefill tokens (5) and steps 2-6's decode steps, 2
+  # tokens each (10): 15. Positions: 5 decode steps x 2 slots + 5 prefills x P = 10 + 30.
+  assert mode["tokens_generated"] == 15 and mode["positions"] == 10 + 5 * P
+  # Trained: groups 3-7 (10 tokens) and group 1, 5 of whose tokens (versions 2..6) were
+  # decoded in the window: 15, not 10 + 8 = 18 (which would exceed the 15 generated).
+  assert mode["tokens_trained_all"] == 18 and mode["tokens_trained"] == 15
+  assert mode["useful_fraction"] == round(15 / 40, 4)

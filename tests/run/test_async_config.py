@@ -24,6 +24,22 @@ def test_asynchronous_knobs_are_refused_in_one_line(changes, message):
   assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("presets,message", [
+    ("smoke,partial,lockstep=3", "rollout.schedule: 'lockstep' acts only with generation on "
+     "its own devices"),
+    ("smoke,partial,ahead=2", "rollout.ahead: 2 acts only with generation on its own devices"),
+])
+def test_asynchronous_knobs_without_generation_devices_are_refused_in_one_line(presets, message):
+  # Colocated partial rollouts have no generator for a schedule or a lead to act on: the
+  # review's `grpo.py:smoke,partial,lockstep=3,ahead=2` validated and did nothing.
+  c = grpo.get_config(presets)
+  with pytest.raises(configuration.ConfigError, match=message) as e:
+    configuration.validate(c)
+  assert "\n" not in str(e.value)
+  c.rollout.devices = 1  # the same knobs with a generator are fine
+  configuration.validate(c)
+
+
 def test_a_bad_generation_mesh_names_its_own_keys():
   c = grpo.get_config("async=2")
   c.rollout.generation_mesh.update(data=-1, tensor=-1)
