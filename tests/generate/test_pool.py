@@ -108,17 +108,28 @@ def test_stop_at_ends_rows_and_versions_stamp_each_token(split, fns, rows):
 
 
 def test_a_saved_pool_resumes_to_the_same_tokens(split, fns, rows):
-  admit, decode, _, _ = fns[3]
+  # Reference: the four rows decoded to their end in one chunk of T. Resumed: one chunk of 3,
+  # then saved as a checkpoint saves it (its fields on the host, no KV cache), restored into a
+  # fresh pool, the cache rebuilt (``reprefill``, as the producer does on restore) and decoded
+  # on in chunks of 1: other chunk boundaries, so each token's key must come from the token's
+  # position, not the chunk's loop counter, and the rebuilt cache must give the same tokens.
+  from grpo_jax.generate import partial_state  # pylint: disable=g-import-not-at-top
   ids, mask, keys = rows
-  fresh = lambda: admit(split[1], pool_lib.init(_config(split), SLOTS, P, CONFIG), ids, mask,
-                        jnp.arange(4), keys, jnp.arange(4), jnp.full((4,), T), 0)
-  whole, _ = decode(split[1], fresh(), 0)
-  whole, _ = decode(split[1], whole, 0)
-  half, _ = decode(split[1], fresh(), 0)
-  saved = jax.tree.map(np.asarray, half)  # to the host and back, as a checkpoint does
-  resumed, _ = decode(split[1], jax.tree.map(jnp.asarray, saved), 0)
-  for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(resumed)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  fresh = lambda admit: admit(split[1], pool_lib.init(_config(split), SLOTS, P, CONFIG), ids,
+                              mask, jnp.arange(4), keys, jnp.arange(4), jnp.full((4,), T), 0)
+  whole, _ = fns[T][1](split[1], fresh(fns[T][0]), 0)
+  part, _ = fns[3][1](split[1], fresh(fns[3][0]), 0)
+  saved = partial_state.pool_arrays(part)
+  assert "cache" not in saved and np.all(saved["length"] < T)  # saved mid-row
+  admit, decode, _, reprefill = fns[1]
+  resumed = reprefill(split[1], partial_state.restore_pool(
+      pool_lib.init(_config(split), SLOTS, P, CONFIG), saved))
+  for _ in range(T):
+    resumed, _ = decode(split[1], resumed, 0)
+  for name in ("tokens", "length", "ended", "done"):
+    np.testing.assert_array_equal(np.asarray(getattr(resumed, name)),
+                                  np.asarray(getattr(whole, name)), err_msg=name)
+  np.testing.assert_allclose(np.asarray(resumed.logp), np.asarray(whole.logp), atol=1e-5)
 
 
 def test_reprefill_under_the_same_parameters_changes_nothing(split, fns, rows):
