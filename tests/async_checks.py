@@ -54,9 +54,17 @@ def _run(config, workdir: str) -> dict:
   gen = run.setup.allocator.generator
   steps = [r for r in metrics.read_metrics(workdir) if "loss" in r]
   keys = ("rollout/staleness_max", "rollout/staleness_mean", "rollouts", "completion_tokens",
-          "alloc/groups_discarded", "alloc/rows_in_flight", "rollout/generator_version",
+          "alloc/groups_discarded", "alloc/groups_dropped", "alloc/rows_in_flight",
+          "alloc/rollouts_in_update", "rollout/generator_version",
           "rollout/trainer_busy_s", "rollout/generator_busy_s", "rollout/transfer_s")
+  c = gen.producer.counts
   return {"steps": [{k: r.get(k) for k in keys} | {"step": r["step"]} for r in steps],
+          # What the producer itself counted over the run (restored counts included).
+          "producer": {"rollouts": c.rows_trained + c.rows_discarded + c.rows_dropped,
+                       "completion_tokens": c.tokens_generated,
+                       "groups_discarded": c.groups_discarded,
+                       "groups_dropped": c.groups_dropped,
+                       "in_flight": gen.producer.in_flight()},
           "state_devices": _devices(run.progress.state.params),
           "generator_devices": _devices(gen.params),
           "pool_devices": _devices(gen.producer.pool),
@@ -177,8 +185,11 @@ def main(out_path: str) -> None:
   # Free-running, POPO and SARA: the bound holds, resume loses nothing.
   report["popo_free"] = resume(os.path.join(root, "p"), popo, "smoke", max_staleness=2,
                                chunk=1, slots=8)
-  report["sara_free"] = _run(_config(sara, "smoke", 3, max_staleness=1, chunk=1, slots=8),
-                             os.path.join(root, "s"))
+  # SARA with rows asked for after the probes (G = 4, 2 probes) and the lead at the next
+  # step only (ahead 0): it stalled on the lead once, and lost the counts of its drops.
+  sara_config = _config(sara, "smoke", 3, max_staleness=1, chunk=1, slots=8, group_size=4,
+                        ahead=0)
+  report["sara_free"] = _run(sara_config, os.path.join(root, "s"))
   # The bench's measurement on this run's shapes (its numbers are not judged, its columns are).
   from grpo_jax.bench import asynchronous as bench  # pylint: disable=g-import-not-at-top
   report["bench"] = bench.measure("grpo:smoke,async=4", 4, "lockstep", staleness=1,

@@ -81,6 +81,26 @@ def test_sara_runs_asynchronously(report):
   assert [s["step"] for s in steps] == [1, 2, 3]
   assert all(s["rollout/staleness_max"] <= 1 for s in steps)
   assert report["sara_free"]["generator_devices"] == [0, 1, 2, 3]
+  # G = 4 from 2 probes, committed groups asking for 2 more rows under a lead of one step:
+  # groups complete and are trained (a lead counted in rows held their rows back: nothing).
+  assert sum(s["alloc/rollouts_in_update"] for s in steps) > 0
+
+
+@pytest.mark.parametrize("run,part", [("grpo_lockstep", "straight"), ("grpo_lockstep", "resumed"),
+                                      ("popo_free", "straight"), ("popo_free", "resumed"),
+                                      ("sara_free", None)])
+def test_the_run_counts_what_the_producer_generated(report, run, part):
+  # Every rollout the producer spent (trained, discarded or dropped by SARA) and every token it
+  # decoded, in the update's overlap too, is in the run's counters by the last step: the
+  # counters the budgets, evaluations and sample-efficiency curves read. The per-step
+  # discards and drops add up to the producer's.
+  r = report[run] if part is None else report[run][part]
+  last, made = r["steps"][-1], r["producer"]
+  assert last["rollouts"] == made["rollouts"]
+  assert last["completion_tokens"] == made["completion_tokens"]
+  assert sum(s["alloc/groups_discarded"] for s in r["steps"]) == made["groups_discarded"]
+  if run == "sara_free":
+    assert sum(s["alloc/groups_dropped"] for s in r["steps"]) == made["groups_dropped"]
 
 
 def test_every_accepted_setting_runs_and_every_refusal_is_one_line(report):

@@ -14,7 +14,9 @@ train step B complete groups, so every allocator composes with every estimator a
 replay method.
 
 ``stats`` carries the run's counters (``rollouts``: every rollout generated this step, used or
-not; ``completion_tokens``; ``reward_errors``) and per-step metrics under ``alloc/``:
+not; ``completion_tokens``; ``reward_errors``; with generation on its own devices, the
+counting fields come with ``overlap``'s stats, after the update's dispatch: ``partial.py``)
+and per-step metrics under ``alloc/``:
 rollouts generated and in the update, effective groups per 1,000 rollouts, rounds, prompts
 touched, empty groups, and for SARA the abandonment and wrong-abandonment counts.
 """

@@ -21,8 +21,15 @@ rule decides from their rewards), each row once. DAPO and SARA admit at most
 with fewer than B groups trains on those, the rest empty groups.
 
 Counted (the run's budgets): a rollout once, when it is handed to the update, discarded or
-dropped by the rule; completion tokens when they are decoded. Rows in flight at the end of a
-run are in the checkpoint and reported (``alloc/rows_in_flight``), not counted.
+dropped by the rule; completion tokens when they are decoded. A step's counts cover
+everything the producer did since the previous step's were taken: its ``collect`` and, with
+generation on its own devices, the ``overlap`` while its update ran (decoded tokens, SARA's
+and DAPO's drops, staleness discards), whose stats then carry the counting fields
+(``rollouts``, ``completion_tokens``, ``alloc/rollouts_generated``, ``alloc/groups_*``,
+``alloc/decode_steps``, the rule's ``alloc/`` counts); the loop adds a step's counters after
+both. Rows in flight at the end of a run (unfinished, waiting for their group or complete
+and not yet taken) are in the checkpoint and reported (``alloc/rows_in_flight``), not
+counted.
 """
 
 from __future__ import annotations
@@ -99,6 +106,8 @@ class PartialGroups(Allocator):
     self.producer = make_producer(prompts=self._next_prompt,
                                   rule=None if policy is None else self, admit_cap=cap)
     self.generator = None if make_generator is None else make_generator(self.producer)
+    self._counted = partial_lib.Counts()  # the producer's counts when a step last took them
+    self._effective = 0.0  # effective groups of the step whose counts are still to be taken
 
   def _next_prompt(self) -> partial_lib.Prompt:
     """The next group's prompt (a ``generate.partial.Prompt``); its rows' keys fold the
@@ -140,7 +149,6 @@ class PartialGroups(Allocator):
   def collect(self, params, step: int, rng):
     del rng  # each row has its own key (``_next_prompt``)
     p = self.producer
-    before = dataclasses.replace(p.counts)
     with self.timer.phase("generation"):
       if self.generator is not None:  # on its own devices, fed parameters by ``overlap``
         groups = self.generator.take(step)
@@ -148,7 +156,6 @@ class PartialGroups(Allocator):
         while p.version < step:  # the updates since the last step (one, or none on step 0)
           p.advance(params)
         groups = p.take(params, self.num_groups)
-    done = p.counts.minus(before)
     prompts = [self._prompts.pop(g.tag) for g in groups]
     for serial in list(self._prompts):  # discarded groups' prompts
       if serial not in p.tags_in_flight():
@@ -163,37 +170,48 @@ class PartialGroups(Allocator):
       rollout, stats = self._empty_batch(step, touched)
     trained = np.concatenate([g.versions[g.tokens_mask()] for g in groups]) if groups else (
         np.zeros(0, np.int32))
+    self._effective = stats["alloc/effective_groups"]
+    stats.update(asynchronous.staleness_stats(step, trained, p.max_staleness))
+    if self.policy is not None:
+      stats["alloc/capped"] = float(len(groups) < self.num_groups)
+    if self.generator is None:  # nothing more is generated before the next step
+      stats.update(self._counts_stats())
+    return rollout, stats
+
+  def _counts_stats(self) -> dict:
+    """The counting fields (module doc) of everything the producer did since they were last
+    taken."""
+    p = self.producer
+    done = p.counts.minus(self._counted)
+    self._counted = dataclasses.replace(p.counts)
     spent = done.rows_trained + done.rows_discarded + done.rows_dropped
-    effective = stats["alloc/effective_groups"]
-    stats.update({
+    stats = {
         "rollouts": spent,
         "completion_tokens": done.tokens_generated,
         "alloc/rollouts_generated": float(spent),
-        "alloc/effective_per_1k_rollouts": 1000.0 * effective / max(spent, 1),
+        "alloc/effective_per_1k_rollouts": 1000.0 * self._effective / max(spent, 1),
         "alloc/groups_discarded": float(done.groups_discarded),
         "alloc/rows_in_flight": float(p.in_flight()),
         # Since the run started: a step's own ratio exceeds 1 when it trains tokens decoded
         # in earlier steps.
         "alloc/useful_fraction": p.counts.useful_fraction,
-        "alloc/decode_steps": float(done.decode_steps),
-        **asynchronous.staleness_stats(step, trained, p.max_staleness)})
-
+        "alloc/decode_steps": float(done.decode_steps)}
     if self.policy is not None:
       stats.update({"alloc/groups_dropped": float(done.groups_dropped),
-                    "alloc/capped": float(len(groups) < self.num_groups),
                     **self.policy.take_stats()})
-    return rollout, stats
+    return stats
 
   def overlap(self, params, step: int) -> dict:
     """Update ``step`` was dispatched (its parameters ``params``): the generator works while it
     runs and then holds its parameters (``generate.asynchronous.Generator.overlap``); returns
-    the step's ``rollout/`` busy, idle and transfer seconds. Nothing ({}) when generation
-    shares the training devices."""
+    the step's ``rollout/`` busy, idle and transfer seconds and its counting fields (module
+    doc: ``collect`` left them to this call). Nothing ({}) when generation shares the training
+    devices."""
     if self.generator is None:
       return {}
     with self.timer.phase("generation"):
       self.generator.overlap(params, step)
-    return self.generator.take_stats()
+    return {**self.generator.take_stats(), **self._counts_stats()}
 
   def start_generator(self, params) -> None:
     """The generator's first parameters (the run's, fresh or restored; a no-op without
@@ -296,6 +314,8 @@ class PartialGroups(Allocator):
       problem = stream.problem(int(index))
       self._prompts[int(serial)] = rounds_lib.Prompt(int(index), problem, stream.render(problem))
     self.producer.load_state_dict(state["producer"])
+    # Saved after the step's counts were taken (after ``overlap``, with its own devices).
+    self._counted = dataclasses.replace(self.producer.counts)
     self._scored, self._dropped = {}, []
     if self.policy is not None and "policy" in state:
       self.policy.load_state_dict(state["policy"])

@@ -103,7 +103,6 @@ def _step(run: Run, step: int) -> tuple[int, bool, bool]:
   # B complete groups, however the allocator spent its rollouts (allocation/allocator.py); it
   # times its phases (prompts, generation, scoring, assembly) on ``timer``.
   rollout, stats = s.allocator.collect(p.state.params, step, keys.generation(key))
-  p.counters = p.counters.add(stats)
   _, logged = s.scorer.take_log(training=True)
   if logged:  # a reward function logged columns (TRL's log_extra): the step's completions
     s.writer.write_completions(f"step_{step + 1:06d}", logged)
@@ -115,8 +114,10 @@ def _step(run: Run, step: int) -> tuple[int, bool, bool]:
       # the phases split the time honestly: "update" is dispatch plus the device's work.
       jax.block_until_ready(p.state.step)
   # With generation on its own devices, it runs while the update does (its "generation"
-  # time), then holds the new parameters (generate/asynchronous.py).
+  # time), then holds the new parameters (generate/asynchronous.py); what it generated then
+  # is the step's too, so the counters add up after it.
   stats.update(s.allocator.overlap(p.state.params, step))
+  p.counters = p.counters.add(stats)
   if p.pending is not None:  # the previous step's record, its metrics long computed
     with timer.phase("metrics"):
       _flush_pending(run)
