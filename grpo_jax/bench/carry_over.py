@@ -1,27 +1,30 @@
 """Carrying a sweep's records of an older config over to the current one, on evidence.
 
-A cell's config hash (``grid.config_hash``) covers the whole resolved config, so a key added to
-the package (a new knob whose default keeps the old behaviour) or a renamed one makes every
-recorded cell stale, and a stale record is left out of the tables. The evidence that such a
-change moves nothing is a re-run: a stale cell run again on the current config (``sweep
---only`` picks it) whose every evaluation equals its old record's; the sweep stores that
-verdict in the new record (``previous.identical``, ``same_evaluations``). ``decide`` then
-carries over a method's other stale records written by the same code commit (the same code and
-config change lies between them and now); a re-run that differed blocks them. Pure functions
-over record dicts; ``sweep.carry_over`` reads and writes the files.
+A record stands for its cell while today's config of the cell is the run it recorded
+(``config_match``: a key added at its default changes nothing). Any other change (a value, a
+default a cell relied on, a key renamed or removed) makes the cell's records stale, and a stale
+record is left out of the tables. The evidence that such a change moves nothing is a re-run: a
+stale cell run again on the current config (``sweep --only`` picks it) whose every evaluation
+equals its old record's; the sweep stores that verdict in the new record (``previous.identical``,
+``same_evaluations``). ``decide`` then carries over a method's other stale records written by
+the same code commit (the same code and config change lies between them and now); a re-run
+that differed blocks them. Pure functions over record dicts and ``config_match.Current``;
+``sweep.carry_over`` reads and writes the files.
 """
 
 from __future__ import annotations
+
+from grpo_jax.bench import config_match
 
 # What a re-run must reproduce exactly, at every evaluation, to carry older records over.
 SAME = ("step", "rollouts", "completion_tokens", "mean_at_k", "pass_at_k", "greedy_accuracy")
 
 
-def stale(rec: dict, current_hash: str) -> dict | None:
+def stale(rec: dict, now: config_match.Current) -> dict | None:
   """The done record of an older config in ``rec`` (a re-run stopped before its end keeps it
-  under ``replaces``), or None when there is none or it is current."""
+  under ``replaces``), or None when there is none or it stands for the cell's config ``now``."""
   rec = rec.get("replaces", rec)
-  if rec.get("status") != "done" or rec.get("config_hash") == current_hash:
+  if rec.get("status") != "done" or now.stands(rec):
     return None
   return rec
 
@@ -50,28 +53,28 @@ def agreed_until(a: dict, b: dict) -> int | None:
   return last
 
 
-def decide(recs: dict[str, dict],
-           now: dict[str, str]) -> tuple[dict[str, dict], dict[str, str]]:
+def decide(recs: dict[str, dict], now: dict[str, config_match.Current]
+           ) -> tuple[dict[str, dict], dict[str, str]]:
   """Which stale done records the re-runs vouch for.
 
   Args:
     recs: cell id -> its record.
-    now: cell id -> its current config hash.
+    now: cell id -> its config today.
 
   Returns:
-    The records carried over (cell id -> the record with the current hash and
-    ``carried_over``: the old hash and the re-runs that vouch for it), and for each stale
-    record left as it is, why.
+    The records carried over (cell id -> the record with today's config and hash and
+    ``carried_over``: the old hash, what changed where the record stored its config, and the
+    re-runs that vouch for it), and for each stale record left as it is, why.
   """
   proof: dict[tuple, dict[str, list[str]]] = {}
   for cell_id, r in recs.items():
     p = r.get("previous")
-    if r.get("status") == "done" and r.get("config_hash") == now[cell_id] and p:
+    if r.get("status") == "done" and now[cell_id].stands(r) and p:
       verdict = "same" if p.get("identical") else "differed"
       proof.setdefault((r["method"], p.get("code")), {}).setdefault(verdict, []).append(cell_id)
   carried, left = {}, {}
   for cell_id, r in recs.items():
-    if r.get("status") != "done" or r.get("config_hash") == now[cell_id]:
+    if r.get("status") != "done" or now[cell_id].stands(r):
       continue
     code = r.get("code") or "?"
     seen = proof.get((r["method"], r.get("code")), {})
@@ -82,7 +85,9 @@ def decide(recs: dict[str, dict],
       left[cell_id] = (f"{r['method']} at {code[:12]}: no re-run of its cells yet (run one "
                        "with --only)")
     else:
-      carried[cell_id] = dict(r, config_hash=now[cell_id],
+      changed = now[cell_id].changes(r)
+      carried[cell_id] = dict(r, config=now[cell_id].config, config_hash=now[cell_id].hash,
                               carried_over={"from": r["config_hash"],
+                                            **({"changed": changed} if changed else {}),
                                             "verified_by": seen["same"]})
   return carried, left

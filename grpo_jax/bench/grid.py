@@ -36,7 +36,6 @@ before any cell runs.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import importlib.util
 import itertools
@@ -47,6 +46,7 @@ from typing import Any
 import ml_collections
 
 from grpo_jax import configuration
+from grpo_jax.bench import config_match
 
 BUDGETS = ("steps", "rollouts", "tokens")
 _KEYS = {"name", "methods", "seeds", "more_seeds", "budget", "evaluations", "presets", "overrides", "axes",
@@ -156,18 +156,39 @@ class Grid:
     c.seed = cell.seed
     return c
 
+  def current(self, cell: Cell) -> config_match.Current:
+    """The cell's config today, which its records are checked against (``config_match``)."""
+    text = config_json(self.config(cell))
+    return config_match.Current(config_match.flatten(json.loads(text)), defaults(),
+                                config_match.whole_hash(text))
+
   def config_hash(self, cell: Cell) -> str:
-    """12 hex digits of the cell's resolved config: a finished cell whose config has since
-    changed (the grid, the config files or their defaults) is run again."""
-    return config_hash(self.config(cell))
+    """12 hex digits of the cell's choices: its resolved config's entries that differ from
+    the defaults (``config_match.config_hash``)."""
+    return self.current(cell).hash
+
+
+def config_json(c: ml_collections.ConfigDict) -> str:
+  """``c`` as JSON with the package's own folder written as ``<grpo_jax>``: the embedded
+  model's path is absolute, and the same cell run from another checkout (a git worktree, a
+  clone elsewhere) is the same config."""
+  return c.to_json(sort_keys=True).replace(_PACKAGE, "<grpo_jax>")
+
+
+def flat_config(c: ml_collections.ConfigDict) -> dict[str, Any]:
+  """``c`` as {dotted path: JSON value}, as a record stores the config its run used."""
+  return config_match.flatten(json.loads(config_json(c)))
+
+
+def defaults() -> dict[str, Any]:
+  """Today's base config (``configs/common.py``), flat: the value a key added to the package
+  since a record was written must have for the record to stand."""
+  return flat_config(importlib.import_module("configs.common").base_config())
 
 
 def config_hash(c: ml_collections.ConfigDict) -> str:
-  """12 hex digits of ``c`` with the package's own folder written as ``<grpo_jax>``: the
-  embedded model's path is absolute, and the same cell run from another checkout (a git
-  worktree, a clone elsewhere) is the same config."""
-  text = c.to_json(sort_keys=True).replace(_PACKAGE, "<grpo_jax>")
-  return hashlib.sha256(text.encode()).hexdigest()[:12]
+  """12 hex digits of the entries of ``c`` that differ from ``defaults()``."""
+  return config_match.config_hash(flat_config(c), defaults())
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../grpo_jax

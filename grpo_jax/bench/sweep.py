@@ -8,6 +8,7 @@ tidy table, a summary and figures.
         --only=opt.learning_rate=1e-4,2e-4                              # only these cells now
     python -m grpo_jax.bench.sweep --grid=... --out=... --report        # tables and figures only
     python -m grpo_jax.bench.sweep --grid=... --out=... --carry_over    # after re-runs, below
+    python -m grpo_jax.bench.sweep --grid=... --out=... --rekey         # records of before, below
 
 The grid file (``grpo_jax/bench/grid.py`` says what it holds; examples in configs/sweeps/)
 names the methods, seeds, budget, axes and overrides; every cell's config is checked before
@@ -19,14 +20,19 @@ the sweep goes on; memory goes back between cells) in ``<workdirs>/<cell id>`` (
 ``<out>/cells/<cell id>.json`` and its checkpoints are removed (``--keep_checkpoints`` keeps
 them; the metrics stay).
 
-Resuming: the same command again runs only what is missing. A cell with a record of the same
-config hash is done; one whose config has changed since (the grid, a config file, a default)
-runs again (its old record is kept in the new one: ``previous`` says whether the re-run
-reproduced it exactly; ``--carry_over`` then marks that method's other records of the same
-code current, so a change that moves nothing costs one cell per method, not the grid);
-one interrupted mid-run resumes from its last checkpoint (one per evaluation),
-bit for bit as ``grpo_jax.train`` resumes. A second sweep on the same ``--out`` is refused
-while the first is alive. SIGTERM or Ctrl-C stops the running cell at its next step (it
+Resuming: the same command again runs only what is missing. A record stores the resolved config
+its run used (``config``); the cell is done while today's config of the cell is that run
+(``config_match``: every key the two share has the same value, a key added to the package since
+is at its default, one removed since was unset), so a new knob at its default leaves every
+record done. A cell whose config has changed since (the grid, a config file, a default it
+relied on) runs again (its old record is kept in the new one: ``previous`` says whether the
+re-run reproduced it exactly; ``--carry_over`` then marks that method's other records of the
+same code current, so a change that moves nothing costs one cell per method, not the grid).
+Records written before records stored their config hold only the hash of the whole config;
+``--rekey`` rebuilds each one's config at its code commit and stores it where it reproduces
+that hash (``rekey``). A cell interrupted mid-run resumes from its last checkpoint (one per
+evaluation), bit for bit as ``grpo_jax.train`` resumes. A second sweep on the same ``--out`` is
+refused while the first is alive. SIGTERM or Ctrl-C stops the running cell at its next step (it
 checkpoints) and then the sweep.
 
 Written after every cell, from every record under ``<out>/cells`` of this grid:
@@ -44,6 +50,7 @@ Written after every cell, from every record under ``<out>/cells`` of this grid:
 from __future__ import annotations
 
 import atexit
+import collections
 import csv
 import json
 import os
@@ -61,6 +68,7 @@ from grpo_jax.bench import carry_over as carry_lib
 from grpo_jax.bench import cells as cells_lib
 from grpo_jax.bench import grid as grid_lib
 from grpo_jax.bench import provenance
+from grpo_jax.bench import rekey as rekey_lib
 from grpo_jax.run import metrics as metrics_lib
 from grpo_jax.run import report
 from grpo_jax.run import workdir as workdir_lib
@@ -80,6 +88,9 @@ def define_flags():
   flags.DEFINE_bool("carry_over", False, "mark records of older configs current where a "
                     "re-run of the same method and code reproduced its record exactly (see "
                     "carry_over), then write the tables")
+  flags.DEFINE_bool("rekey", False, "give records written before records stored their config "
+                    "the config they ran, rebuilt at their code commit where it reproduces "
+                    "their hash (see rekey), then write the tables")
   flags.DEFINE_bool("detach", False, "run in the background, output in <out>/sweep.log")
   flags.DEFINE_bool("keep_checkpoints", False, "keep each finished cell's checkpoints")
   flags.DEFINE_string("cell", "", "internal: run this one cell (by id) in this process")
@@ -96,7 +107,7 @@ def finished(out: str, grid: grid_lib.Grid, cell: grid_lib.Cell) -> bool:
       rec = json.load(f)
   except (OSError, ValueError):
     return False
-  return rec.get("status") == "done" and rec.get("config_hash") == grid.config_hash(cell)
+  return rec.get("status") == "done" and grid.current(cell).stands(rec)
 
 
 def _stale_record(out: str, grid: grid_lib.Grid, cell: grid_lib.Cell) -> dict | None:
@@ -106,7 +117,21 @@ def _stale_record(out: str, grid: grid_lib.Grid, cell: grid_lib.Cell) -> dict | 
       rec = json.load(f)
   except (OSError, ValueError):
     return None
-  return carry_lib.stale(rec, grid.config_hash(cell))
+  return carry_lib.stale(rec, grid.current(cell))
+
+
+def _records_now(grid: grid_lib.Grid, out: str) -> tuple[dict[str, dict], dict]:
+  """The grid's records under ``out`` and their cells' configs today (``grid.current``), by
+  cell id."""
+  recs, now = {}, {}
+  for cell in grid.cells():
+    try:
+      with open(cell_path(out, cell)) as f:
+        recs[cell.id] = json.load(f)
+    except (OSError, ValueError):
+      continue
+    now[cell.id] = grid.current(cell)
+  return recs, now
 
 
 def carry_over(grid: grid_lib.Grid, out: str) -> tuple[list[str], dict[str, str]]:
@@ -115,19 +140,30 @@ def carry_over(grid: grid_lib.Grid, out: str) -> tuple[list[str], dict[str, str]
   Returns:
     The ids carried over, and for each stale record left as it is, why.
   """
-  recs, now = {}, {}
-  for cell in grid.cells():
-    try:
-      with open(cell_path(out, cell)) as f:
-        recs[cell.id] = json.load(f)
-    except (OSError, ValueError):
-      continue
-    now[cell.id] = grid.config_hash(cell)
-  carried, left = carry_lib.decide(recs, now)
+  carried, left = carry_lib.decide(*_records_now(grid, out))
   cells = {c.id: c for c in grid.cells()}
   for cell_id, rec in carried.items():
     _write_json(cell_path(out, cells[cell_id]), rec)
   return list(carried), left
+
+
+def rekey(grid: grid_lib.Grid, spec: str, out: str,
+          find: rekey_lib.ConfigsAt = rekey_lib.configs_at) -> dict[str, str]:
+  """``rekey.rekey`` on the grid's records under ``out``; rewrites those re-keyed.
+
+  Returns:
+    For each record without a stored config: ``done``, ``stale: <what changed>`` or why it
+    was left as it is.
+  """
+  recs, now = _records_now(grid, out)
+  added = rekey_lib.added_by(os.path.join(out, "cells"))
+  commits = {cell_id: rekey_lib.candidates(rec.get("code") or "", added.get(f"{cell_id}.json"))
+             for cell_id, rec in recs.items() if rec.get("code")}
+  rekeyed, verdicts = rekey_lib.rekey(recs, now, spec, commits, find)
+  cells = {c.id: c for c in grid.cells()}
+  for cell_id, rec in rekeyed.items():
+    _write_json(cell_path(out, cells[cell_id]), rec)
+  return verdicts
 
 
 def records(out: str, grid: grid_lib.Grid) -> list[dict]:
@@ -161,11 +197,11 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
   for i, cell in enumerate(todo):
     workdir = os.path.join(workdirs, cell.id)
     os.makedirs(workdir, exist_ok=True)
+    now = grid.current(cell)
     rec = {"grid": grid.name, "id": cell.id, "method": cell.method,
            "spec": grid.methods[cell.method], "setting": dict(cell.setting),
            "setting_key": cell.setting_key, "seed": cell.seed,
-           "config_hash": grid.config_hash(cell), "code": code_version,
-           "platform": machine}
+           "config_hash": now.hash, "code": code_version, "platform": machine}
     prev = _stale_record(out, grid, cell)  # a done record of an older config, if any
     start, cpu0, busy0 = time.monotonic(), _children_cpu(), _machine_busy_s()
     code, last = _run_child(spec, cell, workdir, env)
@@ -189,6 +225,9 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
         rec["previous"] = {"config_hash": prev["config_hash"], "code": prev.get("code"),
                            "identical": carry_lib.same_evaluations(prev, rec),
                            "agreed_until_step": carry_lib.agreed_until(prev, rec)}
+        changed = now.changes(prev)  # None for a record that did not store its config
+        if changed:
+          rec["previous"]["changed"] = changed
       if not keep_checkpoints:
         shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
     elif code == _STOPPED or (_STOP["asked"] and code in _SIGNALLED):
@@ -203,6 +242,7 @@ def run(grid: grid_lib.Grid, spec: str, out: str, workdirs: str, max_cells: int 
                   f"{os.path.join(workdir, 'cell.log')}{eta}")
     if prev is not None and rec["status"] != "done":
       rec["replaces"] = prev  # a stopped or failed re-run loses nothing of the old record
+    rec["config"] = now.config  # last: the rest of the record reads first
     _write_json(cell_path(out, cell), rec)
     write_outputs(grid, out, figures=False)
     signalled = code < 0 or code == _STOPPED or code in _SIGNALLED
@@ -447,13 +487,21 @@ def main(argv):
   out = f.out or os.path.join("runs", "sweep", grid.name)
   workdirs = f.workdirs or os.path.join(out, "runs")
   os.makedirs(out, exist_ok=True)
+  if f.rekey:
+    verdicts = rekey(grid, f.grid, out)
+    counts = collections.Counter(v.split(":")[0] for v in verdicts.values())
+    console.say(f"sweep {grid.name}: {len(verdicts)} record(s) without a stored config: "
+                f"{counts.get('done', 0)} re-keyed and done, {counts.get('stale', 0)} re-keyed "
+                f"and stale, {counts.get('left', 0)} left as they are")
+    for verdict in dict.fromkeys(v for v in verdicts.values() if v != "done"):
+      console.say(f"  {verdict}")
   if f.carry_over:
     carried, left = carry_over(grid, out)
     console.say(f"sweep {grid.name}: {len(carried)} record(s) carried over to the current "
                 f"config; {len(left)} stale record(s) left")
     for reason in dict.fromkeys(left.values()):
       console.say(f"  left: {reason}")
-  if f.report or f.carry_over:
+  if f.report or f.carry_over or f.rekey:
     for path in write_outputs(grid, out):
       print(f"wrote {path}")
     return

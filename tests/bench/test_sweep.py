@@ -94,17 +94,21 @@ def test_the_config_hash_follows_the_resolved_config(tmp_path, monkeypatch):
   assert ca.id == cb.id  # the same cell of the grid...
   assert a.config_hash(ca) != b.config_hash(cb)  # ...whose config changed: it runs again
   assert a.config_hash(ca) == a.config_hash(ca)
+  assert b.current(cb).changes({"config": a.current(ca).config}) == {
+      "opt.learning_rate": [3e-5, 1e-4]}
   # the embedded model's absolute path does not enter it: the same cell built by a copy of the
-  # package elsewhere (a worktree) has the same hash; any other path does not
-  c, here = a.config(ca), a.config_hash(ca)
+  # package elsewhere (a worktree) has the same stored config and hash; any other path does not
+  c, here, flat = a.config(ca), a.config_hash(ca), grid_lib.flat_config(a.config(ca))
   package = grid_lib._PACKAGE  # pylint: disable=protected-access
   assert c.model.path.startswith(package + os.sep)
+  assert flat["model.path"] == "<grpo_jax>/assets/countdown-qwen3-1m"
   moved = c.copy_and_resolve_references()
   moved.model.path = c.model.path.replace(package, "/elsewhere/checkout/grpo_jax")
+  assert grid_lib.config_hash(moved) != here  # another path, here
   monkeypatch.setattr(grid_lib, "_PACKAGE", "/elsewhere/checkout/grpo_jax")
-  assert grid_lib.config_hash(moved) == here != grid_lib.config_hash(c)
+  assert grid_lib.flat_config(moved) == flat
   moved.model.path = "/my/own/model"
-  assert grid_lib.config_hash(moved) != here
+  assert grid_lib.flat_config(moved)["model.path"] == "/my/own/model"
 
 
 @pytest.mark.parametrize("body, message", [
@@ -264,7 +268,7 @@ def test_a_methods_own_axis_values_are_each_paired_with_the_baseline(tmp_path):
     key = (cell.method, *setting.values(), cell.seed)
     rec = _rec(cell.method, cell.seed, [(0, 0, 0.2), (10, 10, finals[key])])
     rec.update(id=cell.id, setting=setting, setting_key=cell.setting_key, status="done",
-               config_hash=g.config_hash(cell), k=8)
+               config_hash=g.config_hash(cell), config=g.current(cell).config, k=8)
     with open(sweep.cell_path(os.fspath(out), cell), "w") as f:
       json.dump(rec, f)
   written = sweep.write_outputs(g, os.fspath(out))
@@ -328,16 +332,24 @@ def test_one_seed_takes_the_evaluations_standard_errors_and_resolves_nothing():
 
 def test_a_record_of_another_config_is_not_done(tmp_path):
   g = grid_lib.load(SMOKE)
-  cell = g.cells()[0]
-  sweep._write_json(sweep.cell_path(os.fspath(tmp_path), cell),  # pylint: disable=protected-access
-                    {"status": "done", "config_hash": "000000000000"})
-  assert not sweep.finished(os.fspath(tmp_path), g, cell)
-  sweep._write_json(sweep.cell_path(os.fspath(tmp_path), cell),  # pylint: disable=protected-access
-                    {"status": "done", "config_hash": g.config_hash(cell)})
-  assert sweep.finished(os.fspath(tmp_path), g, cell)
-  sweep._write_json(sweep.cell_path(os.fspath(tmp_path), cell),  # pylint: disable=protected-access
-                    {"status": "failed", "config_hash": g.config_hash(cell)})
-  assert not sweep.finished(os.fspath(tmp_path), g, cell)
+  cell, out = g.cells()[0], os.fspath(tmp_path)
+  now = g.current(cell)
+
+  def write(rec):
+    sweep._write_json(sweep.cell_path(out, cell), rec)  # pylint: disable=protected-access
+
+  write({"status": "done", "config_hash": now.hash,
+         "config": dict(now.config, **{"opt.learning_rate": 1e-4})})
+  assert not sweep.finished(out, g, cell)
+  write({"status": "done", "config_hash": now.hash, "config": now.config})
+  assert sweep.finished(out, g, cell)
+  write({"status": "failed", "config_hash": now.hash, "config": now.config})
+  assert not sweep.finished(out, g, cell)
+  # a record of before records stored their config: done while its whole-config hash is today's
+  write({"status": "done", "config_hash": now.whole})
+  assert sweep.finished(out, g, cell)
+  write({"status": "done", "config_hash": now.hash})
+  assert not sweep.finished(out, g, cell)
 
 
 def test_a_cell_killed_by_the_forwarded_stop_signal_is_stopped_not_failed(tmp_path, monkeypatch):
