@@ -2,6 +2,8 @@
 earlier parameters are off-policy, and the objective corrects them as it does replayed rows
 (``StepConfig.continued``); ``correction=naive`` leaves them to the clipped pi_theta / mu."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 
 from grpo_jax.rl import losses, prox, step as step_lib
 from grpo_jax.rl.replay import headroom, init_replay, popo
+from grpo_jax.rl.replay import method as replay_method
 from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.types import Rollout
 from tests.rl.test_step import G, MIXED, P, T, _copy, _rollout
@@ -34,13 +37,13 @@ def _continued_rollout(split):
   return rollout.replace(version=jnp.asarray(version), behaviour_logp=jnp.asarray(mu)), stale
 
 
-def _step(split, rollout, capacity=0, **kw):
+def _step(split, rollout, **kw):
   graphdef, params = split
   tx = optax.sgd(1.0)  # parameters move by the gradient itself: comparing them compares it
   config = StepConfig(group_size=G, loss=losses.LossConfig(is_cap=2.0), prox_chunks=2, **kw)
   fn = step_lib.make_train_step(graphdef, tx, config)
   state = step_lib.init_train_state(_copy(params), tx).replace(step=jnp.int32(STEP))
-  return fn(state, init_replay(capacity, G, P, T), rollout, None, jax.random.key(0))
+  return fn(state, init_replay(0, G, P, T), rollout, None, jax.random.key(0))
 
 
 @pytest.fixture(scope="module")
@@ -145,14 +148,43 @@ MEASURING = {
 }
 
 
+def _log_weights(split, rollout, method):
+  """[N, T] log w = log pi_prox' - log mu' of the UpdateBatch the train step builds (its own
+  stages: compose, the off-policy rows, the pi_prox pass, the batch), and the continued rows it
+  counts; forward passes only (no update is compiled)."""
+  graphdef, params = split
+  config = StepConfig(group_size=G, continued=True, prox_chunks=2, replay=method)
+  step = jnp.int32(STEP)
+
+  @jax.jit
+  def run(params, rollout):
+    replay = init_replay(2, G, P, T)
+    replaying = config.replay.replays(replay)
+    start_pass = replay_method.PolicyPass(
+        functools.partial(step_lib._start_logp, graphdef, params, config),  # pylint: disable=W0212
+        functools.partial(step_lib._start_count, config))  # pylint: disable=protected-access
+    ctx = step_lib._context(config, rollout, step, jax.random.key(0))  # pylint: disable=W0212
+    _, comp, _ = step_lib._compose(config, ctx, replay, start_pass, replaying)  # pylint: disable=W0212
+    off = step_lib._off_policy_rows(config, comp, step)  # pylint: disable=protected-access
+    full, _ = step_lib._proximal_pass(config, comp, off, start_pass, replaying)  # pylint: disable=W0212
+    batch = step_lib._update_batch(graphdef, config, comp, off, full, None, replaying, step)  # pylint: disable=W0212
+    used = step_lib._continued_metrics(config, comp, off)["continued_rows"]  # pylint: disable=W0212
+    return batch.prox_logp - batch.behaviour_logp, used
+
+  return run(params, rollout)
+
+
 @pytest.mark.parametrize("name", sorted(MEASURING))
 def test_continued_rows_get_the_pass_when_the_method_measures_its_own_candidates(split, name):
   # The same continued rows as above, now beside a replay method. Nothing is replayed (the
   # buffer is empty), so every continued row's pi_prox must come from the step's pass: its
-  # stale tokens carry w = pi_prox / mu = e^0.5 = 1.6487. A method's own pi_prox array holds
-  # mu on the rows it did not replay; taking it for the continued rows gives them w = 1, the
-  # naive correction (the defect this guards: is_weight_max 1.0 for POPO-KL and Headroom).
-  rollout, _ = _continued_rollout(split)
-  _, _, metrics = _step(split, rollout, capacity=2, continued=True, replay=MEASURING[name])
-  assert float(metrics["continued_rows"]) == G
-  assert float(metrics["is_weight_max"]) == pytest.approx(np.exp(SHIFT), rel=1e-4)
+  # stale tokens carry log w = log pi_prox - log mu = 0.5 (w = e^0.5), the others 0 (up to the
+  # pass's rounding against the sampler's mu). A method's own pi_prox array holds mu on the
+  # rows it did not replay; taking it for the continued rows gives them log w = 0, the naive
+  # correction (the defect this guards: is_weight_max 1.0 for POPO-KL and Headroom).
+  rollout, stale = _continued_rollout(split)
+  log_w, continued = _log_weights(split, rollout, MEASURING[name])
+  assert float(continued) == G
+  log_w = np.asarray(log_w)[:rollout.num_rows]  # the fresh rows (Headroom appends its slots)
+  np.testing.assert_allclose(log_w[stale], SHIFT, atol=1e-4)
+  np.testing.assert_allclose(log_w[~stale & np.asarray(rollout.completion_mask)], 0.0, atol=1e-4)
