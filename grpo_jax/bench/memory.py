@@ -257,21 +257,17 @@ def abstract_state(config, mesh):
   return graphdef, params, tx, _with_shardings(state, sharding.tree_shardings(mesh, state, family.param_axes()))
 
 
-def config_memory(config) -> dict:
-  """Compiles ``config``'s train step and sampler for abstract inputs on the current devices.
+def abstract_step(config, mesh):
+  """``config``'s jitted train step on ``mesh`` and its arguments as laid-out
+  ``ShapeDtypeStruct``s (state, replay buffer, rollout, KL reference, key), from abstract shapes.
 
   Returns:
-    {"mesh": axis sizes, "params": count, "step"/"sampler": memory stats in bytes per device
-     plus "compile_s", "sampling_peak": bytes resident while sampling (the step's arguments,
-     i.e. state, buffer and reference, plus the sampler's temp and output)}.
+    (step, args, graphdef, params): ``step.lower(*args)`` compiles it; ``graphdef`` and
+    ``params`` (abstract) are the model's, as the sampler takes them.
   """
-  configuration.validate(config, weights=False)
   r = config.rollout
-  mesh = sharding.make_mesh(sharding.MeshConfig.from_config(config.mesh))
-  configuration.check_mesh(config, mesh)
   graphdef, params, tx, state = abstract_state(config, mesh)
   adapters = lora.from_config(config.model)
-  cfg = architecture_of(config)
   method = configuration.replay_method(config)
   replay = jax.eval_shape(lambda: replay_lib.init_replay(
       config.replay.capacity, method.entry_size(r.group_size), r.prompt_len, r.completion_len))
@@ -294,17 +290,52 @@ def config_memory(config) -> dict:
                     version=s((n, t), jnp.int32))
   key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                              sharding=sharding.replicated(mesh))
-  out = {"mesh": dict(mesh.shape), "params": cfg.num_params}
   fn = step_lib.make_train_step(graphdef, tx, configuration.step_config(config),
                                 sharding.step_shardings(mesh, state, replay, family.param_axes(), ref))
+  return fn, (state, replay, rollout, ref, key), graphdef, params
+
+
+def _mesh(config):
+  """``config``'s mesh on the current devices, after checking the config against it."""
+  configuration.validate(config, weights=False)
+  mesh = sharding.make_mesh(sharding.MeshConfig.from_config(config.mesh))
+  configuration.check_mesh(config, mesh)
+  return mesh
+
+
+def step_memory(config) -> dict:
+  """Compiles ``config``'s train step alone (``config_memory`` without the sampler) for
+  abstract inputs on the current devices.
+
+  Returns:
+    Its memory stats in bytes per device (argument, output, alias, temp, total) and
+    ``compile_s``.
+  """
+  fn, args, _, _ = abstract_step(config, _mesh(config))
   t0 = time.perf_counter()
-  out["step"] = {**_stats(fn.lower(state, replay, rollout, ref, key).compile()),
-                 "compile_s": time.perf_counter() - t0}
+  return {**_stats(fn.lower(*args).compile()), "compile_s": time.perf_counter() - t0}
+
+
+def config_memory(config) -> dict:
+  """Compiles ``config``'s train step and sampler for abstract inputs on the current devices.
+
+  Returns:
+    {"mesh": axis sizes, "params": count, "step"/"sampler": memory stats in bytes per device
+     plus "compile_s", "sampling_peak": bytes resident while sampling (the step's arguments,
+     i.e. state, buffer and reference, plus the sampler's temp and output)}.
+  """
+  r = config.rollout
+  mesh = _mesh(config)
+  fn, args, graphdef, params = abstract_step(config, mesh)
+  out = {"mesh": dict(mesh.shape), "params": architecture_of(config).num_params}
+  t0 = time.perf_counter()
+  out["step"] = {**_stats(fn.lower(*args).compile()), "compile_s": time.perf_counter() - t0}
   sampling = sampler_lib.SamplingConfig(
-      max_new_tokens=t, eos_ids=(0,), pad_id=0, temperature=r.temperature,
+      max_new_tokens=r.completion_len, eos_ids=(0,), pad_id=0, temperature=r.temperature,
       prompt_group=r.group_size if config.rl.get("shared_prompts", True) else 1,
       row_block=r.get("sampler_rows", 0))
   sample = sampler_lib.make_sampler(graphdef, sampling, mesh)
+  rollout, key = args[2], args[4]
   t0 = time.perf_counter()
   compiled = sample.lower(params, rollout.prompt_ids, rollout.prompt_mask, key).compile()
   out["sampler"] = {**_stats(compiled), "compile_s": time.perf_counter() - t0}

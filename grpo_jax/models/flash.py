@@ -16,7 +16,10 @@ softmax of Milakov & Gimelshein, arXiv 1805.02867, as FlashAttention uses it: Da
 Its custom VJP saves only the output and the per-query log-sum-exp and recomputes each
 [block_q, block_k] probability tile in the backward pass, so no [X, S] score or probability
 array exists in either pass: per layer, O(N * H * block_q * block_k) scratch plus the
-O(N * X * H * W) inputs and outputs.
+O(N * X * H * W) inputs and outputs. Inside a ``jax.checkpoint`` (the train step's layer scan)
+that holds only if its policy saves those two (``saved_by``) and nothing moves the tiles' masks
+out of the loop (``in_loop``); tests/models/test_memory_growth.py bounds the compiled step's
+growth in length.
 
 Which (query block, key block) pairs a pass visits is decided at trace time (``block_pairs``):
 one ``lax.scan`` over that static list, so every loop has a trip count XLA knows. A loop whose
@@ -38,9 +41,16 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 _NEG = -1e30  # finite "minus infinity" for masked scores
 f32 = jnp.float32
+# The name of the values the custom VJP saves (the output and the log-sum-exp;
+# ``jax.ad_checkpoint.checkpoint_name``): a checkpoint policy that saves it (``saved_by``) keeps
+# them and never recomputes the forward pass's loop. Without it, a policy that saves dots
+# (``dots_saveable``) keeps every tile's products instead, stacked over the M block pairs:
+# [M, N, K, Q, block_q, block_k] float32 per layer, quadratic in length.
+RESIDUALS = "blocked_attention_residuals"
 
 
 def _pad_to(a, axis: int, multiple: int):
@@ -111,6 +121,30 @@ def block_pairs(offset, num_q: int, num_k: int, block_q: int, block_k: int,
   return ij[:, 0], ij[:, 1]
 
 
+def in_loop(pairs, q):
+  """The schedule ``pairs`` as values of the queries ``q`` (an optimization barrier over both),
+  so that every tile's mask is computed inside the forward pass's loop.
+
+  Under a differentiated ``lax.scan`` around the pass (the layer scan of the train step), JAX's
+  partial evaluation of that scan moves what its body computes from loop-invariant values
+  alone out of it (``jax.lax.scan``'s loop-invariant residuals): here the visibility mask of
+  every (query block, key block) pair, computed from the schedule and the key mask alone, would
+  be computed once before the layers and kept, stacked over the M pairs: [M, N, K, Q, block_q,
+  block_k] bool, quadratic in length. Tied to the queries, which differ at every layer, nothing
+  in the loop is loop-invariant. The barrier changes no value.
+  """
+  _, pairs = jax.lax.optimization_barrier((q, tuple(jnp.asarray(a) for a in pairs)))
+  return pairs
+
+
+def saved_by(policy):
+  """``policy`` (a ``jax.checkpoint`` policy) that also saves the blocked kernels' residuals
+  (``RESIDUALS``): under it, a backward pass reads the forward's output and log-sum-exp instead
+  of recomputing the forward pass's loop from what ``policy`` saved of it."""
+  names = jax.checkpoint_policies.save_only_these_names(RESIDUALS)
+  return jax.checkpoint_policies.save_from_both_policies(policy, names)
+
+
 def _forward(q, k, v, key_mask, offset, static_offset, block_q: int, block_k: int):
   """Padded inputs -> (out [N, X, K, Q, W] in v's dtype, lse [N, K, Q, X] float32).
 
@@ -143,7 +177,7 @@ def _forward(q, k, v, key_mask, offset, static_offset, block_q: int, block_k: in
 
   init = (jnp.full((n, kh, qh, x), _NEG, f32), jnp.zeros((n, kh, qh, x), f32),
           jnp.zeros((n, kh, qh, x, w), f32))
-  pairs = block_pairs(static_offset, num_q, num_k, block_q, block_k)
+  pairs = in_loop(block_pairs(static_offset, num_q, num_k, block_q, block_k), q)
   (m, l, acc), _ = jax.lax.scan(visit, init, pairs)
   seen = l > 0
   out = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0)
@@ -197,6 +231,7 @@ def _flash(q, k, v, key_mask, offset, static_offset, block_q, block_k):
 
 def _flash_fwd(q, k, v, key_mask, offset, static_offset, block_q, block_k):
   out, lse = _forward(q, k, v, key_mask, offset, static_offset, block_q, block_k)
+  out, lse = (checkpoint_name(a, RESIDUALS) for a in (out, lse))  # saved_by
   return out, (q, k, v, key_mask, offset, out, lse)
 
 

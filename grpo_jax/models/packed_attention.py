@@ -28,6 +28,7 @@ import functools
 import flax
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from grpo_jax.models import attention as attention_lib
 from grpo_jax.models import flash
@@ -104,7 +105,7 @@ def _forward(q, k, v, segments: Segments, block: int):
 
   init = (jnp.full((n, kh, qh, c), _NEG, f32), jnp.zeros((n, kh, qh, c), f32),
           jnp.zeros((n, kh, qh, c, w), f32))
-  pairs = flash.block_pairs(0, num, num, block, block)
+  pairs = flash.in_loop(flash.block_pairs(0, num, num, block, block), q)
   (m, l, acc), _ = jax.lax.scan(visit, init, pairs)
   seen = l > 0
   out = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0)
@@ -162,6 +163,7 @@ def _packed(q, k, v, segments, block):
 
 def _packed_fwd(q, k, v, segments, block):
   out, lse = _forward(q, k, v, segments, block)
+  out, lse = (checkpoint_name(a, flash.RESIDUALS) for a in (out, lse))  # flash.saved_by
   return out, (q, k, v, segments, out, lse)
 
 

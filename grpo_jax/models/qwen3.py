@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from grpo_jax.models import causal_lm
+from grpo_jax.models import causal_lm, flash
 from grpo_jax.models import lm_head as head_lib
 from grpo_jax.models import packed_attention
 from grpo_jax.models.attention import (
@@ -34,6 +34,10 @@ from grpo_jax.models.causal_lm import positions_from_mask
 from grpo_jax.models.kv_cache import KVCache
 from grpo_jax.models.layers import INIT, Dense, RMSNorm, fused_dense, rope
 from grpo_jax.sharding import ambient_tensor_shards, constrain
+
+# What the layer scan's step saves for the backward pass without ``remat`` (``Qwen3._scan``):
+# the matmuls' outputs and the blocked kernels' output and log-sum-exp.
+SCAN_POLICY = flash.saved_by(jax.checkpoint_policies.dots_saveable)
 
 # (module name, parameter name) -> logical axes of each dimension (kernels are [in, out]);
 # the family's ``param_axes`` (``sharding.LOGICAL_RULES`` maps them to mesh axes). Parameters of
@@ -487,7 +491,9 @@ class Qwen3(nnx.Module):
     What a backward pass keeps of each step: with ``remat``, only its input carry (the layer's
     slice is the scan's own input); without, the outputs of its matmuls, the elementwise ops
     between them being recomputed from those (as XLA fuses them into the backward pass of an
-    unrolled graph). Keeping every intermediate instead, a scan's default, stacks them all:
+    unrolled graph), and the blocked kernels' output and log-sum-exp (``flash.saved_by``:
+    saving only dots, the step kept every tile's products of their forward loops instead,
+    quadratic in length). Keeping every intermediate instead, a scan's default, stacks them all:
     1.2x the time of the unrolled layers' gradient on CPU and 1.3-1.6x its memory (the
     reference model of docs/performance.md; 1.04x and 0.56-0.75x this way).
     """
@@ -498,7 +504,7 @@ class Qwen3(nnx.Module):
 
     # Within a scan the recomputation cannot be merged with the forward pass (the loop body
     # keeps them apart), so the barriers prevent_cse adds would only cost (jax.checkpoint).
-    policy = None if remat else jax.checkpoint_policies.dots_saveable
+    policy = None if remat else SCAN_POLICY
     step = jax.checkpoint(step, prevent_cse=False, policy=policy)
     return jax.lax.scan(step, carry, stacked)[0]
 

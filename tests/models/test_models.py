@@ -11,11 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from grpo_jax import assets, registry, sharding
 from grpo_jax.models import (FAMILIES, CheckpointError, KVCache, ModelConfig, Qwen3,
                              from_pretrained, positions_from_mask, save_pretrained)
 from grpo_jax.models import family as family_lib
+from grpo_jax.models import flash, qwen3
 from grpo_jax.models.qwen3_checkpoint import hf_name
 from tests import optional
 
@@ -145,10 +147,19 @@ def test_training_passes_scan_once_over_the_layers():
       body = scans[0].params["jaxpr"].jaxpr
       assert _projections(top) == _projections(body) == per_block, name
       # The step is one jax.checkpoint (``remat2``) of the block: under remat it saves nothing
-      # (only the step's inputs are kept), else the matmuls' outputs.
+      # (only the step's inputs are kept), else the matmuls' outputs and the blocked kernels'
+      # residuals (tests/models/test_memory_growth.py: without them, memory quadratic in T).
       assert [e.primitive.name for e in body.eqns] == ["remat2"], name
       policy = body.eqns[0].params["policy"]
-      assert policy is (None if remat else jax.checkpoint_policies.dots_saveable), name
+      assert policy is (None if remat else qwen3.SCAN_POLICY), name
+  x = jnp.ones((2, 3))
+  saves = lambda fn: any(
+      e.primitive.name in ("dot_general", "name") and qwen3.SCAN_POLICY(
+          e.primitive, *[v.aval for v in e.invars], **e.params)
+      for e in jax.make_jaxpr(fn)(x).jaxpr.eqns)
+  assert saves(lambda x: x @ x.T)
+  assert saves(lambda x: checkpoint_name(x, flash.RESIDUALS))
+  assert not saves(lambda x: checkpoint_name(x, "other"))
   cached = jaxpr(lambda m: m.hidden_states(ids, mask, cache=m.init_cache(2, 8)))
   assert not any(e.primitive.name == "scan" for e in cached.eqns)
   assert _projections(cached) == 3 * 7
