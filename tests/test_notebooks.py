@@ -2,10 +2,13 @@
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
+
+from tests import run_once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -66,30 +69,43 @@ def test_custom_task_notebook_runs(tmp_path):
   assert (tmp_path / "nb" / "heldout.png").stat().st_size > 0
 
 
+def tpu_vm_smoke_run() -> dict:
+  """The TPU-VM notebook with its SMOKE switch on (the default), run once per test run
+  (``tests/run_once.py``): {"returncode", "stdout", "stderr", "workdir"}. Its POPO run is also
+  the single-process 8-device reference of ``tests/run/test_multihost.py``."""
+  def make(folder):
+    code = _code(_cells("tpu_vm"))
+    assert "SMOKE = True" in code
+    workdir = folder / "run"
+    code = code.replace("/tmp/grpo_jax_tpu_vm", str(workdir))
+    # No device count from outside (the notebook's first cell sets it); the suite's compile
+    # flags (tests/conftest.py) kept.
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    proc = _run_notebook(folder, "tpu_vm", code, timeout=900,
+                         env_set={"XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"})
+    return {"returncode": proc.returncode, "stdout": proc.stdout,
+            "stderr": proc.stderr[-3000:], "workdir": str(workdir)}
+  return run_once.once_per_run("tpu_vm_notebook", make)
+
+
 @pytest.mark.slow
-def test_tpu_vm_notebook_runs_on_eight_fake_cpu_devices(tmp_path):
+def test_tpu_vm_notebook_runs_on_eight_fake_cpu_devices():
   """The TPU-VM notebook with its SMOKE switch on (the default): 8 fake CPU devices set by
   its first cell, the embedded model loaded into its shards, sampling, two steps of GRPO and
   of POPO on a 2 x 2 x 2 mesh, the plot."""
-  code = _code(_cells("tpu_vm"))
-  assert "SMOKE = True" in code
-  code = code.replace("/tmp/grpo_jax_tpu_vm", str(tmp_path / "run"))
-  # No device count from outside (the notebook's first cell sets it); the suite's compile
-  # flags (tests/conftest.py) kept.
-  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
-  proc = _run_notebook(tmp_path, "tpu_vm", code, timeout=900,
-                       env_set={"XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"})
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "8 devices" in proc.stdout
-  assert "Mesh('data': 2, 'fsdp': 2, 'tensor': 2" in proc.stdout
+  proc = tpu_vm_smoke_run()
+  assert proc["returncode"] == 0, proc["stderr"]
+  stdout, workdir = proc["stdout"], pathlib.Path(proc["workdir"])
+  assert "8 devices" in stdout
+  assert "Mesh('data': 2, 'fsdp': 2, 'tensor': 2" in stdout
   # q_proj [L=4, D=128, H*Dh=128] split fsdp x tensor: a [4, 64, 64] block per device.
-  assert "laid out as P(None, 'fsdp', 'tensor'), (4, 64, 64) per device" in proc.stdout
-  assert proc.stdout.count("grpo_jax: run complete at step 2/2") == 2
+  assert "laid out as P(None, 'fsdp', 'tensor'), (4, 64, 64) per device" in stdout
+  assert stdout.count("grpo_jax: run complete at step 2/2") == 2
   for method in ("grpo", "popo"):
-    steps = [r for r in _records(tmp_path / "run" / method) if "loss" in r]
+    steps = [r for r in _records(workdir / method) if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
-  assert (tmp_path / "run" / "metrics.png").exists()
+  assert (workdir / "metrics.png").exists()
 
 
 def _records(workdir):

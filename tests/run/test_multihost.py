@@ -5,7 +5,9 @@ the hosts of a TPU pod slice or a multi-node GPU job are joined; every process r
 CLI with ``--config.mesh.distributed=true``. The run must be the single-process 8-device run (same
 prompts from the same stream position, same completions and rewards, the same updates up to
 the rounding of cross-process reductions), written once (process 0), and resumable from the
-checkpoint both processes wrote.
+checkpoint both processes wrote. The single-process run is the TPU-VM notebook's POPO run
+(``tests/test_notebooks.py``, once per test run): the same config on the same 2 x 2 x 2 mesh of
+8 fake CPU devices, which the test checks from the ``config.json`` both runs wrote.
 """
 
 import json
@@ -16,13 +18,16 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-pytestmark = pytest.mark.slow  # three launches of the CLI, two of them two processes each
+from tests import test_notebooks
 
-# Greedy evaluation off, and 4 held-out prompts x k = 2 samples: the evaluation's sampler is
-# the rollouts' one (4 prompts x 2 rollouts), so each process of the three launches compiles
-# one sampler, not two (process 1 compiles everything again when resumed: only process 0
-# writes the compilation cache, and process 1's cache keys differ from it).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.slow  # two launches of the CLI, two processes each
+
+# The TPU-VM notebook's SMOKE config of its POPO run. Greedy evaluation off, and 4 held-out
+# prompts x k = 2 samples: the evaluation's sampler is the rollouts' one (4 prompts x 2
+# rollouts), so each process of the two launches compiles one sampler, not two (process 1
+# compiles everything again when resumed: only process 0 writes the compilation cache, and
+# process 1's cache keys differ from it).
 SMOKE = ["--config=configs/popo.py:smoke", "--config.rollout.batch_prompts=4",
          "--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
          "--config.eval.greedy=false", "--config.eval.num_prompts=4"]
@@ -66,6 +71,16 @@ def _steps(workdir) -> list:
   return [{k: v for k, v in r.items() if not k.startswith(timing)} for r in records if "loss" in r]
 
 
+def _config(workdir) -> dict:
+  """The run's config.json, flat: {"group.key": value}."""
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    saved = json.load(f)
+  flat = lambda d, pre="": ({f"{pre}{k}": v for k, v in d.items() if not isinstance(v, dict)}
+                            | {kk: vv for k, v in d.items() if isinstance(v, dict)
+                               for kk, vv in flat(v, f"{pre}{k}.").items()})
+  return flat(saved)
+
+
 def test_two_hosts_train_resume_and_equal_the_single_process_run(tmp_path):
   workdir = tmp_path / "multihost"
   (out0, _), (out1, _) = _two_processes(workdir, "--config.total_steps=1")
@@ -79,11 +94,18 @@ def test_two_hosts_train_resume_and_equal_the_single_process_run(tmp_path):
   assert "grpo_jax: resuming at step 1; 2 steps" in out0
   assert "grpo_jax: run complete at step 2/2" in out0 and "grpo_jax" not in out1
 
-  reference = tmp_path / "single"
-  proc = subprocess.run([sys.executable, "-m", "grpo_jax.train", *SMOKE, f"--workdir={reference}",
-                         "--config.total_steps=2"], cwd=ROOT, env=_env(8), capture_output=True,
-                        text=True, timeout=900)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  # The single-process run: the notebook's POPO run, on 8 devices of one process, 2 steps.
+  notebook = test_notebooks.tpu_vm_smoke_run()
+  assert notebook["returncode"] == 0, notebook["stderr"]
+  reference = os.path.join(notebook["workdir"], "popo")
+  # The same config but for how the processes join (mesh.distributed and its address, count
+  # and id); mesh.data, fsdp and tensor are the same 2 x 2 x 2.
+  mesh = ("mesh.distributed", "mesh.coordinator_address", "mesh.num_processes",
+          "mesh.process_id")
+  ours, theirs = _config(workdir), _config(reference)
+  assert {k: v for k, v in ours.items() if k not in mesh} == {
+      k: v for k, v in theirs.items() if k not in mesh}
+  assert ours["mesh.distributed"] and not theirs["mesh.distributed"]
   # The same program on the same global mesh, fed the same prompts and rewards on every host,
   # the resume included (a checkpoint restores exactly). Host counters are identical; device
   # metrics agree to float32 rounding: a cross-process all-reduce (gloo) sums in another order
