@@ -126,36 +126,53 @@ def prompt_source(vocab: int, p: int, g: int, draw, seed: int):
 
 
 def run_mode(producer: partial.Producer, params, b: int, warmup: int, steps: int) -> dict:
-  """``steps`` timed steps (generation, then ``advance``) after ``warmup`` untimed ones.
+  """``steps`` timed steps (generation, then ``advance``) after ``warmup`` untimed ones, then
+  untimed drain steps until no group that could hold a token of the window is left.
 
-  Useful tokens are the trained rows' tokens decoded inside the timed window: version (the
-  updates before the token was drawn) at least the window's first, so a token decoded during
-  the warm-up and trained in the window is not credited to the window's positions (its
-  ``useful_fraction`` can never exceed 1). ``tokens_trained_all`` counts every token of the
-  rows handed out in the window, wherever it was decoded.
+  Useful tokens are the tokens decoded inside the timed window (version, the updates before
+  the token was drawn, in the window's versions) of rows that are trained, in the window or
+  while draining: a token decoded during the warm-up and trained in the window is not
+  credited (``useful_fraction`` can never exceed 1), and a row in flight when the window ends
+  is credited with its window tokens once it is trained (at most ``max_staleness`` + 1 steps
+  later: by then it is trained or discarded). The steady state's share, without the bias of a
+  short window's edges. ``tokens_trained_all`` counts every token of the rows handed out in
+  the window, wherever it was decoded.
   """
   for _ in range(warmup):
     producer.take(params, b)
     producer.advance(params)
   start_counts = partial.Counts(**vars(producer.counts))
   start_version = producer.version
-  seconds, trained = 0.0, 0
+  seconds, taken = 0.0, []
   for _ in range(steps):
     t0 = time.perf_counter()
     groups = producer.take(params, b)
     producer.advance(params)  # a discard (and a re-prefill) belong to the generation
     jax.block_until_ready(producer.pool.tokens)
     seconds += time.perf_counter() - t0
-    trained += sum(int(np.sum(g.versions[g.tokens_mask()] >= start_version)) for g in groups)
+    taken += groups
   c = producer.counts.minus(start_counts)
+  in_flight, end_version = producer.in_flight(), producer.version
+  trained_all = c.tokens_trained
+  # The drain: a group admitted before the window ended may hold window tokens; it leaves
+  # (trained or discarded) within max_staleness + 1 steps.
+  for _ in range(producer.max_staleness + 1):
+    if (all(g["oldest"] >= end_version for g in producer._groups.values())  # pylint: disable=protected-access
+        and all(int(g.versions[g.tokens_mask()].min(initial=end_version)) >= end_version
+                for g in producer.ready)):
+      break
+    taken += producer.take(params, b)
+    producer.advance(params)
+  window = lambda g: (g.versions >= start_version) & (g.versions < end_version)
+  trained = sum(int(np.sum(window(g)[g.tokens_mask()])) for g in taken)
   return {"generation_s": round(seconds, 3), "tokens_generated": c.tokens_generated,
-          "tokens_trained": trained, "tokens_trained_all": c.tokens_trained,
+          "tokens_trained": trained, "tokens_trained_all": trained_all,
           "positions": c.positions,
           "decode_positions": c.decode_positions, "prefill_positions": c.prefill_positions,
           "reprefill_positions": c.reprefill_positions,
           "useful_fraction": round(trained / max(c.positions, 1), 4),
           "groups_trained": c.groups_trained, "groups_discarded": c.groups_discarded,
-          "in_flight_at_end": producer.in_flight(),
+          "in_flight_at_end": in_flight,
           "generation_us_per_useful_token": round(1e6 * seconds / max(trained, 1), 3)}
 
 

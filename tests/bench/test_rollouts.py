@@ -73,3 +73,19 @@ def test_only_tokens_decoded_in_the_window_are_credited(split):
   # decoded in the window: 15, not 10 + 8 = 18 (which would exceed the 15 generated).
   assert mode["tokens_trained_all"] == 18 and mode["tokens_trained"] == 15
   assert mode["useful_fraction"] == round(15 / 40, 4)
+
+
+def test_a_row_in_flight_when_the_window_ends_is_credited_once_trained(split):
+  # The same producer, window steps 1-5 (versions 1..5): groups 2-6 are taken in it (10
+  # tokens); group 1 is still in flight at its end, its tokens 2-6 decoded at versions 1..5.
+  # It is taken at step 7, after the window (step 6 takes group 7): the drain credits its 5
+  # window tokens (not its tokens of versions 0 and 6): 10 + 5 = 15, all 15 generated in the
+  # window (5 prefills + 5 decode steps x 2). Without the drain, 10 (a third short).
+  from grpo_jax.bench.rollouts import run_mode  # pylint: disable=g-import-not-at-top
+  from tests.generate.test_partial import P, _producer  # pylint: disable=g-import-not-at-top
+  producer = _producer(split, stops=(2, 8, 2, 2, 2, 2, 2, 2))
+  mode = run_mode(producer, split[1], b=1, warmup=1, steps=5)
+  assert mode["tokens_generated"] == 15 and mode["positions"] == 10 + 5 * P
+  assert mode["in_flight_at_end"] == 1 and mode["tokens_trained_all"] == 10
+  assert mode["tokens_trained"] == 15
+  assert mode["useful_fraction"] == round(15 / (10 + 5 * P), 4)
