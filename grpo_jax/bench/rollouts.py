@@ -19,11 +19,11 @@ model (``--model``), B = ``--groups`` groups of G = ``--group_size`` rows per st
   ``--cache``'s).
 
 Measured over ``--steps`` steps after ``--warmup`` (compilation and the pipeline's fill
-excluded; the drain too: rows still in flight at the end are reported, not counted as
-trained). Per mode: tokens generated, token positions computed (decode row-steps of every slot,
-prefill and re-prefill positions), the useful-slot fraction (tokens of trained rows over
-positions computed; a useful token is one decoded inside the measured window and trained in
-it: ``run_mode``), wall seconds per useful token of generation, and of the whole step
+excluded, and the drain: rows still in flight at the end are followed, untimed, until trained
+or discarded). Per mode: tokens generated, token positions computed (decode row-steps of every
+slot, prefill and re-prefill positions), the useful-slot fraction (useful tokens over positions
+computed; a useful token is one decoded inside the measured window whose row is trained, in the
+window or in the drain: ``run_mode``), wall seconds per useful token of generation, and of the whole step
 (generation plus one update, the same in both modes, timed apart: the forward and backward
 pass of the train step's log-prob pass, ``policy.logprobs``, over B x G rows whose completions
 have the workload's lengths, each prompt once per group, with an Adam step; padded,
