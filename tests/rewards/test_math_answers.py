@@ -283,9 +283,18 @@ def test_sigint_and_sigterm_leave_the_batch_to_finish():
     parent.pool = _descendants(parent.proc.pid)
     time.sleep(0.5)  # the first answer, 9^(9^7), is in flight
     os.killpg(parent.proc.pid, signal.SIGINT)  # the terminal's Ctrl-C
-    for pid in parent.pool:
-      os.kill(pid, signal.SIGINT)
-      os.kill(pid, signal.SIGTERM)
+    # Each of the parent's processes still running as listed (same start time): a listed
+    # process that has ended may have its pid reused by another process, this test run's own
+    # workers included, which must never get the signal.
+    signalled = 0
+    for pid in _alive(parent.pool, within_s=0.0):
+      try:
+        os.kill(pid, signal.SIGINT)
+        os.kill(pid, signal.SIGTERM)
+        signalled += 1
+      except ProcessLookupError:
+        pass
+    assert signalled >= 2, parent.pool  # at least the two workers
     out = json.loads(parent.line())
     assert out["signals"] == ["SIGINT"]
     assert out["verdicts"] == ["wrong", "correct", "correct"]
