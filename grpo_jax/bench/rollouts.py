@@ -157,9 +157,8 @@ def run_mode(producer: partial.Producer, params, b: int, warmup: int, steps: int
   # The drain: a group admitted before the window ended may hold window tokens; it leaves
   # (trained or discarded) within max_staleness + 1 steps.
   for _ in range(producer.max_staleness + 1):
-    if (all(g["oldest"] >= end_version for g in producer._groups.values())  # pylint: disable=protected-access
-        and all(int(g.versions[g.tokens_mask()].min(initial=end_version)) >= end_version
-                for g in producer.ready)):
+    oldest = producer.oldest_held()
+    if oldest is None or oldest >= end_version:
       break
     taken += producer.take(params, b)
     producer.advance(params)

@@ -466,6 +466,12 @@ class Producer:
     """The tags of the groups not yet handed out, dropped or discarded."""
     return {v["prompt"][0] for v in self._groups.values()} | {g.tag for g in self.ready}
 
+  def oldest_held(self) -> int | None:
+    """The version of the oldest token not yet handed out, dropped or discarded (in flight,
+    waiting for rows or in a complete group waiting to be taken); None when there is none."""
+    held = [v["oldest"] for v in self._groups.values()] + [g.oldest for g in self.ready]
+    return min(held, default=None)
+
   def in_flight(self) -> int:
     """Rows generated or being generated and not yet handed out, dropped or discarded: live
     in the pool, ended and awaiting their group's other rows or the rule, and in complete

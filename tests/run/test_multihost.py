@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from grpo_jax.bench import config_match
 from tests import test_notebooks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -74,11 +75,7 @@ def _steps(workdir) -> list:
 def _config(workdir) -> dict:
   """The run's config.json, flat: {"group.key": value}."""
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-    saved = json.load(f)
-  flat = lambda d, pre="": ({f"{pre}{k}": v for k, v in d.items() if not isinstance(v, dict)}
-                            | {kk: vv for k, v in d.items() if isinstance(v, dict)
-                               for kk, vv in flat(v, f"{pre}{k}.").items()})
-  return flat(saved)
+    return config_match.flatten(json.load(f))
 
 
 def test_two_hosts_train_resume_and_equal_the_single_process_run(tmp_path):
