@@ -300,6 +300,16 @@ class StepShardings:
   replay: Any
   ref_params: Any
 
+  def _key(self) -> tuple:
+    leaves, treedef = jax.tree.flatten((self.state, self.replay, self.ref_params))
+    return self.mesh, treedef, tuple(leaves)
+
+  def __eq__(self, other) -> bool:  # by layout, so that equal layouts share a jitted step
+    return isinstance(other, StepShardings) and self._key() == other._key()
+
+  def __hash__(self) -> int:
+    return hash(self._key())
+
   @property
   def rows(self) -> NamedSharding:
     return rows_sharding(self.mesh)

@@ -292,6 +292,14 @@ def make_sampler(graphdef: nnx.GraphDef, config: SamplingConfig, mesh=None):
   return sharding_lib.PutInputs(jitted, in_shardings)
 
 
+@functools.lru_cache(maxsize=16)
+def cached_sampler(graphdef: nnx.GraphDef, config: SamplingConfig, mesh=None):
+  """``make_sampler``, one per (model structure, sampling config, mesh) in a process: the
+  rollouts and the evaluations of a run, and a run built twice in one process (a resume, the
+  next seed), trace, lower and compile each of their samplers once."""
+  return make_sampler(graphdef, config, mesh)
+
+
 GENERATION_CONFIG = "generation_config.json"
 
 

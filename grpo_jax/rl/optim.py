@@ -6,6 +6,8 @@ Shared by the train loop and the benchmarks that build a train step without runn
 
 from __future__ import annotations
 
+import functools
+
 import optax
 
 
@@ -13,11 +15,16 @@ def make_schedule(config) -> optax.Schedule:
   """Learning rate as a function of the *train step*: linear warm-up over
   ``opt.warmup_steps`` steps, then constant or cosine decay reaching 0 at ``total_steps``."""
   o = config.opt
-  if o.schedule == "cosine":
-    return optax.warmup_cosine_decay_schedule(0.0, o.learning_rate, o.warmup_steps,
-                                              max(config.total_steps, o.warmup_steps + 1))
-  return optax.join_schedules([optax.linear_schedule(0.0, o.learning_rate, o.warmup_steps),
-                               optax.constant_schedule(o.learning_rate)], [o.warmup_steps])
+  return _schedule(o.schedule, o.learning_rate, o.warmup_steps, config.total_steps)
+
+
+def _schedule(kind: str, learning_rate: float, warmup_steps: int,
+              total_steps: int) -> optax.Schedule:
+  if kind == "cosine":
+    return optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup_steps,
+                                              max(total_steps, warmup_steps + 1))
+  return optax.join_schedules([optax.linear_schedule(0.0, learning_rate, warmup_steps),
+                               optax.constant_schedule(learning_rate)], [warmup_steps])
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
@@ -27,12 +34,24 @@ def make_optimizer(config) -> optax.GradientTransformation:
   them, so the schedule is read at ``count // updates_per_step``: every update of train step k
   uses the rate of step k. The rate sits in the optimiser state (``inject_hyperparams``), where
   the train step reads it back as the metric ``learning_rate``.
+
+  Equal settings return the same object, so that a train step built twice in one process (a
+  resumed run, the next seed) is the same jitted function (``step.cached_train_step``).
   """
   o = config.opt
-  per_step = config.rl.num_minibatches * config.rl.num_epochs
-  schedule = make_schedule(config)
-  parts = [optax.clip_by_global_norm(o.grad_clip)] if o.grad_clip > 0 else []
+  return _optimizer(o.schedule, float(o.learning_rate), int(o.warmup_steps),
+                    int(config.total_steps) if o.schedule == "cosine" else 0,
+                    float(o.grad_clip), float(o.b1), float(o.b2), float(o.weight_decay),
+                    int(config.rl.num_minibatches * config.rl.num_epochs))
+
+
+@functools.lru_cache(maxsize=16)
+def _optimizer(kind: str, learning_rate: float, warmup_steps: int, total_steps: int,
+               grad_clip: float, b1: float, b2: float, weight_decay: float,
+               per_step: int) -> optax.GradientTransformation:
+  schedule = _schedule(kind, learning_rate, warmup_steps, total_steps)
+  parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip > 0 else []
   parts.append(optax.inject_hyperparams(optax.adamw)(
-      learning_rate=lambda count: schedule(count // per_step), b1=o.b1, b2=o.b2,
-      weight_decay=o.weight_decay))
+      learning_rate=lambda count: schedule(count // per_step), b1=b1, b2=b2,
+      weight_decay=weight_decay))
   return optax.chain(*parts)

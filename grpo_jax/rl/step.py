@@ -488,3 +488,13 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
   jitted = jax.jit(sharding_lib.use_mesh(fn, s.mesh), donate_argnums=(0, 1),
                    in_shardings=in_shardings, out_shardings=(s.state, s.replay, s.replicated))
   return sharding_lib.PutInputs(jitted, in_shardings)
+
+
+@functools.lru_cache(maxsize=8)
+def cached_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                      config: StepConfig, shardings: sharding_lib.StepShardings | None = None):
+  """``make_train_step``, one per (model structure, optimiser, step config, layout) in a
+  process: a run built twice in one process (a resumed run, a notebook's second run, the next
+  seed) traces, lowers and compiles its step once. ``tx`` is compared by identity
+  (``optim.make_optimizer`` returns one object per setting)."""
+  return make_train_step(graphdef, tx, config, shardings)

@@ -163,7 +163,7 @@ def setup(config, workdir: str) -> Run:
       model_path=config.model.path,
       prompt_group=r.group_size if config.rl.shared_prompts else 1,
       row_block=r.sampler_rows)
-  sample_fn = sampler_lib.make_sampler(graphdef, sampling, mesh)
+  sample_fn = sampler_lib.cached_sampler(graphdef, sampling, mesh)
   timer = timing.PhaseTimer()  # this step's phases; the allocator times its own on it
   scorer = scoring.make_scorer(config, task)  # the user's reward functions load here
   allocator = allocation.make_allocator(
@@ -195,7 +195,8 @@ def setup(config, workdir: str) -> Run:
     allocator.start_generator(state.params)
   shardings = None if mesh is None else sharding_lib.step_shardings(
       mesh, state, replay, family.param_axes(), ref_params)
-  train_step = step_lib.make_train_step(graphdef, tx, configuration.step_config(config), shardings)
+  train_step = step_lib.cached_train_step(graphdef, tx, configuration.step_config(config),
+                                          shardings)
   return Run(
       setup=Setup(
           config=config, workdir=workdir, mesh=mesh, tokenizer=tokenizer, task=task,

@@ -9,7 +9,6 @@ group-relative advantage is zero.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Sequence
 
@@ -96,12 +95,6 @@ def aes(accuracy: float, mean_length: float, base_accuracy: float, base_mean_len
   return alpha * d_len + (beta * d_acc if d_acc >= 0 else -gamma * abs(d_acc))
 
 
-@functools.lru_cache(maxsize=16)
-def cached_sampler(graphdef: nnx.GraphDef, config: sampler_lib.SamplingConfig, mesh=None):
-  """One jitted sampler per (model structure, sampling config, mesh), reused across calls."""
-  return sampler_lib.make_sampler(graphdef, config, mesh)
-
-
 def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
              problems: Sequence, *, k: int, temperature: float, prompt_len: int,
              completion_len: int, rows_per_batch: int = 512, seed: int = 0,
@@ -142,7 +135,7 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
   # Each batch holds whole groups of k copies of a prompt: prefilled once per prompt.
   config = sampler_lib.sampling_config_for(tokenizer, completion_len, temperature=temperature,
                                            model_path=model_path, prompt_group=k)
-  sample = cached_sampler(graphdef, config, mesh)
+  sample = sampler_lib.cached_sampler(graphdef, config, mesh)
   render = render or task.prompt
   prompts = [render(p) for p in problems for _ in range(k)]
   # len(prompts) is a multiple of k, so every batch holds whole groups.

@@ -87,7 +87,8 @@ CORPUS = [
 # benchmark: the worst payload here takes ~0.2 s on a loaded 2-core machine (linear scans of
 # at most 1M characters; parsing capped at 512 characters), while evaluating 2**10000000 or
 # 9**9**9**9, or a parser that backtracked, would take seconds to forever. CPU time of this
-# process, so other processes sharing the machine do not count.
+# thread (every function below runs in it), so neither other processes sharing the machine nor
+# this process's other threads (an earlier test's checkpoint writer) count.
 CPU_SECONDS = 2.0
 
 
@@ -128,7 +129,7 @@ def test_hostile_completion_is_scored_bounded_and_never_run(guarded, name, paylo
   countdown_task = countdown.CountdownTask()
   gsm8k_task = gsm8k._QATask([GSM8K], [])  # pylint: disable=protected-access
   as_answer, after_hashes = f"<answer>{payload}</answer>", f"#### {payload}"
-  t0 = time.process_time()
+  t0 = time.thread_time()
   got_countdown = countdown_task.score(as_answer, COUNTDOWN)
   got_gsm8k = gsm8k_task.score(after_hashes, GSM8K)
   # The verifiers' parts, on the raw payload and its wrappings: none raises.
@@ -139,7 +140,7 @@ def test_hostile_completion_is_scored_bounded_and_never_run(guarded, name, paylo
   gsm8k.extract_final_answer(after_hashes)
   gsm8k.parse_number(payload)
   bare = (countdown_task.score(payload, COUNTDOWN), gsm8k_task.score(payload, GSM8K))
-  spent = time.process_time() - t0
+  spent = time.thread_time() - t0
   assert (got_countdown, got_gsm8k) == (countdown_score, gsm8k_score)
   # Well-formed arithmetic is exactly what Countdown does not score 0.0.
   assert (node is None) == (countdown_score == 0.0)

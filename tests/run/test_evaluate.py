@@ -52,6 +52,7 @@ import jax
 from flax import nnx
 
 from grpo_jax import assets
+from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.run import evaluate as evaluate_lib
 
 TEXTS = ["Using the numbers [20, 15, 41], create an equation that equals 46.",
@@ -87,7 +88,7 @@ def _spy(monkeypatch, pad_to=None):
   With ``pad_to``, every batch is first padded to that many rows by repeating its last row and
   the outputs cut back to the batch's rows: the old always-pad behaviour.
   """
-  real = evaluate_lib.cached_sampler
+  real = sampler_lib.cached_sampler
   calls = []
 
   def cached(graphdef, config, mesh=None):
@@ -105,7 +106,7 @@ def _spy(monkeypatch, pad_to=None):
 
     return sample
 
-  monkeypatch.setattr(evaluate_lib, "cached_sampler", cached)
+  monkeypatch.setattr(sampler_lib, "cached_sampler", cached)
   return calls
 
 
