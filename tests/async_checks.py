@@ -190,10 +190,11 @@ def main(out_path: str) -> None:
   sara_config = _config(sara, "smoke", 3, max_staleness=1, chunk=1, slots=8, group_size=4,
                         ahead=0)
   report["sara_free"] = _run(sara_config, os.path.join(root, "s"))
-  # The bench's measurement on this run's shapes (its numbers are not judged, its columns are).
+  # The bench's row of the lockstep run's last two steps (its numbers are not judged, its
+  # columns are; bench.measure is this row of a run it trains).
   from grpo_jax.bench import asynchronous as bench  # pylint: disable=g-import-not-at-top
-  report["bench"] = bench.measure("grpo:smoke,async=4", 4, "lockstep", staleness=1,
-                                  minibatches=1, steps=2, warmup=1)
+  lockstep = [r for r in metrics.read_metrics(os.path.join(root, "g", "straight")) if "loss" in r]
+  report["bench"] = bench.row(lockstep[2:], 4, "lockstep", staleness=1, ahead=1)
   report["fuzz"] = fuzz(os.path.join(root, "f"), int(os.environ.get("ASYNC_FUZZ", "4")))
   with open(out_path, "w", encoding="utf-8") as f:
     json.dump(report, f, indent=1)

@@ -90,30 +90,35 @@ def measure(spec: str, devices: int, schedule: str, *, staleness: int, minibatch
   """One mode's row (module doc): trains ``warmup + steps`` steps in a temporary workdir."""
   from grpo_jax import train  # pylint: disable=g-import-not-at-top
   from grpo_jax.run import metrics  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as workdir:
     train.train_and_evaluate(
         _config(spec, devices, schedule, staleness, minibatches, warmup + steps, overrides,
                 ahead), workdir)
     records = [r for r in metrics.read_metrics(workdir) if "loss" in r][warmup:]
+  return row(records, devices, schedule, staleness, ahead)
+
+
+def row(records: list[dict], devices: int, schedule: str, staleness: int, ahead: int) -> dict:
+  """A mode's row from its measured steps' records (metrics.jsonl's step lines)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
   # The run's last step also evaluates and checkpoints: not the steps' own time.
   step_s = float(np.mean([r["time/step_s"] - r["time/evaluation_s"] - r["time/checkpoint_s"]
                           for r in records]))
-  row = {"mode": "colocated" if not devices else f"async {devices} {schedule} ahead {ahead}",
+  out = {"mode": "colocated" if not devices else f"async {devices} {schedule} ahead {ahead}",
          "devices": devices, "schedule": schedule if devices else "", "staleness": staleness,
          "ahead": ahead if devices else None,
          "steps": len(records), "step_s": step_s,
          "staleness_mean": float(np.mean([r["rollout/staleness_mean"] for r in records]))}
   if devices:
     for name in _TIMES:
-      row[f"{name}_s"] = float(np.mean([r[f"rollout/{name}_s"] for r in records]))
-    row["generator_busy_fraction"] = row["generator_busy_s"] / step_s
-    row["trainer_busy_fraction"] = row["trainer_busy_s"] / step_s
+      out[f"{name}_s"] = float(np.mean([r[f"rollout/{name}_s"] for r in records]))
+    out["generator_busy_fraction"] = out["generator_busy_s"] / step_s
+    out["trainer_busy_fraction"] = out["trainer_busy_s"] / step_s
   else:  # generation, then the update: each side busy only in its own phase
     gen = float(np.mean([r["time/generation_s"] for r in records]))
     upd = float(np.mean([r["time/update_s"] for r in records]))
-    row.update(generator_busy_fraction=gen / step_s, trainer_busy_fraction=upd / step_s)
-  return row
+    out.update(generator_busy_fraction=gen / step_s, trainer_busy_fraction=upd / step_s)
+  return out
 
 
 def table(rows: list[dict]) -> str:

@@ -15,7 +15,7 @@ from grpo_jax.generate.logprobs import completion_logprobs, completion_logprobs_
 from grpo_jax.rl import advantages, losses, optim, step as step_lib
 from grpo_jax.rl.replay import init_replay
 from grpo_jax.rl.step_config import StepConfig
-from grpo_jax.types import Rollout
+from grpo_jax.types import Rollout, TrainState
 
 B, G, P, T = 2, 4, 5, 6
 
@@ -361,3 +361,42 @@ def test_non_finite_input_skips_the_update_on_device(split, field):
   moved = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before[0]),
                                                    jax.tree.leaves(state.params))]
   assert any(moved)
+
+
+def test_a_step_built_twice_with_the_same_settings_is_one_jitted_function(split):
+  """A run built twice in one process (a resume, the next seed) reuses its compiled step and
+  sampler: equal settings give the same optimiser object, so the same cached step; equal
+  layouts built separately compare equal. Any setting that changes the program gives another."""
+  from grpo_jax import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from grpo_jax.models import family  # pylint: disable=g-import-not-at-top
+  graphdef, params = split
+
+  def opt_config(lr):
+    return ml_collections.ConfigDict({
+        "total_steps": 6, "rl": {"num_minibatches": 2, "num_epochs": 1},
+        "opt": {"learning_rate": lr, "warmup_steps": 2, "schedule": "constant",
+                "grad_clip": 1.0, "b1": 0.9, "b2": 0.999, "weight_decay": 0.0}})
+
+  tx = optim.make_optimizer(opt_config(1e-3))
+  assert optim.make_optimizer(opt_config(1e-3)) is tx
+  assert optim.make_optimizer(opt_config(2e-3)) is not tx
+  config = StepConfig(group_size=G)
+  fn = step_lib.cached_train_step(graphdef, tx, config)
+  assert step_lib.cached_train_step(graphdef, tx, StepConfig(group_size=G)) is fn
+  assert step_lib.cached_train_step(graphdef, tx, StepConfig(group_size=G, num_epochs=2)) is not fn
+  assert step_lib.cached_train_step(graphdef, optim.make_optimizer(opt_config(2e-3)),
+                                    config) is not fn
+  # Two layouts of one mesh, each built from its own (equal) state: one key.
+  mesh = jax.make_mesh((1, 1, 1), sharding_lib.MESH_AXES)
+  state = jax.eval_shape(lambda p: TrainState(
+      step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)), params)
+  replay = jax.eval_shape(lambda: init_replay(0, G, P, T))
+  layout = lambda: sharding_lib.step_shardings(mesh, state, replay, family.param_axes())
+  assert layout() == layout() and hash(layout()) == hash(layout())
+  assert step_lib.cached_train_step(graphdef, tx, config, layout()) is (
+      step_lib.cached_train_step(graphdef, tx, config, layout()))
+  assert layout() != sharding_lib.step_shardings(mesh, state, replay, family.param_axes(),
+                                                 ref_params=params)
+  sampling = sampler_lib.SamplingConfig(max_new_tokens=4, eos_ids=(1,), pad_id=0)
+  assert sampler_lib.cached_sampler(graphdef, sampling) is sampler_lib.cached_sampler(
+      graphdef, sampler_lib.SamplingConfig(max_new_tokens=4, eos_ids=(1,), pad_id=0))
