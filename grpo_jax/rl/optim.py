@@ -11,15 +11,10 @@ import functools
 import optax
 
 
-def make_schedule(config) -> optax.Schedule:
-  """Learning rate as a function of the *train step*: linear warm-up over
-  ``opt.warmup_steps`` steps, then constant or cosine decay reaching 0 at ``total_steps``."""
-  o = config.opt
-  return _schedule(o.schedule, o.learning_rate, o.warmup_steps, config.total_steps)
-
-
 def _schedule(kind: str, learning_rate: float, warmup_steps: int,
               total_steps: int) -> optax.Schedule:
+  """Learning rate as a function of the *train step*: linear warm-up over ``warmup_steps``
+  steps, then constant (``kind`` "constant") or cosine decay reaching 0 at ``total_steps``."""
   if kind == "cosine":
     return optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup_steps,
                                               max(total_steps, warmup_steps + 1))
@@ -28,7 +23,7 @@ def _schedule(kind: str, learning_rate: float, warmup_steps: int,
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
-  """AdamW on ``make_schedule`` after global-norm clipping.
+  """AdamW on the ``opt`` group's schedule (``_schedule``) after global-norm clipping.
 
   optax counts ``update`` calls, and one train step makes ``num_minibatches * num_epochs`` of
   them, so the schedule is read at ``count // updates_per_step``: every update of train step k
