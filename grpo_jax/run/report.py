@@ -178,7 +178,9 @@ def plot_accuracy(groups: dict[str, list[str]], path: str, k: int = 8,
   for a in (ax, ax_t):
     a.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  fig.tight_layout()
+  # Fixed margins, not tight_layout: its extra layout pass was 40% of a plot's time (0.23 s
+  # to 0.13 s a figure), and every run writes two.
+  fig.subplots_adjust(left=0.06, right=0.99, bottom=0.13, top=0.89, wspace=0.05)
   fig.savefig(path, dpi=120)
   plt.close(fig)
   return True
@@ -211,7 +213,7 @@ def plot_training(groups: dict[str, list[str]], path: str) -> bool:
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=7)
-  fig.tight_layout()
+  fig.subplots_adjust(left=0.07, right=0.99, bottom=0.08, top=0.95, hspace=0.38, wspace=0.18)
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return True
