@@ -5,8 +5,9 @@
 One call, in named stages: the context (group-relative advantages of the fresh rollouts and
 which groups are effective); the composition of the [N + R]-row update batch by the replay
 method (replay/method.py: it evicts and composes, R static, and inserts after the update, so
-this file has no branch per method); the proximal pass (for fresh rows pi_prox = mu at the
-start of the step, so no pass is needed; unless ``prox_pass="all"``, used where the sampler's
+this file has no branch per method); the proximal pass, as the step's ``ProxPlan`` says
+(``prox_plan.py``: which rows, exact or interpolated, decided once from static facts; for
+fresh rows pi_prox = mu at the start of the step, so no pass is needed; unless ``prox_pass="all"``, used where the sampler's
 numerics differ from the train step's, e.g. bfloat16: then one no-grad pass gives pi_prox for
 every row, the trust region starts at rho = 1 exactly and the behaviour weight pi_prox / mu
 corrects the sampler/trainer mismatch, logged as ``fresh_logp_mismatch``); the denominators of
@@ -36,6 +37,7 @@ from grpo_jax.rl import advantages as advantages_lib
 from grpo_jax.rl import objectives
 from grpo_jax.rl import policy
 from grpo_jax.rl import prox as prox_lib
+from grpo_jax.rl import prox_plan
 from grpo_jax.rl import step_metrics
 from grpo_jax.rl import update
 from grpo_jax.rl.batch import Tokens, UpdateBatch
@@ -92,18 +94,20 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   ctx = _context(config, rollout, state.step, rng)
   evicted, comp, evict_metrics = _compose(config, ctx, replay, start_pass, replaying)
   off_policy_N = _off_policy_rows(config, comp, state.step)
-  full_NxT, prox_counts = _proximal_pass(config, comp, off_policy_N, start_pass, replaying)
-  ctx, mismatch_metrics = _sampler_mismatch(config, rollout, ctx, comp, full_NxT)
+  plan = prox_plan.plan(config, replaying, measured=comp.prox_logp is not None,
+                        bounded=comp.prox_rows is not None)
+  full_NxT, prox_counts = _proximal_pass(plan, config, comp, off_policy_N, start_pass)
+  ctx, mismatch_metrics = _sampler_mismatch(plan, rollout, ctx, comp, full_NxT)
   if lora.has_adapters(state.params):
     # The reference is the base model: the adapters switched off, no second copy of weights.
     ref_params = lora.without_adapters(state.params)
-  batch = _update_batch(graphdef, config, comp, off_policy_N, full_NxT, ref_params, replaying,
+  batch = _update_batch(graphdef, plan, config, comp, off_policy_N, full_NxT, ref_params,
                         state.step, grouped)
   (params, opt_state), per_update = update.update_scan(graphdef, tx, config, state, batch, rng,
                                                        replaying)
   # After selection and the update: nothing is replayed in the step that produced it.
   replay_out, insert_metrics = config.replay.after_update(ctx, evicted, comp)
-  metrics = _metrics(config, rollout, ctx, comp, batch, per_update, replay_out, replaying,
+  metrics = _metrics(config, plan, rollout, ctx, comp, batch, per_update, replay_out,
                      [evict_metrics, mismatch_metrics,
                       _continued_metrics(config, comp, off_policy_N),
                       _prox_pass_metrics(prox_counts)], insert_metrics)
@@ -208,76 +212,52 @@ def _off_policy_rows(config: StepConfig, comp: replay_method.Composition,
   return comp.replayed | prox_lib.continued_rows(comp.rollout, step)
 
 
-def _corrects(config: StepConfig, replaying: bool) -> bool:
-  """Whether any row may be off-policy in the loss (static): the method replays, or rows may
-  be continued from earlier steps."""
-  return replaying or config.continued
-
-
-def _proximal_pass(config: StepConfig, comp: replay_method.Composition,
-                   off_policy_N: jax.Array, start_pass: replay_method.PolicyPass,
-                   replaying: bool) -> tuple[jax.Array | None, tuple | None]:
-  """The no-grad pass at the start-of-step parameters, when one is needed.
-
-  With ``prox_pass="all"``: one pass over every row. Else, when the objective uses pi_prox and
-  the step does not interpolate it (``prox_estimate``): a pass over the off-policy rows the
-  method did not measure (``Composition.prox_logp``). Replayed rows only: over the rows the
-  method may replay (``prox.gathered`` over ``Composition.prox_rows``, in ``prox_chunks``
-  chunks), or over the whole batch with ``prox_chunks=0`` or no bound. With continued rows
-  (``config.continued``) any row may need it: over the whole batch, the off-policy rows first,
-  a chunk without one skipped.
+def _proximal_pass(plan: prox_plan.ProxPlan, config: StepConfig,
+                   comp: replay_method.Composition, off_policy_N: jax.Array,
+                   start_pass: replay_method.PolicyPass) -> tuple[jax.Array | None, tuple | None]:
+  """The no-grad pass at the start-of-step parameters over the rows ``plan.rows`` names.
 
   Args:
-    config: StepConfig (prox_pass, prox_estimate, prox_chunks, continued, the objective).
+    plan: the step's ProxPlan (``prox_plan.plan``).
+    config: StepConfig (group_size).
     comp: the Composition of N + R rows.
     off_policy_N: bool [N + R] the rows the objective corrects (``_off_policy_rows``).
     start_pass: the start-of-step pass (``method.PolicyPass``: n rows -> [n, T] log pi_prox,
       and ``count`` of its tokens).
-    replaying: the method can replay (static).
 
   Returns:
     ([N + R, T] float32 log pi_prox (exact on every off-policy row; mu or the pass on the
-    others), or None when no pass is needed; the gathered pass's (real tokens, positions
+    others), or None when the plan runs no pass; the gathered pass's (real tokens, positions
     computed) over its chunks that ran, or None when no gathered pass ran).
   """
-  if config.prox_pass == "all":
-    return start_pass(comp.rollout), None
-  uses_prox = (_corrects(config, replaying)
-               and objectives.OBJECTIVES[config.replay.objective].uses_prox)
-  if not uses_prox or config.prox_estimate == "interpolate":
+  if plan.rows == "none":
     return None, None
-  if not config.continued:
-    if comp.prox_logp is not None:
-      return None, None
-    if config.prox_chunks and comp.prox_rows is not None:
-      full_NxT, real, computed = prox_lib.gathered(
-          comp.rollout, comp.replayed, comp.prox_rows, start_pass, config.prox_chunks,
-          config.group_size, start_pass.count)
-      return full_NxT, (real, computed)
-    return start_pass(comp.rollout), None
-  measured_N = comp.replayed if comp.prox_logp is not None else jnp.zeros_like(comp.replayed)
-  need_N = off_policy_N & ~measured_N
   counts = None
-  if config.prox_chunks:
-    full_NxT, real, computed = prox_lib.gathered(
-        comp.rollout, need_N, prox_lib.off_policy_first(need_N, config.group_size), start_pass,
-        config.prox_chunks, config.group_size, start_pass.count)
-    counts = (real, computed)
-  else:
+  if plan.rows in ("every", "batch"):
     full_NxT = start_pass(comp.rollout)
-  if comp.prox_logp is not None:
-    full_NxT = jnp.where(measured_N[:, None], comp.prox_logp, full_NxT)
+  else:
+    if plan.rows == "method":  # the method's bound, its replayed rows first
+      need_N, rows_M = comp.replayed, comp.prox_rows
+    else:  # "needed": any row may be continued; the ones the method did not measure
+      need_N = off_policy_N & ~plan.measured_rows(comp.replayed)
+      rows_M = prox_lib.off_policy_first(need_N, config.group_size)
+    full_NxT, real, computed = prox_lib.gathered(comp.rollout, need_N, rows_M, start_pass,
+                                                 plan.chunks, config.group_size,
+                                                 start_pass.count)
+    counts = (real, computed)
+  if plan.merge:
+    full_NxT = jnp.where(plan.measured_rows(comp.replayed)[:, None], comp.prox_logp, full_NxT)
   return full_NxT, counts
 
 
-def _sampler_mismatch(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContext,
-                      comp: replay_method.Composition,
+def _sampler_mismatch(plan: prox_plan.ProxPlan, rollout: Rollout,
+                      ctx: replay_method.StepContext, comp: replay_method.Composition,
                       full_NxT: jax.Array | None) -> tuple[replay_method.StepContext, dict]:
   """With ``prox_pass="all"``: how far the trainer's log-probs of the fresh tokens are from the
   sampler's, and the fresh rows' pi_gen for the buffer (the trainer's, not the sampler's).
 
   Args:
-    config: StepConfig (prox_pass).
+    plan: the step's ProxPlan (``every_row``: ``prox_pass="all"``).
     rollout: the fresh Rollout, N rows.
     ctx: the StepContext.
     comp: the Composition of N + R rows.
@@ -288,7 +268,7 @@ def _sampler_mismatch(config: StepConfig, rollout: Rollout, ctx: replay_method.S
     the fresh rows' loss tokens of the current version}), or (ctx, {}) unchanged with
     ``prox_pass="replayed"``.
   """
-  if config.prox_pass != "all":
+  if not plan.every_row:
     return ctx, {}
   n = rollout.num_rows
   mu_NxT, replayed_N = comp.rollout.behaviour_logp, comp.replayed
@@ -308,9 +288,10 @@ def _sampler_mismatch(config: StepConfig, rollout: Rollout, ctx: replay_method.S
   return ctx, {"fresh_logp_mismatch": mismatch}
 
 
-def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_method.Composition,
-                  off_policy_N: jax.Array, full_NxT: jax.Array | None, ref_params,
-                  replaying: bool, step: jax.Array, grouped: bool | None = None) -> UpdateBatch:
+def _update_batch(graphdef: nnx.GraphDef, plan: prox_plan.ProxPlan, config: StepConfig,
+                  comp: replay_method.Composition, off_policy_N: jax.Array,
+                  full_NxT: jax.Array | None, ref_params, step: jax.Array,
+                  grouped: bool | None = None) -> UpdateBatch:
   """The UpdateBatch: the composed rows with the loss's denominators and reference log-probs.
 
   Fresh rows: mu is the sampler's log mu and pi_prox is mu (or the start-of-step pass with
@@ -324,12 +305,12 @@ def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_metho
 
   Args:
     graphdef: the model's structure.
+    plan: the step's ProxPlan (``prox_plan.plan``).
     config: StepConfig.
     comp: the Composition of N + R rows.
     off_policy_N: bool [N + R] the rows the objective corrects (``_off_policy_rows``).
     full_NxT: [N + R, T] float32 log pi_prox, or None (``_proximal_pass``).
     ref_params: the frozen reference's parameters (used when the KL coefficient is > 0).
-    replaying: the method can replay (static).
     step: int32 the state's step (the tokens' ages are counted from it).
     grouped: the reference pass's ``policy.logprobs`` argument (see ``train_step``).
 
@@ -338,27 +319,25 @@ def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_metho
   """
   mixed = comp.rollout
   mu_NxT = mixed.behaviour_logp
-  prox_NxT = full_NxT if config.prox_pass == "all" else mu_NxT
+  prox_NxT = full_NxT if plan.every_row else mu_NxT
   behaviour_NxT = mu_NxT
   age_NxT = None
-  if _corrects(config, replaying):
-    objective = objectives.OBJECTIVES[config.replay.objective]
+  if plan.corrects:
     known_N = off_policy_N  # rows whose denominators are final here
-    if interpolates(config, comp, full_NxT, replaying):
+    if plan.interpolate:
       # Denominators in the loss, from pi_prox interpolated in each update; a method's own
       # pass keeps its replayed rows' values.
-      measured_N = (comp.replayed if comp.prox_logp is not None
-                    else jnp.zeros_like(comp.replayed))
+      measured_N = plan.measured_rows(comp.replayed)
       interpolated_NxT = (off_policy_N & ~measured_N)[:, None] & mixed.completion_mask
       age_NxT = jnp.where(interpolated_NxT, step - mixed.version, 0).astype(jnp.float32)
       known_N = measured_N
-    if not objective.uses_prox or full_NxT is not None or comp.prox_logp is not None:
-      replayed_prox_NxT = None
-      if objective.uses_prox:
-        # The pass, where one ran, already holds the method's own values on the rows it
-        # measured (``_proximal_pass``); the method's array alone holds mu on every other row,
-        # which would give continued rows the naive correction.
-        replayed_prox_NxT = comp.prox_logp if full_NxT is None else full_NxT
+    if plan.denominators:
+      # The pass, where one ran, already holds the method's own values on the rows it
+      # measured (``_proximal_pass``); the method's array alone holds mu on every other row,
+      # which would give continued rows the naive correction.
+      replayed_prox_NxT = {None: None, "pass": full_NxT, "method": comp.prox_logp}[
+          plan.prox_from]
+      objective = objectives.OBJECTIVES[config.replay.objective]
       replayed_mu_NxT, replayed_ratio_NxT = objective.denominators(mu_NxT, replayed_prox_NxT,
                                                                    comp.gen_logp)
       behaviour_NxT = jnp.where(known_N[:, None], replayed_mu_NxT, mu_NxT)
@@ -373,17 +352,8 @@ def _update_batch(graphdef: nnx.GraphDef, config: StepConfig, comp: replay_metho
       tokens=tokens, loss_mask=comp.loss_mask, advantages=comp.advantages,
       behaviour_logp=behaviour_NxT, prox_logp=prox_NxT, ref_logp=ref_NxT,
       # The loss pass measures how far pi_theta is from each replayed row's pi_gen.
-      replayed=comp.replayed if replaying else None,
-      gen_logp=comp.gen_logp if _corrects(config, replaying) else None, age=age_NxT)
-
-
-def interpolates(config: StepConfig, comp: replay_method.Composition,
-                 full_NxT: jax.Array | None, replaying: bool) -> bool:
-  """Whether the loss interpolates off-policy rows' pi_prox (static): asked for, used by the
-  objective, made by no pass, and not all measured by the method (continued rows never are)."""
-  return (_corrects(config, replaying) and config.prox_estimate == "interpolate"
-          and full_NxT is None and (comp.prox_logp is None or config.continued)
-          and objectives.OBJECTIVES[config.replay.objective].uses_prox)
+      replayed=comp.replayed if plan.replaying else None,
+      gen_logp=comp.gen_logp if plan.corrects else None, age=age_NxT)
 
 
 def _continued_metrics(config: StepConfig, comp: replay_method.Composition,
@@ -396,42 +366,42 @@ def _continued_metrics(config: StepConfig, comp: replay_method.Composition,
   return {"continued_rows": jnp.sum(used_N.astype(jnp.float32))}
 
 
-def _metrics(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContext,
-             comp: replay_method.Composition, batch: UpdateBatch, per_update: dict,
-             replay_out: ReplayState, replaying: bool, stage_metrics: list[dict],
-             insert_metrics: dict) -> dict:
+def _metrics(config: StepConfig, plan: prox_plan.ProxPlan, rollout: Rollout,
+             ctx: replay_method.StepContext, comp: replay_method.Composition,
+             batch: UpdateBatch, per_update: dict, replay_out: ReplayState,
+             stage_metrics: list[dict], insert_metrics: dict) -> dict:
   """Every metric of the step but ``skipped`` (``step_metrics.py``).
 
   Args:
     config: StepConfig.
+    plan: the step's ProxPlan (whether the method replays; whether the pass covers every row).
     rollout: the fresh Rollout, N rows.
     ctx: the StepContext ([B, G] advantages, [B] effective groups).
     comp: the Composition of N + R rows (the method's metrics).
     batch: the UpdateBatch of N + R rows.
     per_update: name -> [E, M] per-update metrics of the update scan.
     replay_out: the buffer after the method's insertion ([C] entries).
-    replaying: the method can replay (static).
     stage_metrics: the earlier stages' metrics, in order.
     insert_metrics: the method's metrics of its insertion.
 
   Returns:
     name -> float32 scalar.
   """
-  metrics = step_metrics.update_metrics(per_update, replaying)
+  metrics = step_metrics.update_metrics(per_update, plan.replaying)
   grouped = update.minibatches_are_groups(batch.num_rows, config)
   if config.packing == "none":
     # The padded layout's fraction is the batch's: every minibatch computes its fixed
     # positions, whichever rows it holds.
     real, computed = policy.pass_tokens(batch.tokens, config, grouped)
     metrics["update_useful_fraction"] = real / computed
-  if config.prox_pass == "all" or config.loss.kl_coef > 0:
+  if plan.every_row or config.loss.kl_coef > 0:
     # The no-grad passes over the whole batch (pi_prox of every row, the reference).
     real, computed = policy.pass_tokens(batch.tokens, config, True if grouped else None)
     metrics["batch_pass_useful_fraction"] = real / computed
   metrics.update(step_metrics.batch_metrics(rollout, ctx.advantages, ctx.effective, batch))
   for more in stage_metrics:
     metrics.update(more)
-  if replaying:
+  if plan.replaying:
     metrics.update(step_metrics.replay_age_metrics(batch.loss_mask, comp.replayed,
                                                    comp.rollout.row_version, ctx.step))
     metrics.update(comp.metrics)
@@ -439,7 +409,7 @@ def _metrics(config: StepConfig, rollout: Rollout, ctx: replay_method.StepContex
     metrics["effective_advantage_disagree"] = step_metrics.effective_disagreement(
         ctx.advantages, ctx.effective)
   metrics.update(insert_metrics)
-  if replaying:
+  if plan.replaying:
     metrics["buffer_occupancy"] = jnp.mean(replay_out.valid.astype(jnp.float32))
   metrics["ineffective_fraction"] = 1.0 - metrics["effective_fraction"]
   return metrics

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from grpo_jax.rl import losses, prox, step as step_lib
+from grpo_jax.rl import losses, prox, prox_plan, step as step_lib
 from grpo_jax.rl.replay import headroom, init_replay, popo
 from grpo_jax.rl.replay import method as replay_method
 from grpo_jax.rl.step_config import StepConfig
@@ -131,7 +131,9 @@ def test_interpolation_ages_each_token_from_its_own_version(split):
   ctx = step_lib._context(config, rollout, jnp.int32(STEP), jax.random.key(0))
   comp = config.replay.compose(ctx, None, None)
   off = step_lib._off_policy_rows(config, comp, jnp.int32(STEP))
-  batch = step_lib._update_batch(split[0], config, comp, off, None, None, False,
+  plan = prox_plan.plan(config, False, measured=False, bounded=False)
+  assert plan.interpolate and plan.rows == "none"
+  batch = step_lib._update_batch(split[0], plan, config, comp, off, None, None,
                                  jnp.int32(STEP))
   np.testing.assert_array_equal(batch.age, np.where(stale, 2.0, 0.0))
   np.testing.assert_array_equal(batch.behaviour_logp, rollout.behaviour_logp)  # mu, for now
@@ -166,8 +168,10 @@ def _log_weights(split, rollout, method):
     ctx = step_lib._context(config, rollout, step, jax.random.key(0))  # pylint: disable=W0212
     _, comp, _ = step_lib._compose(config, ctx, replay, start_pass, replaying)  # pylint: disable=W0212
     off = step_lib._off_policy_rows(config, comp, step)  # pylint: disable=protected-access
-    full, _ = step_lib._proximal_pass(config, comp, off, start_pass, replaying)  # pylint: disable=W0212
-    batch = step_lib._update_batch(graphdef, config, comp, off, full, None, replaying, step)  # pylint: disable=W0212
+    plan = prox_plan.plan(config, replaying, measured=comp.prox_logp is not None,
+                          bounded=comp.prox_rows is not None)
+    full, _ = step_lib._proximal_pass(plan, config, comp, off, start_pass)  # pylint: disable=W0212
+    batch = step_lib._update_batch(graphdef, plan, config, comp, off, full, None, step)  # pylint: disable=W0212
     used = step_lib._continued_metrics(config, comp, off)["continued_rows"]  # pylint: disable=W0212
     return batch.prox_logp - batch.behaviour_logp, used
 
