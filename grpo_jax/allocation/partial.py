@@ -120,7 +120,7 @@ class PartialGroups(Allocator):
     self._serial += 1
     self._prompts[serial] = prompt
     key = partial_lib.key_data(jax.random.fold_in(self._key, serial), self.group_size)
-    return (serial, np.asarray(ids[0]), np.asarray(mask[0]), None, key)
+    return partial_lib.Prompt(serial, np.asarray(ids[0]), np.asarray(mask[0]), None, key)
 
   # -- the producer's rule (``generate.partial.Rule``), with a policy -------------------------
   def first_rows(self) -> int:
@@ -129,7 +129,7 @@ class PartialGroups(Allocator):
   def decide(self, prompt: partial_lib.Prompt, rows: list) -> int:
     """Scores the group's rows not scored yet and asks the policy; a dropped group's prompt
     and rows are kept for the step's selector and stats."""
-    tag = prompt[0]
+    tag = prompt.tag
     scored = self._scored.get(tag)
     done = 0 if scored is None else len(scored)
     if done < len(rows):
@@ -238,10 +238,9 @@ class PartialGroups(Allocator):
     return out
 
   def _score_rows(self, prompt: partial_lib.Prompt, rows: list) -> rounds_lib.Rows:
-    """Host Rows of one group's harvested rows (``generate.partial.Row`` tuples)."""
-    tag, ids, mask = prompt[:3]
+    """Host Rows of one group's harvested rows (``generate.partial.Row``)."""
     arrays = tuple(np.stack(c) for c in zip(*rows))
-    return self._host_rows([(self._prompts[tag], ids, mask, arrays)])[0]
+    return self._host_rows([(self._prompts[prompt.tag], prompt.ids, prompt.mask, arrays)])[0]
 
   def _host_rows(self, parts) -> list[rounds_lib.Rows]:
     """Scored host Rows of each part, decoded and scored in one call.

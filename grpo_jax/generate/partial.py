@@ -43,79 +43,11 @@ import numpy as np
 
 from grpo_jax.generate import partial_state as state_lib
 from grpo_jax.generate import pool as pool_lib
+from grpo_jax.generate.partial_types import Counts, Group, OpenGroup, Prompt, Row
 
+__all__ = ["Counts", "DROP", "Group", "OpenGroup", "Producer", "Prompt", "Row", "Rule",
+           "key_data"]
 
-@dataclasses.dataclass
-class Counts:
-  """What the producer computed and handed out (cumulative).
-
-  Attributes:
-    decode_steps: decode steps run (each computed ``slots`` positions).
-    decode_positions: decode row-steps: decode_steps x slots.
-    prefill_positions: P per prompt prefilled (padding rows of a fixed-size admit included).
-    reprefill_positions: (P + T) per slot at each re-prefill.
-    tokens_generated: completion tokens drawn (every row, discarded or not).
-    tokens_trained: completion tokens of the rows handed out.
-    rows_trained, rows_discarded: rows handed out / discarded for staleness.
-    groups_trained, groups_discarded: the same in groups.
-    rows_dropped, groups_dropped: rows / groups the rule dropped (``DROP``).
-    rows_admitted: rows admitted (each a prefill or its share of one).
-  """
-
-  decode_steps: int = 0
-  decode_positions: int = 0
-  prefill_positions: int = 0
-  reprefill_positions: int = 0
-  tokens_generated: int = 0
-  tokens_trained: int = 0
-  rows_trained: int = 0
-  rows_discarded: int = 0
-  groups_trained: int = 0
-  groups_discarded: int = 0
-  rows_dropped: int = 0
-  groups_dropped: int = 0
-  rows_admitted: int = 0
-
-  @property
-  def positions(self) -> int:
-    return self.decode_positions + self.prefill_positions + self.reprefill_positions
-
-  @property
-  def useful_fraction(self) -> float:
-    return self.tokens_trained / max(self.positions, 1)
-
-  def minus(self, other: "Counts") -> "Counts":
-    return Counts(**{f.name: getattr(self, f.name) - getattr(other, f.name)
-                     for f in dataclasses.fields(self)})
-
-
-@dataclasses.dataclass
-class Group:
-  """One complete group: G rows' [G, T] tokens, log-probs and versions, [G] lengths and EOS
-  flags, its prompt ([P] ids and mask) and the caller's ``tag`` for it."""
-
-  tag: object
-  prompt_ids: np.ndarray
-  prompt_mask: np.ndarray
-  tokens: np.ndarray
-  logp: np.ndarray
-  versions: np.ndarray
-  lengths: np.ndarray
-  ended: np.ndarray
-
-  @property
-  def oldest(self) -> int:
-    return int(self.versions[:, 0].min())
-
-  def tokens_mask(self) -> np.ndarray:
-    """bool [G, T]: the rows' real tokens."""
-    return np.arange(self.tokens.shape[1])[None, :] < self.lengths[:, None]
-
-
-# One prompt of a group: (tag, prompt ids [P], mask [P], stop_at [G] or None, key data [G, 2]).
-Prompt = tuple
-# A harvested row: (tokens [T], logp [T], versions [T], length, ended).
-Row = tuple
 
 DROP = -1  # a rule's verdict: the group is dropped, its rows counted as generated
 
@@ -195,8 +127,7 @@ class Producer:
     self.counts = Counts()
     self.version = 0
     self._serial = 0  # groups admitted so far: a group's rows have tickets serial * G + g
-    # serial -> {prompt, rows: {g: Row}, admitted: rows admitted, oldest: version at admission}
-    self._groups: dict[int, dict] = {}
+    self._groups: dict[int, OpenGroup] = {}  # serial -> the group collecting its rows
     self._pending: collections.deque[tuple[int, int]] = collections.deque()  # (serial, rows)
     self.ready: collections.deque[Group] = collections.deque()
     self._stale_cache = False  # restored rows whose cache is still to be rebuilt
@@ -206,11 +137,10 @@ class Producer:
 
   # -- admission ---------------------------------------------------------------------------
   def _new_group(self) -> int:
-    prompt = self.prompts()
+    prompt = Prompt(*self.prompts())
     serial = self._serial
     self._serial += 1
-    self._groups[serial] = {"prompt": prompt, "rows": {}, "admitted": 0,
-                            "oldest": self.version}
+    self._groups[serial] = OpenGroup(prompt, rows={}, admitted=0, oldest=self.version)
     return serial
 
   def _admit_groups(self, params, free: np.ndarray, cap: int, groups: int | None) -> int:
@@ -225,17 +155,17 @@ class Producer:
     while count:
       size = 1 << (count.bit_length() - 1)  # admit 2^k groups per call: few compilations
       serials = [self._new_group() for _ in range(size)]
-      prompts = [self._groups[s]["prompt"] for s in serials]
+      prompts = [self._groups[s].prompt for s in serials]
       rows = size * self.g
-      ids = np.repeat(np.stack([p[1] for p in prompts]), self.g, axis=0)
-      mask = np.repeat(np.stack([p[2] for p in prompts]), self.g, axis=0)
-      stop = np.concatenate([np.full(self.g, self.t) if p[3] is None else np.minimum(p[3], self.t)
-                             for p in prompts]).astype(np.int32)
-      keys = np.concatenate([p[4] for p in prompts]).astype(np.uint32)
+      ids = np.repeat(np.stack([p.ids for p in prompts]), self.g, axis=0)
+      mask = np.repeat(np.stack([p.mask for p in prompts]), self.g, axis=0)
+      stop = np.concatenate([np.full(self.g, self.t) if p.stop is None
+                             else np.minimum(p.stop, self.t) for p in prompts]).astype(np.int32)
+      keys = np.concatenate([p.keys for p in prompts]).astype(np.uint32)
       slots = free[start * self.g:start * self.g + rows]
       tickets = np.arange(serials[0] * self.g, (serials[-1] + 1) * self.g, dtype=np.int32)
       for s in serials:
-        self._groups[s]["admitted"] = self.g
+        self._groups[s].admitted = self.g
       self.pool = self._admit(params, self.pool, ids, mask, slots.astype(np.int32), keys,
                               tickets, stop, jnp.int32(self.version))
       self.counts.prefill_positions += size * self.p
@@ -257,8 +187,8 @@ class Producer:
     while self._pending and self._pending[0][1] <= room:
       serial, n = self._pending.popleft()
       group = self._groups[serial]
-      wanted += [(serial, group["admitted"] + j) for j in range(n)]
-      group["admitted"] += n
+      wanted += [(serial, group.admitted + j) for j in range(n)]
+      group.admitted += n
       room -= n
     new = 0
     while not self._pending and room and (groups is None or new < groups):
@@ -267,20 +197,20 @@ class Producer:
         break
       new += 1
       serial = self._new_group()
-      self._groups[serial]["admitted"] = first
+      self._groups[serial].admitted = first
       wanted += [(serial, j) for j in range(first)]
       room -= first
     if not wanted:
       return 0
     m = len(wanted)
     size = min(1 << (m - 1).bit_length(), self.slots)  # padded: few compilations
-    prompts = [self._groups[s]["prompt"] for s, _ in wanted]
+    prompts = [self._groups[s].prompt for s, _ in wanted]
     pad = lambda a, fill: np.concatenate([a, np.full((size - m,) + a.shape[1:], fill, a.dtype)])
-    ids = pad(np.stack([p[1] for p in prompts]), 0)
-    mask = pad(np.stack([p[2] for p in prompts]), True)
-    stop = pad(np.asarray([self.t if p[3] is None else min(int(p[3][g]), self.t)
+    ids = pad(np.stack([p.ids for p in prompts]), 0)
+    mask = pad(np.stack([p.mask for p in prompts]), True)
+    stop = pad(np.asarray([self.t if p.stop is None else min(int(p.stop[g]), self.t)
                            for p, (_, g) in zip(prompts, wanted)], np.int32), self.t)
-    keys = pad(np.stack([p[4][g] for p, (_, g) in zip(prompts, wanted)]).astype(np.uint32), 0)
+    keys = pad(np.stack([p.keys[g] for p, (_, g) in zip(prompts, wanted)]).astype(np.uint32), 0)
     tickets = pad(np.asarray([s * self.g + g for s, g in wanted], np.int32), -1)
     slots = pad(free[:m].astype(np.int32), self.slots)  # slot N: dropped
     self.pool = self._admit_rows(params, self.pool, ids, mask, slots, keys, tickets, stop,
@@ -307,17 +237,17 @@ class Producer:
       group = self._groups.get(serial)
       if group is None:  # its group was discarded
         continue
-      group["rows"][g] = tuple(f[i] for f in fields)
-      if len(group["rows"]) == group["admitted"]:
+      group.rows[g] = Row(*(f[i] for f in fields))
+      if len(group.rows) == group.admitted:
         self._settle(serial)
     self.pool = self._release(self.pool, jnp.asarray(done))
 
   def _settle(self, serial: int) -> None:
     """Every admitted row of group ``serial`` has ended: ready, more rows, or dropped."""
     group = self._groups[serial]
-    n = group["admitted"]
-    rows = [group["rows"][k] for k in range(n)]
-    verdict = 0 if self.rule is None else self.rule.decide(group["prompt"], rows)
+    n = group.admitted
+    rows = [group.rows[k] for k in range(n)]
+    verdict = 0 if self.rule is None else self.rule.decide(group.prompt, rows)
     if verdict == DROP:
       del self._groups[serial]
       self.counts.groups_dropped += 1
@@ -330,8 +260,8 @@ class Producer:
       if n != self.g:
         raise ValueError(f"the rule completed a group of {n} rows, not {self.g}")
       del self._groups[serial]
-      tag, ids, mask = group["prompt"][:3]
-      self.ready.append(Group(tag, ids, mask, *(np.stack(c) for c in zip(*rows))))
+      p = group.prompt
+      self.ready.append(Group(p.tag, p.ids, p.mask, *(np.stack(c) for c in zip(*rows))))
 
   # -- a step ------------------------------------------------------------------------------
   def take(self, params, b: int) -> list[Group]:
@@ -407,15 +337,15 @@ class Producer:
       else:
         kept.append(group)
     self.ready = kept
-    stale = {s for s, v in self._groups.items() if v["oldest"] < self.horizon}
+    stale = {s for s, v in self._groups.items() if v.oldest < self.horizon}
     if stale:
       tickets = np.asarray(self.pool.ticket)
       drop = np.asarray(self.pool.live) & np.isin(tickets // self.g, list(stale))
       for serial in stale:
         group = self._groups.pop(serial)
-        self._discard(group["admitted"])
+        self._discard(group.admitted)
         if self.rule is not None:
-          self.rule.forget(group["prompt"][0])
+          self.rule.forget(group.prompt.tag)
       self._pending = collections.deque(x for x in self._pending if x[0] not in stale)
       if drop.any():
         self.pool = self._release(self.pool, jnp.asarray(drop))
@@ -426,34 +356,14 @@ class Producer:
 
   # -- checkpoint ----------------------------------------------------------------------------
   def state_dict(self) -> dict:
-    """Everything in flight: the pool's rows (not its KV cache, which ``restore`` rebuilds),
-    the groups waiting for rows, the rule's requests, the ready queue, the version and the
-    counts; JSON but for its NumPy arrays (which the checkpoint writes as arrays,
-    ``run.checkpoint``)."""
-    ready = [{f.name: getattr(g, f.name) for f in dataclasses.fields(Group)}
-             for g in self.ready]
-    return {"version": self.version, "horizon": self.horizon, "serial": self._serial,
-            "admitted": self._admitted, "counts": vars(self.counts),
-            "pool": state_lib.pool_arrays(self.pool),
-            "groups": state_lib.groups_json(self._groups), "ready": ready,
-            "pending": [list(x) for x in self._pending]}
+    """Everything in flight (``partial_state.producer_state``): JSON but for its NumPy
+    arrays, which the checkpoint writes as arrays (``run.checkpoint``)."""
+    return state_lib.producer_state(self)
 
   def load_state_dict(self, state: dict) -> None:
-    """Restores ``state_dict``'s rows; the pool's cache is rebuilt (a forward pass under the
-    parameters of the next ``take`` or ``advance``): exact under ``reprefill``, and under
-    ``keep`` the continued rows then attend to keys and values of the resumed parameters
-    where the run that saved them held those of older ones."""
-    self.version, self._serial = int(state["version"]), int(state["serial"])
-    self.horizon = int(state.get("horizon", self.version - self.max_staleness))
-    self._admitted = int(state.get("admitted", 0))
-    self.counts = Counts(**state["counts"])
-    self.pool = state_lib.restore_pool(self.pool, state["pool"])
-    self._groups = state_lib.groups_from_json(state["groups"], state["pool"], self.g,
-                                              self.version)
-    self._pending = collections.deque(tuple(x) for x in state.get("pending", []))
-    self.ready = collections.deque(Group(tag=g["tag"], **state_lib.ready_arrays(g))
-                                   for g in state["ready"])
-    self._stale_cache = True
+    """Restores ``state_dict``'s rows (``partial_state.load_producer``); the pool's cache is
+    rebuilt by the next ``take`` or ``advance``."""
+    state_lib.load_producer(self, state)
 
   def _rebuild_cache(self, params) -> None:
     if self._stale_cache:
@@ -464,12 +374,12 @@ class Producer:
 
   def tags_in_flight(self) -> set:
     """The tags of the groups not yet handed out, dropped or discarded."""
-    return {v["prompt"][0] for v in self._groups.values()} | {g.tag for g in self.ready}
+    return {v.prompt.tag for v in self._groups.values()} | {g.tag for g in self.ready}
 
   def oldest_held(self) -> int | None:
     """The version of the oldest token not yet handed out, dropped or discarded (in flight,
     waiting for rows or in a complete group waiting to be taken); None when there is none."""
-    held = [v["oldest"] for v in self._groups.values()] + [g.oldest for g in self.ready]
+    held = [v.oldest for v in self._groups.values()] + [g.oldest for g in self.ready]
     return min(held, default=None)
 
   def in_flight(self) -> int:
@@ -477,7 +387,7 @@ class Producer:
     in the pool, ended and awaiting their group's other rows or the rule, and in complete
     groups waiting to be taken."""
     return (int(np.asarray(self.pool.live).sum())
-            + sum(len(g["rows"]) for g in self._groups.values()) + self.g * len(self.ready))
+            + sum(len(g.rows) for g in self._groups.values()) + self.g * len(self.ready))
 
 
 def key_data(key, n: int) -> np.ndarray:

@@ -248,7 +248,7 @@ def test_any_accepted_pool_settings_run_and_account_for_every_row(
   c = producer.counts
   assert c.tokens_trained == trained
   held = (int(np.asarray(producer.pool.live).sum())
-          + sum(len(v["rows"]) for v in producer._groups.values())  # pylint: disable=protected-access
+          + sum(len(v.rows) for v in producer._groups.values())  # pylint: disable=protected-access
           + g * len(producer.ready))
   assert producer.in_flight() == held
   assert c.rows_admitted == c.rows_trained + c.rows_discarded + c.rows_dropped + held
