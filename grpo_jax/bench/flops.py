@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo_jax.models.qwen3 import ModelConfig
+from grpo_jax.models.model_config import ModelConfig
 
 
 def matmul_flops_per_token(config: ModelConfig) -> int:

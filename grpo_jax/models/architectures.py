@@ -8,7 +8,7 @@ embeddings up to 4B), named like the config presets (``configs/common.py``).
 
 from __future__ import annotations
 
-from grpo_jax.models.qwen3 import ModelConfig
+from grpo_jax.models.model_config import ModelConfig
 
 _COMMON = dict(vocab_size=151_936, num_kv_heads=8, head_dim=128, rope_theta=1_000_000.0,
                rms_norm_eps=1e-6, qk_norm=True, qkv_bias=False)
