@@ -9,8 +9,9 @@ own pass over its candidates (``Composition.prox_logp``: POPO-KL's divergence pa
 Headroom's candidate pass). Which of these runs, over which rows, depends only on static
 facts: the step's config (``prox_pass``, ``prox_estimate``, ``prox_chunks``, ``continued``,
 the objective), whether the method replays, and whether it measured or bounded its rows.
-``plan`` turns those facts into a ``ProxPlan`` once; the step's proximal pass, its sampler
-mismatch metric and its update batch each read the plan instead of re-deriving the decision.
+``plan`` turns those facts into a ``ProxPlan`` once; ``proximal_pass`` runs the pass it names,
+and the step's sampler mismatch metric and update batch read the same plan instead of
+re-deriving the decision.
 
 The decision, in order (the first that applies):
 
@@ -43,6 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.rl import objectives
+from grpo_jax.rl import prox as prox_lib
 
 # Which rows the no-grad pass at the start-of-step parameters computes.
 ROWS = ("none", "every", "batch", "method", "needed")
@@ -133,3 +135,48 @@ def plan(config, replaying: bool, measured: bool, bounded: bool) -> ProxPlan:
       interpolate=interpolate,
       denominators=corrects and (not objective_uses_prox or rows != "none" or measured),
       prox_from=None if not objective_uses_prox else "pass" if rows != "none" else "method")
+
+
+def proximal_pass(plan: ProxPlan, comp, off_policy_N: jax.Array, start_pass,
+                  group_size: int) -> tuple[jax.Array | None, tuple | None]:
+  """The no-grad pass at the start-of-step parameters over the rows ``plan.rows`` names.
+
+  Args:
+    plan: the step's ProxPlan.
+    comp: the ``replay.method.Composition`` of N + R rows.
+    off_policy_N: bool [N + R] the rows the objective corrects (replayed, and continued ones).
+    start_pass: the start-of-step pass (``replay.method.PolicyPass``: n rows -> [n, T] log
+      pi_prox, and ``count`` of its tokens).
+    group_size: G.
+
+  Returns:
+    ([N + R, T] float32 log pi_prox (exact on every off-policy row; mu or the pass on the
+    others), or None when the plan runs no pass; the gathered pass's (real tokens, positions
+    computed) over its chunks that ran, or None when no gathered pass ran).
+  """
+  if plan.rows == "none":
+    return None, None
+  counts = None
+  if plan.rows in ("every", "batch"):
+    full_NxT = start_pass(comp.rollout)
+  else:
+    if plan.rows == "method":  # the method's bound, its replayed rows first
+      need_N, rows_M = comp.replayed, comp.prox_rows
+    else:  # "needed": any row may be continued; the ones the method did not measure
+      need_N = off_policy_N & ~plan.measured_rows(comp.replayed)
+      rows_M = prox_lib.off_policy_first(need_N, group_size)
+    full_NxT, real, computed = prox_lib.gathered(comp.rollout, need_N, rows_M, start_pass,
+                                                 plan.chunks, group_size, start_pass.count)
+    counts = (real, computed)
+  if plan.merge:
+    full_NxT = jnp.where(plan.measured_rows(comp.replayed)[:, None], comp.prox_logp, full_NxT)
+  return full_NxT, counts
+
+
+def pass_metrics(counts) -> dict:
+  """``prox_pass_useful_fraction``: the gathered pass's real tokens over the positions its
+  chunks that ran computed (``prox.gathered``), when such a pass ran; else nothing."""
+  if counts is None:
+    return {}
+  real, computed = counts
+  return {"prox_pass_useful_fraction": real / jnp.maximum(computed, 1.0)}

@@ -96,7 +96,8 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   off_policy_N = _off_policy_rows(config, comp, state.step)
   plan = prox_plan.plan(config, replaying, measured=comp.prox_logp is not None,
                         bounded=comp.prox_rows is not None)
-  full_NxT, prox_counts = _proximal_pass(plan, config, comp, off_policy_N, start_pass)
+  full_NxT, prox_counts = prox_plan.proximal_pass(plan, comp, off_policy_N, start_pass,
+                                                 config.group_size)
   ctx, mismatch_metrics = _sampler_mismatch(plan, rollout, ctx, comp, full_NxT)
   if lora.has_adapters(state.params):
     # The reference is the base model: the adapters switched off, no second copy of weights.
@@ -110,7 +111,7 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
   metrics = _metrics(config, plan, rollout, ctx, comp, batch, per_update, replay_out,
                      [evict_metrics, mismatch_metrics,
                       _continued_metrics(config, comp, off_policy_N),
-                      _prox_pass_metrics(prox_counts)], insert_metrics)
+                      prox_plan.pass_metrics(prox_counts)], insert_metrics)
   new_state, replay_out, skipped = _finite_guard(state, replay, params, opt_state, replay_out,
                                                  per_update)
   return new_state, replay_out, {**metrics, "skipped": skipped}
@@ -140,15 +141,6 @@ def _start_count(config: StepConfig, rows: Rollout, *,
   """(real tokens, positions computed) of ``_start_logp``'s pass over ``rows``
   (``policy.pass_tokens``)."""
   return policy.pass_tokens(Tokens.of(rows), config, grouped)
-
-
-def _prox_pass_metrics(counts) -> dict:
-  """``prox_pass_useful_fraction``: the gathered pi_prox pass's real tokens over the positions
-  its chunks that ran computed (``prox.gathered``), when such a pass ran; else nothing."""
-  if counts is None:
-    return {}
-  real, computed = counts
-  return {"prox_pass_useful_fraction": real / jnp.maximum(computed, 1.0)}
 
 
 def _context(config: StepConfig, rollout: Rollout, step: jax.Array,
@@ -212,44 +204,6 @@ def _off_policy_rows(config: StepConfig, comp: replay_method.Composition,
   return comp.replayed | prox_lib.continued_rows(comp.rollout, step)
 
 
-def _proximal_pass(plan: prox_plan.ProxPlan, config: StepConfig,
-                   comp: replay_method.Composition, off_policy_N: jax.Array,
-                   start_pass: replay_method.PolicyPass) -> tuple[jax.Array | None, tuple | None]:
-  """The no-grad pass at the start-of-step parameters over the rows ``plan.rows`` names.
-
-  Args:
-    plan: the step's ProxPlan (``prox_plan.plan``).
-    config: StepConfig (group_size).
-    comp: the Composition of N + R rows.
-    off_policy_N: bool [N + R] the rows the objective corrects (``_off_policy_rows``).
-    start_pass: the start-of-step pass (``method.PolicyPass``: n rows -> [n, T] log pi_prox,
-      and ``count`` of its tokens).
-
-  Returns:
-    ([N + R, T] float32 log pi_prox (exact on every off-policy row; mu or the pass on the
-    others), or None when the plan runs no pass; the gathered pass's (real tokens, positions
-    computed) over its chunks that ran, or None when no gathered pass ran).
-  """
-  if plan.rows == "none":
-    return None, None
-  counts = None
-  if plan.rows in ("every", "batch"):
-    full_NxT = start_pass(comp.rollout)
-  else:
-    if plan.rows == "method":  # the method's bound, its replayed rows first
-      need_N, rows_M = comp.replayed, comp.prox_rows
-    else:  # "needed": any row may be continued; the ones the method did not measure
-      need_N = off_policy_N & ~plan.measured_rows(comp.replayed)
-      rows_M = prox_lib.off_policy_first(need_N, config.group_size)
-    full_NxT, real, computed = prox_lib.gathered(comp.rollout, need_N, rows_M, start_pass,
-                                                 plan.chunks, config.group_size,
-                                                 start_pass.count)
-    counts = (real, computed)
-  if plan.merge:
-    full_NxT = jnp.where(plan.measured_rows(comp.replayed)[:, None], comp.prox_logp, full_NxT)
-  return full_NxT, counts
-
-
 def _sampler_mismatch(plan: prox_plan.ProxPlan, rollout: Rollout,
                       ctx: replay_method.StepContext, comp: replay_method.Composition,
                       full_NxT: jax.Array | None) -> tuple[replay_method.StepContext, dict]:
@@ -261,7 +215,7 @@ def _sampler_mismatch(plan: prox_plan.ProxPlan, rollout: Rollout,
     rollout: the fresh Rollout, N rows.
     ctx: the StepContext.
     comp: the Composition of N + R rows.
-    full_NxT: [N + R, T] log pi_prox of every row (``_proximal_pass``; None unless "all").
+    full_NxT: [N + R, T] log pi_prox of every row (``prox_plan.proximal_pass``; None unless "all").
 
   Returns:
     (ctx with ``gen_logp_BxGxT`` set, {"fresh_logp_mismatch": mean |log pi_prox - log mu| over
@@ -309,7 +263,7 @@ def _update_batch(graphdef: nnx.GraphDef, plan: prox_plan.ProxPlan, config: Step
     config: StepConfig.
     comp: the Composition of N + R rows.
     off_policy_N: bool [N + R] the rows the objective corrects (``_off_policy_rows``).
-    full_NxT: [N + R, T] float32 log pi_prox, or None (``_proximal_pass``).
+    full_NxT: [N + R, T] float32 log pi_prox, or None (``prox_plan.proximal_pass``).
     ref_params: the frozen reference's parameters (used when the KL coefficient is > 0).
     step: int32 the state's step (the tokens' ages are counted from it).
     grouped: the reference pass's ``policy.logprobs`` argument (see ``train_step``).
@@ -333,7 +287,7 @@ def _update_batch(graphdef: nnx.GraphDef, plan: prox_plan.ProxPlan, config: Step
       known_N = measured_N
     if plan.denominators:
       # The pass, where one ran, already holds the method's own values on the rows it
-      # measured (``_proximal_pass``); the method's array alone holds mu on every other row,
+      # measured (``prox_plan.proximal_pass``); the method's array alone holds mu on every other row,
       # which would give continued rows the naive correction.
       replayed_prox_NxT = {None: None, "pass": full_NxT, "method": comp.prox_logp}[
           plan.prox_from]

@@ -170,7 +170,7 @@ def _log_weights(split, rollout, method):
     off = step_lib._off_policy_rows(config, comp, step)  # pylint: disable=protected-access
     plan = prox_plan.plan(config, replaying, measured=comp.prox_logp is not None,
                           bounded=comp.prox_rows is not None)
-    full, _ = step_lib._proximal_pass(plan, config, comp, off, start_pass)  # pylint: disable=W0212
+    full, _ = prox_plan.proximal_pass(plan, comp, off, start_pass, G)
     batch = step_lib._update_batch(graphdef, plan, config, comp, off, full, None, step)  # pylint: disable=W0212
     used = step_lib._continued_metrics(config, comp, off)["continued_rows"]  # pylint: disable=W0212
     return batch.prox_logp - batch.behaviour_logp, used
