@@ -16,7 +16,7 @@ from grpo_jax.bench import cells as cells_lib
 from grpo_jax.bench import config_match
 from grpo_jax.bench import grid as grid_lib
 from grpo_jax.bench import rekey
-from grpo_jax.bench import sweep
+from grpo_jax.bench import sweep, sweep_outputs
 
 SMOKE = "configs/sweeps/smoke.py"
 ABSENT = config_match.ABSENT
@@ -176,7 +176,7 @@ def test_rekey_stores_the_config_a_commit_reproduces_and_leaves_the_rest(tmp_pat
   assert verdicts["grpo__seed0"].endswith("(xyz) has its hash 000000000000; no such commit")
   # sweep.rekey rewrites the records it re-keys; then they are done by their stored config
   for cell in (grpo, popo):
-    sweep._write_json(sweep.cell_path(out, cell), recs[cell.id])  # pylint: disable=protected-access
+    sweep_outputs.write_json(sweep.cell_path(out, cell), recs[cell.id])
   assert sweep.finished(out, g, grpo) and not sweep.finished(out, g, popo)  # whole hashes
   monkeypatch.setattr(rekey, "candidates", lambda code, added: ["abc", "def"])
   assert sweep.rekey(g, SMOKE, out, find) == {"grpo__seed0": "done",

@@ -13,7 +13,7 @@ import pytest
 from grpo_jax.bench import carry_over
 from grpo_jax.bench import cells as cells_lib
 from grpo_jax.bench import grid as grid_lib
-from grpo_jax.bench import sweep
+from grpo_jax.bench import sweep, sweep_outputs
 
 SMOKE = "configs/sweeps/smoke.py"
 
@@ -336,7 +336,7 @@ def test_a_record_of_another_config_is_not_done(tmp_path):
   now = g.current(cell)
 
   def write(rec):
-    sweep._write_json(sweep.cell_path(out, cell), rec)  # pylint: disable=protected-access
+    sweep_outputs.write_json(sweep.cell_path(out, cell), rec)
 
   write({"status": "done", "config_hash": now.hash,
          "config": dict(now.config, **{"opt.learning_rate": 1e-4})})
@@ -469,7 +469,7 @@ def test_a_rerun_that_reproduces_its_record_carries_the_methods_other_records_ov
            {"step": 2, "rollouts": 16, "completion_tokens": 120, "mean_at_k": 0.375,
             "mean_at_k_se": 0.1, "pass_at_k": 0.5, "greedy_accuracy": 0.5}]
   for cell in g.cells():
-    sweep._write_json(sweep.cell_path(out, cell), {  # pylint: disable=protected-access
+    sweep_outputs.write_json(sweep.cell_path(out, cell), {
         "id": cell.id, "method": cell.method, "status": "done", "config_hash": "0" * 12,
         "code": "old", "evals": evals})
   assert not any(sweep.finished(out, g, c) for c in g.cells())
@@ -531,7 +531,7 @@ def test_a_stopped_rerun_keeps_the_old_record_for_the_next_one(tmp_path, monkeyp
          "code": "old", "evals": [{"step": 2, "rollouts": 16, "completion_tokens": 120,
                                    "mean_at_k": 0.5, "mean_at_k_se": 0.1, "pass_at_k": 0.5,
                                    "greedy_accuracy": 0.5}]}
-  sweep._write_json(sweep.cell_path(out, cell), old)  # pylint: disable=protected-access
+  sweep_outputs.write_json(sweep.cell_path(out, cell), old)
   monkeypatch.setattr(sweep, "_run_child", lambda *a: (sweep._STOPPED, "stopped"))  # pylint: disable=protected-access
   monkeypatch.setattr(sweep, "write_outputs", lambda *a, **kw: [])
   monkeypatch.setitem(sweep._STOP, "asked", False)  # pylint: disable=protected-access
