@@ -20,6 +20,7 @@ from flax import nnx
 from grpo_jax import allocation
 from grpo_jax import configuration
 from grpo_jax import console
+from grpo_jax import distributed
 from grpo_jax import errors
 from grpo_jax import keys
 from grpo_jax import sharding as sharding_lib
@@ -132,7 +133,7 @@ def setup(config, workdir: str) -> Run:
   checkpoint of ``workdir`` (nothing is written before every input has been checked)."""
   configuration.validate(config)
   # Multi-host: every process runs this same function on the same prompts (README: Sharding).
-  sharding_lib.initialize_distributed(config.mesh)
+  distributed.initialize(config.mesh)
   r = config.rollout
   if r.devices:  # generation on its own devices: two meshes, each of at least one device
     generation_mesh, mesh = sharding_lib.split_meshes(config)
@@ -183,7 +184,7 @@ def setup(config, workdir: str) -> Run:
   tensorboard = os.path.join(workdir, "tensorboard")
   tensorboard = tensorboard if os.path.isdir(tensorboard) else None  # before a writer makes it
   # Only process 0 writes metrics and logs (console.say is silent on the others).
-  writer = (metrics_lib.MetricWriter if sharding_lib.is_primary() and not complete
+  writer = (metrics_lib.MetricWriter if distributed.is_primary() and not complete
             else metrics_lib.NullWriter)(workdir)
   counters, timers = records.Counters(), dict.fromkeys(timing.PHASES, 0.0)
   if start and not complete:

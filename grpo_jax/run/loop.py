@@ -16,8 +16,8 @@ import time
 import jax
 
 from grpo_jax import console
+from grpo_jax import distributed
 from grpo_jax import keys
-from grpo_jax import sharding as sharding_lib
 from grpo_jax.run import evaluate as evaluate_lib
 from grpo_jax.run import metrics as metrics_lib
 from grpo_jax.run import preemption
@@ -64,7 +64,7 @@ def run(run: Run) -> dict:  # pylint: disable=redefined-outer-name
   if stopped_after is not None:
     console.say(f"grpo_jax: stopped by {stop.name} after step {stopped_after}; checkpoint "
                 f"saved in {s.ckpt.directory}. Run the same command to resume.")
-  elif sharding_lib.is_primary():
+  elif distributed.is_primary():
     console.say(console.summary(metrics_lib.read_metrics(s.workdir), s.config.eval.k,
                                 {**s.paths, **workdir_lib.report_paths(s.workdir, write=True,
                                                                      k=s.config.eval.k)},
@@ -153,7 +153,7 @@ def _progress_for_rewards(run: Run, done: int) -> None:
   state.epoch = s.stream.position / size if size else None
   state.rollouts, state.completion_tokens = p.counters.rollouts, p.counters.completion_tokens
   state.max_rollouts, state.max_tokens = config.total_rollouts, config.total_tokens
-  state.is_world_process_zero = state.is_local_process_zero = sharding_lib.is_primary()
+  state.is_world_process_zero = state.is_local_process_zero = distributed.is_primary()
 
 
 def _evaluation_due(config, before: records.Counters, after: records.Counters,
@@ -311,7 +311,7 @@ def _progress_bar(run: Run):
   bar redraws itself with carriage returns, which in a file or a pipe share lines with the
   evaluation lines; there the evaluation lines are the progress."""
   s = run.setup
-  if not sharding_lib.is_primary() or not sys.stdout.isatty():
+  if not distributed.is_primary() or not sys.stdout.isatty():
     return None
   try:
     from tqdm import tqdm  # pylint: disable=g-import-not-at-top

@@ -13,7 +13,7 @@ import time
 
 from grpo_jax import configuration, deprecated
 from grpo_jax import console
-from grpo_jax import sharding as sharding_lib
+from grpo_jax import distributed
 from grpo_jax.models import CheckpointError
 from grpo_jax.run import metrics as metrics_lib
 from grpo_jax.run import report
@@ -57,7 +57,7 @@ def check_same_run(config, workdir: str) -> None:
           + (f" (+{len(differ) - 6} more)" if len(differ) > 6 else "")
           + "; use another --workdir, or --config.checkpoint.allow_config_change=true to "
           "resume it anyway")
-  if sharding_lib.is_primary():
+  if distributed.is_primary():
     # Written beside it and renamed: in a multi-host resume the other processes read this file
     # while the primary rewrites it, and must see the old or the new file whole, never a
     # truncated one (rename is atomic on POSIX file systems).
