@@ -1,4 +1,5 @@
-"""The memory-bandwidth roofline of decoding: peak HBM bandwidth per chip, bytes per token step.
+"""A chip's memory: what JAX may allocate on it (``pools``), and the memory-bandwidth roofline
+of decoding: peak HBM bandwidth per chip, bytes per token step.
 
 A decode step feeds one token per row through the whole model: every weight is read once for
 the N rows together, and each row's keys and values are read for every filled cache slot. At
@@ -11,6 +12,8 @@ No JAX here: the accelerator check's parent process imports this without touchin
 """
 
 from __future__ import annotations
+
+import os
 
 # Peak HBM bandwidth in bytes/s by device-kind substring (``jax.Device.device_kind``), first
 # match wins, so the more specific names come first. Vendor datasheets (decimal units):
@@ -94,3 +97,30 @@ def decode_bytes(config, rows: int, prompt_len: int, completion_len: int) -> dic
   total = steps * weights + kv_read + kv_write
   return {"weights_per_step": weights, "kv_slot_per_row": kv_slot, "kv_read": kv_read,
           "kv_write": kv_write, "total": total, "per_step": total / steps if steps else 0.0}
+
+
+# Memory per chip (GiB): an H100's 80 GB as CUDA reports it (81,559 MiB), an H200's 141 GB
+# (143,771 MiB), a TPU v5e's 16 GiB.
+CHIPS = {"H100 80GB": 81_559 / 1024, "H200 141GB": 143_771 / 1024, "v5e 16GiB": 16.0}
+GPU_CHIPS = ("H100 80GB", "H200 141GB")
+# JAX's share of a GPU when neither XLA_CLIENT_MEM_FRACTION nor its older name
+# XLA_PYTHON_CLIENT_MEM_FRACTION is set (docs.jax.dev: GPU memory allocation); on a TPU it
+# takes the whole chip.
+DEFAULT_GPU_FRACTION = 0.75
+
+
+def gpu_memory_fraction(environ=None) -> float:
+  """The share of a GPU's memory JAX's allocator gets: ``XLA_CLIENT_MEM_FRACTION`` (or the
+  deprecated ``XLA_PYTHON_CLIENT_MEM_FRACTION``) as this process's environment sets it for
+  the run being judged, else JAX's default 0.75."""
+  env = os.environ if environ is None else environ
+  value = env.get("XLA_CLIENT_MEM_FRACTION") or env.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+  return float(value) if value else DEFAULT_GPU_FRACTION
+
+
+def pools(fraction: float | None = None) -> dict[str, float]:
+  """GiB JAX can allocate on each chip of ``CHIPS``: a GPU's memory times ``fraction``
+  (default ``gpu_memory_fraction()``), a TPU's whole memory. "Fits" is judged against these,
+  not the chip: at JAX's default a 141 GB H200 gives a process 105 GiB."""
+  fraction = gpu_memory_fraction() if fraction is None else fraction
+  return {chip: gib * fraction if chip in GPU_CHIPS else gib for chip, gib in CHIPS.items()}

@@ -79,6 +79,9 @@ from ml_collections import config_flags  # noqa: E402
 from grpo_jax import configuration  # noqa: E402
 from grpo_jax import console  # noqa: E402
 from grpo_jax import sharding  # noqa: E402
+# What each chip gives JAX (``hbm.py``), re-exported: memory.pools, memory.CHIPS, ...
+from grpo_jax.bench.hbm import (  # noqa: E402,F401
+    CHIPS, DEFAULT_GPU_FRACTION, GPU_CHIPS, gpu_memory_fraction, pools)
 from grpo_jax.generate import sampler as sampler_lib  # noqa: E402
 from grpo_jax.models import FAMILIES, ModelConfig, Qwen3, lora  # noqa: E402
 from grpo_jax.models import attention as attention_lib  # noqa: E402
@@ -181,33 +184,6 @@ def main(argv):
 
 
 # --- per-device memory of a config on a mesh -------------------------------------------------
-
-# Memory per chip (GiB): an H100's 80 GB as CUDA reports it (81,559 MiB), an H200's 141 GB
-# (143,771 MiB), a TPU v5e's 16 GiB.
-CHIPS = {"H100 80GB": 81_559 / 1024, "H200 141GB": 143_771 / 1024, "v5e 16GiB": 16.0}
-GPU_CHIPS = ("H100 80GB", "H200 141GB")
-# JAX's share of a GPU when neither XLA_CLIENT_MEM_FRACTION nor its older name
-# XLA_PYTHON_CLIENT_MEM_FRACTION is set (docs.jax.dev: GPU memory allocation); on a TPU it
-# takes the whole chip.
-DEFAULT_GPU_FRACTION = 0.75
-
-
-def gpu_memory_fraction(environ=None) -> float:
-  """The share of a GPU's memory JAX's allocator gets: ``XLA_CLIENT_MEM_FRACTION`` (or the
-  deprecated ``XLA_PYTHON_CLIENT_MEM_FRACTION``) as this process's environment sets it for
-  the run being judged, else JAX's default 0.75."""
-  env = os.environ if environ is None else environ
-  value = env.get("XLA_CLIENT_MEM_FRACTION") or env.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
-  return float(value) if value else DEFAULT_GPU_FRACTION
-
-
-def pools(fraction: float | None = None) -> dict[str, float]:
-  """GiB JAX can allocate on each chip of ``CHIPS``: a GPU's memory times ``fraction``
-  (default ``gpu_memory_fraction()``), a TPU's whole memory. "Fits" is judged against these,
-  not the chip: at JAX's default a 141 GB H200 gives a process 105 GiB."""
-  fraction = gpu_memory_fraction() if fraction is None else fraction
-  return {chip: gib * fraction if chip in GPU_CHIPS else gib for chip, gib in CHIPS.items()}
-
 
 def architecture_of(config) -> ModelConfig:
   """The ModelConfig of ``config.model.arch``, else of ``config.model.path``'s config.json."""
