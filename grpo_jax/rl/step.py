@@ -7,11 +7,11 @@ which groups are effective); the composition of the [N + R]-row update batch by 
 method (replay/method.py: it evicts and composes, R static, and inserts after the update, so
 this file has no branch per method); the proximal pass, as the step's ``ProxPlan`` says
 (``prox_plan.py``: which rows, exact or interpolated, decided once from static facts; for
-fresh rows pi_prox = mu at the start of the step, so no pass is needed; unless ``prox_pass="all"``, used where the sampler's
-numerics differ from the train step's, e.g. bfloat16: then one no-grad pass gives pi_prox for
-every row, the trust region starts at rho = 1 exactly and the behaviour weight pi_prox / mu
-corrects the sampler/trainer mismatch, logged as ``fresh_logp_mismatch``); the denominators of
-the replayed rows, by the method's objective (``objectives.py``); the frozen reference's
+fresh rows pi_prox = mu at the start of the step, so no pass is needed; unless
+``prox_pass="all"``, used where the sampler's numerics differ from the train step's, e.g.
+bfloat16: then one no-grad pass gives pi_prox for every row, the trust region starts at rho = 1
+exactly and the behaviour weight pi_prox / mu corrects the sampler/trainer mismatch, logged as
+``fresh_logp_mismatch``); the denominators of the replayed rows, by the method's objective (``objectives.py``); the frozen reference's
 log-probs (one no-grad pass, only when the KL coefficient is > 0); the update scan
 (``update.py``: ``num_epochs`` passes of ``num_minibatches`` shuffled minibatches in one
 ``lax.scan``); the metrics (``step_metrics.py``); the NaN guard. State and buffer are donated;
@@ -287,8 +287,8 @@ def _update_batch(graphdef: nnx.GraphDef, plan: prox_plan.ProxPlan, config: Step
       known_N = measured_N
     if plan.denominators:
       # The pass, where one ran, already holds the method's own values on the rows it
-      # measured (``prox_plan.proximal_pass``); the method's array alone holds mu on every other row,
-      # which would give continued rows the naive correction.
+      # measured (``prox_plan.proximal_pass``); the method's array alone holds mu on every
+      # other row, which would give continued rows the naive correction.
       replayed_prox_NxT = {None: None, "pass": full_NxT, "method": comp.prox_logp}[
           plan.prox_from]
       objective = objectives.OBJECTIVES[config.replay.objective]
