@@ -2,21 +2,21 @@
 
     (TrainState, ReplayState, Rollout, ref_params, rng) -> (TrainState, ReplayState, metrics)
 
-One call, in named stages: the context (group-relative advantages of the fresh rollouts and
-which groups are effective); the composition of the [N + R]-row update batch by the replay
-method (replay/method.py: it evicts and composes, R static, and inserts after the update, so
-this file has no branch per method); the proximal pass, as the step's ``ProxPlan`` says
-(``prox_plan.py``: which rows, exact or interpolated, decided once from static facts; for
-fresh rows pi_prox = mu at the start of the step, so no pass is needed; unless
-``prox_pass="all"``, used where the sampler's numerics differ from the train step's, e.g.
-bfloat16: then one no-grad pass gives pi_prox for every row, the trust region starts at rho = 1
-exactly and the behaviour weight pi_prox / mu corrects the sampler/trainer mismatch, logged as
-``fresh_logp_mismatch``); the denominators of the replayed rows, by the method's objective (``objectives.py``); the frozen reference's
-log-probs (one no-grad pass, only when the KL coefficient is > 0); the update scan
-(``update.py``: ``num_epochs`` passes of ``num_minibatches`` shuffled minibatches in one
-``lax.scan``); the metrics (``step_metrics.py``); the NaN guard. State and buffer are donated;
-with replay capacity 0 the buffer is passed through untouched and XLA drops it. Everything the
-loop needs back is in ``metrics`` (scalars), fetched by the host one step late.
+One call, in named stages: the context (group-relative advantages of the fresh rollouts and which
+groups are effective); the composition of the [N + R]-row update batch by the replay method
+(replay/method.py: it evicts and composes, R static, and inserts after the update, so this file has
+no branch per method); the proximal pass, as the step's ``ProxPlan`` says (``prox_plan.py``: which
+rows, exact or interpolated, decided once from static facts; for fresh rows pi_prox = mu at the
+start of the step, so no pass is needed; unless ``prox_pass="all"``, used where the sampler's
+numerics differ from the train step's, e.g. bfloat16: then one no-grad pass gives pi_prox for every
+row, the trust region starts at rho = 1 exactly and the behaviour weight pi_prox / mu corrects the
+sampler/trainer mismatch, logged as ``fresh_logp_mismatch``); the denominators of the replayed rows,
+by the method's objective (``objectives.py``); the frozen reference's log-probs (one no-grad pass,
+only when the KL coefficient is > 0); the update scan (``update.py``: ``num_epochs`` passes of
+``num_minibatches`` shuffled minibatches in one ``lax.scan``); the metrics (``step_metrics.py``);
+the NaN guard. State and buffer are donated; with replay capacity 0 the buffer is passed through
+untouched and XLA drops it. Everything the loop needs back is in ``metrics`` (scalars), fetched by
+the host one step late.
 
 References: GRPO (DeepSeekMath, arXiv 2402.03300); PPO epochs and minibatches (arXiv 1707.06347).
 """
