@@ -10,11 +10,11 @@ or 10 batches (30 rounds) have run; every generated rollout is counted.
     python -m grpo_jax.train --config=configs/dapo.py --workdir=runs/dapo
 """
 
-from configs import common
+from grpo_jax import schema
 
 
 def get_config(arg: str | None = None):
-  c = common.base_config()
+  c = schema.base_config()
   c.rl.loss.ppo.clip_low = 0.2  # eps_low
   c.rl.loss.ppo.clip_high = 0.28  # eps_high: clip-higher
   c.rl.loss.aggregation = "token-mean"  # every token of the batch weighs the same
@@ -32,4 +32,4 @@ def get_config(arg: str | None = None):
   # DAPO's generation batch: 3 x B prompts (3 rounds of B x G)
   c.allocation.dynamic_sampling.oversample = 3
   c.allocation.max_rounds = 30  # DAPO's cap of 10 generation batches per step, in rounds
-  return common.apply_presets(c, arg)
+  return schema.apply_presets(c, arg)

@@ -3,11 +3,11 @@
     python -m grpo_jax.train --config=configs/drgrpo.py --workdir=runs/drgrpo
 """
 
-from configs import common
+from grpo_jax import schema
 
 
 def get_config(arg: str | None = None):
-  c = common.base_config()
+  c = schema.base_config()
   c.rl.estimator = "drgrpo"  # r - mean
   c.rl.loss.aggregation = "seq-mean-token-sum-norm"  # sum over tokens / (rows * completion_len)
-  return common.apply_presets(c, arg)
+  return schema.apply_presets(c, arg)

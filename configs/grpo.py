@@ -6,11 +6,11 @@
         --config.model.path=/models/Qwen3-1.7B --workdir=runs/qwen3
 """
 
-from configs import common
+from grpo_jax import schema
 
 
 def get_config(arg: str | None = None):
-  c = common.base_config()
+  c = schema.base_config()
   c.rl.estimator = "grpo"  # (r - mean) / (std + 1e-6)
   c.rl.loss.aggregation = "seq-mean-token-mean"  # GRPO's per-sequence average
-  return common.apply_presets(c, arg)
+  return schema.apply_presets(c, arg)

@@ -15,12 +15,12 @@ Presets (combine with the common ones):
                   admitted (the same groups; unread candidates keep their cached H and D)
 """
 
-from configs import common
+from grpo_jax import schema
 
 
 
 def get_config(arg: str | None = None):
-  c = common.base_config()
+  c = schema.base_config()
   c.replay.method = "headroom"
   c.replay.capacity = 128  # groups: four batches' worth of mixed-outcome groups
   c.replay.headroom.slots = 8  # K_rep: up to 8 replayed groups (64 rows) next to 32 fresh groups
@@ -30,13 +30,13 @@ def get_config(arg: str | None = None):
   c.replay.headroom.order = "headroom"
   c.replay.objective = "align_mu"  # the paper's L_mix: ratio denominator pi_gen
   # 256 fresh + 64 replay rows = 320: 4 minibatches of 80.
-  return common.apply_presets(c, arg, own=PRESETS)
+  return schema.apply_presets(c, arg, own=PRESETS)
 
 
 PRESETS = {
-    "headroom_only": common.Preset(lambda c: c.replay.headroom.update(gate=False)),
-    "drift_only": common.Preset(lambda c: c.replay.headroom.update(order="fifo")),
-    "decoupled": common.Preset(lambda c: c.replay.update(objective="decoupled")),
-    "walk": common.Preset(lambda c, n: c.replay.headroom.update(candidate_chunks=n), "int",
+    "headroom_only": schema.Preset(lambda c: c.replay.headroom.update(gate=False)),
+    "drift_only": schema.Preset(lambda c: c.replay.headroom.update(order="fifo")),
+    "decoupled": schema.Preset(lambda c: c.replay.update(objective="decoupled")),
+    "walk": schema.Preset(lambda c, n: c.replay.headroom.update(candidate_chunks=n), "int",
                           usage="walk=N"),
 }

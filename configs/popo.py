@@ -23,12 +23,12 @@ Presets of the paper's comparison (combine with the common ones, e.g. ``:kl,smok
             so that POPO with an empty buffer is exactly GRPO-filter
 """
 
-from configs import common
+from grpo_jax import schema
 
 
 
 def get_config(arg: str | None = None):
-  c = common.base_config()
+  c = schema.base_config()
   # "Effective" and the advantages both on the 0/1 accuracy signal: the paper's "reward
   # variance > 0" on the accuracy reward (a group of 0 and 0.1 format scores is ineffective).
   c.rl.reward_signal = "success"
@@ -51,7 +51,7 @@ def get_config(arg: str | None = None):
   c.replay.objective = "decoupled"
   c.rl.loss.is_mode = "truncate"  # behaviour weight min(pi_prox / mu, cap), as TIS / verl
   c.rl.loss.is_cap = 2.0  # weights of replayed tokens rarely exceed ~1.1 at this staleness
-  return common.apply_presets(c, arg, own=PRESETS)
+  return schema.apply_presets(c, arg, own=PRESETS)
 
 
 def _filter(c):
@@ -71,13 +71,13 @@ def _stale(c, staleness):
 
 
 PRESETS = {
-    "kl": common.Preset(lambda c: c.replay.popo.update(priority="lowest_kl")),
-    "filter": common.Preset(_filter),
-    "ineff": common.Preset(lambda c: c.replay.popo.update(insert="all")),
-    "stale": common.Preset(_stale, "int", bare=10, usage="stale=S"),
-    "pi_old": common.Preset(lambda c: c.replay.update(objective="pi_old")),
-    "align_mu": common.Preset(lambda c: c.replay.update(objective="align_mu")),
-    "reuse": common.Preset(lambda c, k: c.replay.popo.update(max_uses=k), "int", usage="reuse=K"),
-    "age": common.Preset(lambda c, a: c.replay.popo.update(max_age=a), "int", usage="age=A"),
-    "keep_unfilled": common.Preset(lambda c: c.replay.popo.update(unfilled="keep")),
+    "kl": schema.Preset(lambda c: c.replay.popo.update(priority="lowest_kl")),
+    "filter": schema.Preset(_filter),
+    "ineff": schema.Preset(lambda c: c.replay.popo.update(insert="all")),
+    "stale": schema.Preset(_stale, "int", bare=10, usage="stale=S"),
+    "pi_old": schema.Preset(lambda c: c.replay.update(objective="pi_old")),
+    "align_mu": schema.Preset(lambda c: c.replay.update(objective="align_mu")),
+    "reuse": schema.Preset(lambda c, k: c.replay.popo.update(max_uses=k), "int", usage="reuse=K"),
+    "age": schema.Preset(lambda c, a: c.replay.popo.update(max_age=a), "int", usage="age=A"),
+    "keep_unfilled": schema.Preset(lambda c: c.replay.popo.update(unfilled="keep")),
 }

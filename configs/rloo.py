@@ -3,10 +3,10 @@
     python -m grpo_jax.train --config=configs/rloo.py --workdir=runs/rloo
 """
 
-from configs import common
+from grpo_jax import schema
 
 
 def get_config(arg: str | None = None):
-  c = common.base_config()
+  c = schema.base_config()
   c.rl.estimator = "rloo"  # r_i - mean of the other G - 1 rewards
-  return common.apply_presets(c, arg)
+  return schema.apply_presets(c, arg)

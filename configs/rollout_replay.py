@@ -27,11 +27,11 @@ Two variants:
 Presets: ``paper``, ``decoupled`` (POPO's objective for replayed rows), plus the common ones.
 """
 
-from configs import common
+from grpo_jax import schema
 
 
 def get_config(arg: str | None = None):
-  c = common.base_config()
+  c = schema.base_config()
   c.replay.method = "prioritized"
   c.replay.prioritized.tau_max = 10  # tau_max: an entry older than 10 (age_unit) is never replayed
   c.replay.prioritized.age_unit = "steps"
@@ -45,7 +45,7 @@ def get_config(arg: str | None = None):
   n_ref = c.rollout.get_ref("batch_prompts") * c.rollout.get_ref("group_size")
   c.replay.capacity = n_ref * 11
   # 256 + 128 = 384 rows: 4 minibatches of 96.
-  return common.apply_presets(c, arg, own=PRESETS)
+  return schema.apply_presets(c, arg, own=PRESETS)
 
 
 def _paper(c):
@@ -61,7 +61,7 @@ def _paper(c):
 
 
 PRESETS = {
-    "paper": common.Preset(_paper),
+    "paper": schema.Preset(_paper),
     # POPO's objective for replayed rows.
-    "decoupled": common.Preset(lambda c: c.replay.update(objective="decoupled")),
+    "decoupled": schema.Preset(lambda c: c.replay.update(objective="decoupled")),
 }

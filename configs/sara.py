@@ -8,11 +8,11 @@ Presets: every common one (``:dps`` and ``:mopps`` choose the prompts, SARA deci
 stop each group).
 """
 
-from configs import common
+from grpo_jax import schema
 
 
 def get_config(arg: str | None = None):
-  c = common.base_config()
+  c = schema.base_config()
   c.rl.estimator = "grpo"
   c.allocation.method = "sara"
   c.allocation.sara.probes = 4  # K
@@ -21,4 +21,4 @@ def get_config(arg: str | None = None):
   c.allocation.sara.tau_lo = 0.45
   c.allocation.sara.tau_hi = 0.9  # commit: with a fresh Beta(1,1) prior, as soon as probes disagree
   c.allocation.max_rounds = 10
-  return common.apply_presets(c, arg)
+  return schema.apply_presets(c, arg)

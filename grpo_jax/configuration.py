@@ -33,7 +33,7 @@ _check = errors.check
 
 
 PARTIAL_CACHES = ("keep", "reprefill")
-# The asynchronous knobs' defaults (configs/common.py): any other value needs rollout.devices.
+# The asynchronous knobs' defaults (grpo_jax/schema/defaults.py): any other value needs rollout.devices.
 ASYNC_DEFAULTS = {"schedule": "free", "lockstep_chunks": 1, "ahead": 1}
 CORRECTIONS = ("decoupled", "naive")
 
@@ -50,7 +50,7 @@ def _asynchronous(config) -> None:
   the device count is checked against the machine's in ``check_mesh``."""
   r = config.rollout
   for name in ("devices", "generation_mesh", "schedule", "lockstep_chunks", "ahead"):
-    _check(name in r, f"rollout.{name}", "missing (start from configs/common.py)")
+    _check(name in r, f"rollout.{name}", "missing (start from grpo_jax.schema.base_config())")
   _check(isinstance(r.devices, int) and not isinstance(r.devices, bool) and r.devices >= 0,
          "rollout.devices", f"{r.devices!r} must be an integer >= 0 (0 = generate on the "
          "training devices)")
@@ -76,7 +76,7 @@ def _partial_rollouts(config) -> None:
   r = config.rollout
   for name in ("partial", "slots", "max_staleness", "chunk", "decode_budget", "partial_cache",
                "correction"):
-    _check(name in r, f"rollout.{name}", "missing (start from configs/common.py)")
+    _check(name in r, f"rollout.{name}", "missing (start from grpo_jax.schema.base_config())")
   _check(isinstance(r.partial, bool), "rollout.partial", f"{r.partial!r} must be true or false")
   rows = r.batch_prompts * r.group_size
   _check(isinstance(r.slots, int) and r.slots >= 0 and r.slots % r.group_size == 0,
@@ -116,7 +116,7 @@ def validate(config, *, weights: bool = True) -> None:
       may name the architecture by ``model.arch`` instead).
   """
   for group in _GROUPS:
-    _check(group in config, group, "missing group (start from configs/common.py)")
+    _check(group in config, group, "missing group (start from grpo_jax.schema.base_config())")
   deprecated.apply(config)
   tasks.infer_name(config)
   m, r, rl, o = config.model, config.rollout, config.rl, config.opt

@@ -132,7 +132,7 @@ def apply(config) -> None:
           selected.values(), _SELECTOR.items()) if f".{value}." in f".{'.'.join(parents)}."),
                 "the selected component")
       errors.check(False, old, f"deprecated, and {by} has no {name!r} (see {group}.* in "
-                   "configs/common.py)")
+                   "grpo_jax/schema/defaults.py)")
     _notice(f"config.{old} is deprecated: use config.{new} (applied)")
     parent[name] = config[group][key]
     config[group][key] = None

@@ -81,7 +81,7 @@ def parse_flags(argv):
     given = [a.split("=")[0][2:] for a in argv
              if a.startswith("--config.") and name in a.split("=")[0].split(".")]
     sys.exit(f"grpo_jax.train: unknown config field {given[0] if given else name!r}; the "
-             "fields and their meaning are in configs/common.py")
+             "fields and their meaning are in grpo_jax/schema/defaults.py")
 
 
 if __name__ == "__main__":

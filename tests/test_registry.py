@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from configs import common, grpo, headroom, popo, rollout_replay
-from grpo_jax import allocation, configuration, deprecated, registry, tasks, train
+from configs import grpo, headroom, popo, rollout_replay
+from grpo_jax import allocation, configuration, deprecated, registry, schema, tasks, train
 from grpo_jax.rewards import functions as rewards
 from grpo_jax.rl import estimators, policy_losses
 from grpo_jax.rl.replay import method as method_lib
@@ -28,7 +28,7 @@ def test_every_component_is_found_and_its_group_holds_its_defaults():
   assert set(allocation.SELECTORS.names()) == {"stream", "mopps", "dps"}
   assert set(tasks.TASKS.names()) == {"countdown", "gsm8k", "jsonl", "file"}
   assert set(rewards.REWARDS.names()) == {"math", "gsm8k", "countdown", "format"}
-  c = common.base_config()
+  c = schema.base_config()
   for parent, table in ((c.replay, method_lib.METHODS), (c.allocation, allocation.RULES),
                         (c.allocation, allocation.SELECTORS), (c.task, tasks.TASKS)):
     for name, component in table.items():
@@ -102,7 +102,7 @@ def test_a_deprecated_flat_key_moves_to_its_group_with_one_line(module, old, val
 
 def test_every_deprecated_key_names_an_existing_field():
   """Each alias's target exists for some method / selector / loss, with the alias's type."""
-  c = common.base_config()
+  c = schema.base_config()
   for old, (kind, template) in deprecated.ALIASES.items():
     found = []
     for m in method_lib.METHODS.names():

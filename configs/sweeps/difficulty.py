@@ -84,7 +84,9 @@ first two sizes; the third size asks whether that movement goes on. Grid name
 
 import os
 
-from configs import sft
+from grpo_jax.schema import files
+
+sft = files.module("sft")  # configs/sft.py, found from any working directory
 
 
 def get_grid(arg=None):

@@ -91,7 +91,7 @@ from grpo_jax.bench import bounded
 from grpo_jax.bench.accelerator_report import markdown, point_line
 
 HANG_CAP_S = 3.0
-# configs/common.py's qwen3 presets: 64 prompts x 8 rollouts per step.
+# grpo_jax/schema/presets.py's qwen3 presets: 64 prompts x 8 rollouts per step.
 PRESET_ROWS = 512
 # A point started with less than this left could not load, compile and run a 0.6B step.
 MIN_START_S = {False: 20.0, True: 0.0}

@@ -177,8 +177,8 @@ def parity_point(tiny: bool) -> dict:
 def run_config(method: str, n: int, g: int, p: int, t: int, attention: str):
   """configs/{method}.py with the qwen3_0p6b preset (the real bf16 configuration: bf16 matmuls,
   float32 master weights, layer remat, query blocks of 256, prox_pass auto) at these shapes."""
-  import importlib
-  config = importlib.import_module(f"configs.{method}").get_config("qwen3_0p6b")
+  from grpo_jax.schema import files
+  config = files.load(f"{method}:qwen3_0p6b")
   config.rollout.update(batch_prompts=n // g, group_size=g, prompt_len=p, completion_len=t)
   config.model.attention = attention
   return config

@@ -65,9 +65,8 @@ _TIMES = ("generator_busy", "generator_idle", "trainer_busy", "trainer_idle", "t
 
 def _config(spec: str, devices: int, schedule: str, staleness: int, minibatches: int,
             total: int, overrides=(), ahead: int = 1):
-  import importlib  # pylint: disable=g-import-not-at-top
-  module, _, presets = spec.partition(":")
-  c = importlib.import_module(f"configs.{module}").get_config(presets)
+  from grpo_jax.schema import files  # pylint: disable=g-import-not-at-top
+  c = files.load(spec)
   for item in overrides:
     key, _, value = item.partition("=")
     *groups, name = key.split(".")

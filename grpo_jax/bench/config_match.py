@@ -7,7 +7,7 @@ cell done, when today's config of the cell is the same run (``changes`` is empty
 * a key in both has the same value in both (a changed default changes the value of every cell
   that relied on it, so those cells become stale);
 * a key only today's config has (added to the package since the run) is at its default, the
-  value ``configs/common.py``'s ``base_config`` gives it: a new knob whose default keeps the
+  value ``grpo_jax.schema.base_config`` gives it: a new knob whose default keeps the
   old behaviour changes nothing; one that a method's file or the grid sets otherwise does;
 * a key only the record has (removed since) was unset (None); any other removed key counts as
   a change (whether the code without it behaves as it did with that value, only a re-run
@@ -59,7 +59,7 @@ def changes(recorded: dict[str, Any], now: dict[str, Any],
   Args:
     recorded: the flat config a record's run used.
     now: the cell's flat config today.
-    defaults: today's flat base config (``configs/common.py``'s ``base_config``).
+    defaults: today's flat base config (``grpo_jax.schema.base_config``).
 
   Returns:
     {path: [recorded value, today's value]} for every key by which the two runs differ (see

@@ -40,7 +40,6 @@ and wall seconds; needs matplotlib), and prints the table.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 
@@ -52,6 +51,7 @@ from grpo_jax import train
 from grpo_jax.bench.curves import AXES, at_marks, budget_curve, to_target
 from grpo_jax.run import evaluate as evaluate_lib
 from grpo_jax.run import report
+from grpo_jax.schema import files
 
 _METHODS = flags.DEFINE_list("methods", ["grpo", "popo"],
                              "config files under configs/, with optional presets: popo:filter "
@@ -166,7 +166,7 @@ def main(argv):
   for method in _METHODS.value:
     name, _, presets = method.partition(":")
     presets = presets.replace("+", ",")
-    module = importlib.import_module(f"configs.{name}")
+    module = files.module(name)
     results[method] = {}
     for seed in range(_SEEDS.value):
       config = module.get_config(",".join(filter(None, [presets, _PRESETS.value])) or None)
@@ -255,8 +255,7 @@ def _budget() -> tuple[str, int, int]:
 
 
 def _per_step() -> int:
-  module = importlib.import_module("configs.grpo")
-  c = module.get_config(_PRESETS.value or None)
+  c = files.module("grpo").get_config(_PRESETS.value or None)
   return c.rollout.batch_prompts * c.rollout.group_size
 
 

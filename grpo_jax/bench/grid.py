@@ -36,7 +36,6 @@ before any cell runs.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.util
 import itertools
 import json
@@ -45,8 +44,9 @@ from typing import Any
 
 import ml_collections
 
-from grpo_jax import configuration
+from grpo_jax import configuration, schema
 from grpo_jax.bench import config_match
+from grpo_jax.schema import files
 
 BUDGETS = ("steps", "rollouts", "tokens")
 _KEYS = {"name", "methods", "seeds", "more_seeds", "budget", "evaluations", "presets", "overrides", "axes",
@@ -131,7 +131,7 @@ class Grid:
     """The cell's full config: the method's file and presets, the budget, the overrides, the
     setting, the seed."""
     name, _, presets = self.methods[cell.method].partition(":")
-    module = importlib.import_module(f"configs.{name}")
+    module = files.module(name)
     arg = ",".join(filter(None, [presets.replace("+", ","), self.presets]))
     c = module.get_config(arg or None)
     per_step = c.rollout.batch_prompts * c.rollout.group_size
@@ -181,9 +181,9 @@ def flat_config(c: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def defaults() -> dict[str, Any]:
-  """Today's base config (``configs/common.py``), flat: the value a key added to the package
+  """Today's base config (``grpo_jax.schema.base_config``), flat: the value a key added to the package
   since a record was written must have for the record to stand."""
-  return flat_config(importlib.import_module("configs.common").base_config())
+  return flat_config(schema.base_config())
 
 
 def config_hash(c: ml_collections.ConfigDict) -> str:
@@ -330,7 +330,7 @@ def _set(c: ml_collections.ConfigDict, path: str, value: Any, where: str) -> Non
       raise GridError(f"{where}: no config group {path.rsplit('.', 1)[0]!r} (in {path!r})")
     node = node[part]
   if leaf not in node:
-    raise GridError(f"{where}: no config field {path!r}; the fields are in configs/common.py")
+    raise GridError(f"{where}: no config field {path!r}; the fields are in grpo_jax/schema/defaults.py")
   try:
     node[leaf] = value
   except TypeError as e:  # ml_collections refuses a value of another type than the field's

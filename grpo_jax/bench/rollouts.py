@@ -224,11 +224,11 @@ def train_step_compare(method: str, graphdef, params, model_config, b: int, g: i
   call stored and its step runs the pi_prox pass over the replayed rows. Returns per packing
   the step's seconds and its metrics' useful fractions and replayed rows, and the padded over
   packed time (the same rows and real tokens: the speedup per real token)."""
-  import importlib
+  from grpo_jax.schema import files
   n = b * g
   out = {}
   for packing in ("none", "tokens"):
-    config = importlib.import_module(f"configs.{method}").get_config()
+    config = files.load(method)
     config.rollout.update(batch_prompts=b, group_size=g, prompt_len=p, completion_len=t)
     config.rl.update(num_minibatches=max(1, n // 16), packing=packing)
     rollout = synthetic_step.rollout(n, g, p, t, model_config.vocab_size,

@@ -37,7 +37,6 @@ computes in bfloat16.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import time
@@ -58,6 +57,7 @@ from grpo_jax.rl import batch as batch_lib, policy, step as step_lib
 from grpo_jax.rl import losses, replay as replay_lib
 from grpo_jax.rl.replay import method as method_lib
 from grpo_jax.rl.step_config import StepConfig
+from grpo_jax.schema import files
 from grpo_jax.types import Rollout
 
 _MODEL = flags.DEFINE_string("model", "/tmp/qwen3_bench", "Hugging Face Qwen3 folder.")
@@ -299,8 +299,7 @@ def _replay_method(name: str, b: int, g: int):
 
   Warm-up is switched off so that replay happens from the second step on.
   """
-  module, _, presets = name.partition(":")
-  config = importlib.import_module(f"configs.{module}").get_config(presets or None)
+  config = files.load(name)
   config.rollout.batch_prompts, config.rollout.group_size = b, g
   config.replay.prioritized.warmup_steps = 0
   method = configuration.replay_method(config)

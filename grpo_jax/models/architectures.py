@@ -3,7 +3,7 @@
 Training always reads the architecture from the checkpoint's ``config.json``; these are the
 values of the Hugging Face ``Qwen/Qwen3-*`` config.json files (Qwen3 Technical Report, arXiv
 2505.09388, Table 1: dense models with 128-dimensional heads, 8 key/value heads, tied
-embeddings up to 4B), named like the config presets (``configs/common.py``).
+embeddings up to 4B), named like the config presets (``grpo_jax/schema/presets.py``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import subprocess
 import ml_collections
 import pytest
 
-from configs import common
+from grpo_jax import schema
 from grpo_jax.bench import cells as cells_lib
 from grpo_jax.bench import config_match
 from grpo_jax.bench import grid as grid_lib
@@ -59,15 +59,15 @@ def test_what_makes_two_configs_two_runs_by_hand():
 
 
 def _edit_defaults(monkeypatch, edit):
-  """Makes ``configs/common.py``'s base config (every config file starts from it) ``edit``ed."""
-  base = common.base_config
+  """Makes ``grpo_jax.schema``'s base config (every config file starts from it) ``edit``ed."""
+  base = schema.base_config
 
   def edited():
     c = base()
     edit(c)
     return c
 
-  monkeypatch.setattr(common, "base_config", edited)
+  monkeypatch.setattr(schema, "base_config", edited)
 
 
 def _add_keys(c):

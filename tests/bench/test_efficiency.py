@@ -112,11 +112,13 @@ def test_budget_table_and_rollouts_to_target():
 def test_cli_on_a_smoke_config_is_quiet_and_writes_the_table(tmp_path):
   """The command end to end on ``:smoke`` (mean@2, a start of accuracy 0): no third-party INFO
   lines (with ``--verbosity=0`` there are ~60), the table read at the config's k, and no AES
-  rows, which are undefined against a start of 0 (before: an IndexError, then a ValueError)."""
+  rows, which are undefined against a start of 0 (before: an IndexError, then a ValueError).
+  Run from a directory outside the repository: the method's file is found by its name."""
   out = tmp_path / "out"
   proc = subprocess.run([sys.executable, "-m", "grpo_jax.bench.efficiency", "--methods=grpo",
                          "--presets=smoke", "--seeds=1", "--steps=2", "--eval_every=2",
-                         f"--out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                         f"--out={out}"], cwd=tmp_path, capture_output=True, text=True,
+                        timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   text = proc.stdout + proc.stderr
   assert not THIRD_PARTY_LOG.search(text), THIRD_PARTY_LOG.search(text).group(0)

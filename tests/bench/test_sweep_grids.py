@@ -162,7 +162,7 @@ COMMITTED = {
 def test_the_committed_cells_are_done_and_stay_done_when_a_key_is_added_at_its_default(
     tmp_path, monkeypatch, folder):
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from configs import common  # pylint: disable=g-import-not-at-top
+  from grpo_jax import schema  # pylint: disable=g-import-not-at-top
   from grpo_jax.bench import sweep  # pylint: disable=g-import-not-at-top
   spec, count = COMMITTED[folder]
   monkeypatch.chdir(tmp_path)  # the size variants' models, as above
@@ -175,7 +175,7 @@ def test_the_committed_cells_are_done_and_stay_done_when_a_key_is_added_at_its_d
   assert len(ids) == count and ids <= {f[:-len(".json")] for f in os.listdir(f"{out}/cells")}
   if folder == "partial":
     assert all("-naive__" in c.id for c in g.cells() if c.id not in ids)
-  base = common.base_config
+  base = schema.base_config
 
   def edited(edit):
     def config():
@@ -189,8 +189,8 @@ def test_the_committed_cells_are_done_and_stay_done_when_a_key_is_added_at_its_d
     c.rollout.new_knob = 0.5
     c.new_group = ml_collections.ConfigDict({"width": 3})
 
-  monkeypatch.setattr(common, "base_config", edited(add))
+  monkeypatch.setattr(schema, "base_config", edited(add))
   assert done() == ids
   # a default every cell relied on, changed: none is done
-  monkeypatch.setattr(common, "base_config", edited(lambda c: setattr(c.opt, "b2", 0.99)))
+  monkeypatch.setattr(schema, "base_config", edited(lambda c: setattr(c.opt, "b2", 0.99)))
   assert not done()

@@ -18,8 +18,8 @@ import optax
 import pytest
 from flax import nnx
 
-from configs import common, grpo, popo
-from grpo_jax import configuration, train
+from configs import grpo, popo
+from grpo_jax import configuration, schema, train
 from grpo_jax.models import CheckpointError, adapter_folder, from_pretrained, lora
 from grpo_jax.models import save_pretrained
 from grpo_jax.rl import losses, step as step_lib
@@ -403,7 +403,7 @@ def test_lora_presets_scale_the_learning_rate_after_model_presets():
   plain = grpo.get_config("").opt.learning_rate
   c = grpo.get_config("lora")
   assert (c.model.lora.rank, c.model.lora.alpha) == (32, 32.0)
-  assert c.opt.learning_rate == pytest.approx(plain * common.LORA_LR_SCALE)
+  assert c.opt.learning_rate == pytest.approx(plain * schema.LORA_LR_SCALE)
   # The model preset's rate (1e-6) is the one scaled, wherever :lora stands.
   for arg in ("lora=8,qwen3_4b", "qwen3_4b,lora=8"):
     c = popo.get_config(arg)

@@ -73,10 +73,11 @@ def test_cli_smoke_terminal_metrics_and_checkpoints(smoke_run):
   assert [r["rollouts"] for r in steps] == [4, 8]
   assert any("eval/mean_at_2" in r for r in records)
   assert checkpoint_lib.Checkpointer(os.fspath(workdir), 2).latest_step() == 2
-  # Started again, the finished run says so and prints the same summary.
+  # Started again, the finished run says so and prints the same summary; from another
+  # directory, the config file by its full path (it imports the schema from the package).
   again = subprocess.run([sys.executable, "-m", "grpo_jax.train",
-                          "--config=configs/popo.py:smoke", f"--workdir={workdir}"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+                          f"--config={ROOT}/configs/popo.py:smoke", f"--workdir={workdir}"],
+                         cwd=workdir.parent, capture_output=True, text=True, timeout=300)
   assert again.returncode == 0
   assert f"grpo_jax: {workdir} is complete (2/2 steps); nothing to do." in again.stdout
   summary = lambda text: text[text.index("grpo_jax: run complete"):].splitlines()[:4]
@@ -432,7 +433,7 @@ def test_prox_pass_auto_follows_the_matmul_dtype():
 def test_cli_unknown_config_field_is_one_readable_line(tmp_path):
   assert _cli_error_line("--config.rl.fooo=1", tmp_path) == (
       "grpo_jax.train: unknown config field 'config.rl.fooo'; the fields and their meaning are "
-      "in configs/common.py")
+      "in grpo_jax/schema/defaults.py")
   assert not os.listdir(tmp_path)  # nothing written
 
 

@@ -9,7 +9,7 @@ rows, and the diagnostics) is ``grpo_jax.rl.losses.policy_loss``, which calls th
 
 A new loss is one module here: a frozen dataclass registered in ``POLICY_LOSSES`` whose fields
 are its config group (``registry.Configurable``) and whose ``per_token`` implements the
-``PolicyLoss`` protocol; its preset is one line in ``configs/common.py``.
+``PolicyLoss`` protocol; its preset is one line in ``grpo_jax/schema/presets.py``.
 """
 
 from __future__ import annotations

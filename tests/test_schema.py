@@ -1,0 +1,38 @@
+"""The config's schema in the package (``grpo_jax.schema``): the method files found by name or
+path from any directory, and the old module kept for the files written against it."""
+
+import os
+
+import pytest
+
+from configs import common, popo
+from grpo_jax import schema
+from grpo_jax.schema import files
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_a_method_file_loads_by_name_or_path_from_any_directory(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # neither the repository nor its configs/ is here
+  want = popo.get_config("kl,smoke").to_json(sort_keys=True)
+  assert files.load("popo:kl,smoke").to_json(sort_keys=True) == want
+  assert files.load(f"{ROOT}/configs/popo.py:kl,smoke").to_json(sort_keys=True) == want
+  assert files.path_of("popo") == os.path.join(ROOT, "configs", "popo.py")
+  assert files.module("popo") is files.module(os.path.join(ROOT, "configs", "popo.py"))
+
+
+@pytest.mark.parametrize("name,says", [("nosuch", "the method files are in the repository's "
+                                                  "configs/"),
+                                       ("sub/nosuch.py", "not found")])
+def test_an_unknown_config_file_is_one_line(tmp_path, monkeypatch, name, says):
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(FileNotFoundError, match=says) as e:
+    files.load(name + ":smoke")
+  assert "\n" not in str(e.value)
+
+
+def test_the_old_module_is_the_package_s_schema():
+  # Config files written against configs/common.py build the same config.
+  assert common.base_config is schema.base_config and common.COMMON is schema.COMMON
+  assert common.apply_presets(common.base_config(), "smoke").to_json() == (
+      schema.apply_presets(schema.base_config(), "smoke").to_json())
