@@ -22,8 +22,8 @@ from grpo_jax.rl.replay import method as method_lib
 from grpo_jax.rl.step_config import PROX_ESTIMATES, PROX_PASSES, REMAT, StepConfig
 from grpo_jax.tasks import row_schemas
 
-_GROUPS = ("model", "task", "rollout", "rl", "replay", "allocation", "opt", "eval", "checkpoint",
-           "mesh")
+_GROUPS = ("model", "task", "rollout", "rl", "replay", "prox", "allocation", "opt", "eval",
+           "checkpoint", "mesh")
 
 
 ConfigError = errors.ConfigError  # re-exported: callers catch configuration.ConfigError
@@ -74,8 +74,7 @@ def _asynchronous(config) -> None:
 def _partial_rollouts(config) -> None:
   """``rollout.partial`` and its knobs (``allocation/partial.py``), each refusal one line."""
   r = config.rollout
-  for name in ("partial", "slots", "max_staleness", "chunk", "decode_budget", "partial_cache",
-               "correction"):
+  for name in ("partial", "slots", "max_staleness", "chunk", "decode_budget", "partial_cache"):
     _check(name in r, f"rollout.{name}", "missing (start from grpo_jax.schema.base_config())")
   _check(isinstance(r.partial, bool), "rollout.partial", f"{r.partial!r} must be true or false")
   rows = r.batch_prompts * r.group_size
@@ -90,8 +89,6 @@ def _partial_rollouts(config) -> None:
          f"{r.decode_budget!r} must be an integer >= 0 (0 = until B groups are complete)")
   _check(r.partial_cache in PARTIAL_CACHES, "rollout.partial_cache",
          f"{r.partial_cache!r}; known: {', '.join(PARTIAL_CACHES)}")
-  _check(r.correction in CORRECTIONS, "rollout.correction",
-         f"{r.correction!r}; known: {', '.join(CORRECTIONS)}")
   _asynchronous(config)
   if not uses_pool(config):
     return
@@ -166,9 +163,7 @@ def validate(config, *, weights: bool = True) -> None:
   _check(rl.score_base in scoring.SCORE_BASES, "rl.score_base",
          f"{rl.score_base!r}; known: {', '.join(scoring.SCORE_BASES)}")
   _validate_rewards(config)
-  # "auto" is the group's own value, resolved from the model's dtype before the step sees it.
-  _check(rl.prox_pass in ("auto",) + PROX_PASSES, "rl.prox_pass",
-         f"{rl.prox_pass!r}; known: auto, {', '.join(PROX_PASSES)}")
+  _prox(config)
   _check(rl.max_consecutive_skips >= 0, "rl.max_consecutive_skips",
          f"{rl.max_consecutive_skips} must be >= 0 (0 never stops)")
   _check(0 <= rl.overlong_buffer < r.completion_len, "rl.overlong_buffer",
@@ -247,14 +242,6 @@ def _replay_method(config):
   _check(p.capacity >= 0, "replay.capacity", "must be >= 0")
   _check(p.objective in objectives.OBJECTIVES, "replay.objective",
          f"{p.objective!r}; known: {', '.join(objectives.OBJECTIVES)}")
-  _check(p.prox in PROX_ESTIMATES, "replay.prox", f"{p.prox!r}; known: {', '.join(PROX_ESTIMATES)}")
-  _check(p.prox == "exact" or prox_pass(config) != "all", "replay.prox",
-         "'interpolate' replaces the pass over replayed rows only, and rl.prox_pass resolves "
-         "to 'all' (one pass over every row, the default under bfloat16): set "
-         "rl.prox_pass=replayed or replay.prox=exact")
-  chunks = p.prox_chunks
-  _check(isinstance(chunks, int) and not isinstance(chunks, bool) and chunks >= 0,
-         "replay.prox_chunks", f"{chunks!r} must be an integer >= 0 (0 = the whole batch)")
   method = None
   for name, cls in method_lib.METHODS.items():
     try:
@@ -394,11 +381,32 @@ def _lora(m) -> None:
                       f"expression ({e})") from None
 
 
+def _prox(config) -> None:
+  """The ``prox`` group (pi_prox's rows, estimate, chunks and the continued rows' correction),
+  each refusal one line."""
+  p = config.prox
+  for name in ("rows", "estimate", "chunks", "continued"):
+    _check(name in p, f"prox.{name}", "missing (start from grpo_jax.schema.base_config())")
+  # "auto" is the group's own value, resolved from the model's dtype before the step sees it.
+  _check(p.rows in ("auto",) + PROX_PASSES, "prox.rows",
+         f"{p.rows!r}; known: auto, {', '.join(PROX_PASSES)}")
+  _check(p.estimate in PROX_ESTIMATES, "prox.estimate",
+         f"{p.estimate!r}; known: {', '.join(PROX_ESTIMATES)}")
+  _check(p.estimate == "exact" or prox_pass(config) != "all", "prox.estimate",
+         "'interpolate' replaces the pass over replayed rows only, and prox.rows resolves to "
+         "'all' (one pass over every row, the default under bfloat16): set prox.rows=replayed "
+         "or prox.estimate=exact")
+  _check(isinstance(p.chunks, int) and not isinstance(p.chunks, bool) and p.chunks >= 0,
+         "prox.chunks", f"{p.chunks!r} must be an integer >= 0 (0 = the whole batch)")
+  _check(p.continued in CORRECTIONS, "prox.continued",
+         f"{p.continued!r}; known: {', '.join(CORRECTIONS)}")
+
+
 def prox_pass(config) -> str:
-  """``rl.prox_pass`` resolved: "auto" is "all" when the matmuls are not float32 (the sampler's
+  """``prox.rows`` resolved: "auto" is "all" when the matmuls are not float32 (the sampler's
   cached decoding and the step's full forward then differ), else "replayed"."""
-  if config.rl.prox_pass != "auto":
-    return config.rl.prox_pass
+  if config.prox.rows != "auto":
+    return config.prox.rows
   return "all" if config.model.dtype != "float32" else "replayed"
 
 
@@ -412,8 +420,8 @@ def step_config(config, replay=None) -> StepConfig:
   r, m = config.rollout, config.model
   return StepConfig.from_group(
       deprecated.current(config.rl), group_size=r.group_size, prox_pass=prox_pass(config),
-      prox_estimate=config.replay.prox, prox_chunks=config.replay.prox_chunks,
-      continued=uses_pool(config) and r.correction == "decoupled",
+      prox_estimate=config.prox.estimate, prox_chunks=config.prox.chunks,
+      continued=uses_pool(config) and config.prox.continued == "decoupled",
       temperature=r.temperature, compute_entropy=config.rl.loss.entropy_coef > 0,
       replay=replay_method(config) if replay is None else replay, remat=m.remat,
       query_block=m.query_block)

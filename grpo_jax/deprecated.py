@@ -47,6 +47,11 @@ ALIASES = {
     **{f"rl.{k}": (kind, f"rl.loss.{k}") for k, kind in (
         ("is_mode", str), ("is_cap", float), ("aggregation", str), ("norm_constant", float),
         ("kl_coef", float), ("kl_estimator", str), ("entropy_coef", float))},
+    # pi_prox's four keys, from three groups into one (prox_plan.py plans from them).
+    "rl.prox_pass": (str, "prox.rows"),
+    "replay.prox": (str, "prox.estimate"),
+    "replay.prox_chunks": (int, "prox.chunks"),
+    "rollout.correction": (str, "prox.continued"),
 }
 # The key that selects the component whose group a templated alias moves to.
 _SELECTOR = {"method": "replay.method", "selector": "allocation.selector",

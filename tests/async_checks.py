@@ -157,14 +157,16 @@ def fuzz(root: str, n: int, seed: int = 0) -> list:
                  lockstep_chunks=int(rng.integers(0, 3)), max_staleness=int(rng.integers(0, 4)),
                  ahead=int(rng.integers(0, 3)), slots=int(rng.choice([0, 8, 16])),
                  chunk=int(rng.choice([0, 1, 3])),
-                 partial_cache=str(rng.choice(["keep", "reprefill"])),
-                 correction=str(rng.choice(["decoupled", "naive"])))
+                 partial_cache=str(rng.choice(["keep", "reprefill"])))
+    continued = str(rng.choice(["decoupled", "naive"]))
     gen_axes, train_axes = axes(), axes()
     c = _config(grpo, "smoke", 2, **knobs)
+    c.prox.continued = continued
     c.rollout.batch_prompts = 4  # 8 rows a step: they split over 1, 2, 4 or 8 devices
     c.rollout.generation_mesh.update(**gen_axes)
     c.mesh.update(**train_axes)
-    case = {"knobs": knobs, "generation_mesh": gen_axes, "mesh": train_axes}
+    case = {"knobs": knobs, "continued": continued, "generation_mesh": gen_axes,
+            "mesh": train_axes}
     try:
       run = _run(c, os.path.join(root, f"fuzz{i}"))
       case["staleness_max"] = max(s["rollout/staleness_max"] for s in run["steps"])

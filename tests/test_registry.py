@@ -88,6 +88,10 @@ def test_an_inactive_group_is_validated_too():
     (grpo, "rl.dual_clip", 10.0, "rl.loss.ppo.dual_clip"),
     (grpo, "rl.kl_coef", 0.04, "rl.loss.kl_coef"),
     (grpo, "rl.aggregation", "token-mean", "rl.loss.aggregation"),
+    (popo, "rl.prox_pass", "all", "prox.rows"),
+    (popo, "replay.prox", "interpolate", "prox.estimate"),
+    (popo, "replay.prox_chunks", 2, "prox.chunks"),
+    (grpo, "rollout.correction", "naive", "prox.continued"),
 ])
 def test_a_deprecated_flat_key_moves_to_its_group_with_one_line(module, old, value, new,
                                                                  capsys):

@@ -8,9 +8,9 @@ Partial rollouts (``rollout.partial``) with a pool of 2 x B x G = 512 rows and a
 decode steps a step, at ``max_staleness`` 1, 2 and 4: a step ends when B = 32 groups are
 complete, so rows admitted into slots freed during a step finish under the next parameters.
 Each with the naive correction (the clipped ratio pi_theta / mu, as a synchronous trainer
-treats stale tokens: the ``naive`` preset, ``rollout.correction=naive``) and the decoupled one
+treats stale tokens: the ``naive`` preset, ``prox.continued=naive``) and the decoupled one
 (``decoupled_all``: pi_prox from a pass at the step's start over every row, ratio to it,
-behaviour weight pi_prox / mu; ``rollout.correction=decoupled``, the default, gives the
+behaviour weight pi_prox / mu; ``prox.continued=decoupled``, the default, gives the
 continued rows the same values from a pass over them only). 25,600 generated rollouts (a discarded rollout counts), 4 evaluations on the
 same 1,024 held-out prompts, 3 seeds: 24 cells. On the embedded model (completions of about 8
 tokens, T = 16) this measures the correction of stale tokens, not the length distribution of

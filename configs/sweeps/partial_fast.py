@@ -9,7 +9,7 @@ learning rate (3e-5), where a stale token's pi_prox differs from mu by 0.004-0.0
 the movement grid's fast corner (lr 2e-4, 8 updates per batch: where GRPO itself degrades and
 POPO's pi_old ablation collapsed): GRPO, and partial rollouts at ``max_staleness`` 2 and 4
 (a pool of 512 rows, at most 8 decode steps a step, as in ``partial.py``) with the naive
-correction (``naive``) and the decoupled one (``rollout.correction=decoupled``, the default:
+correction (``naive``) and the decoupled one (``prox.continued=decoupled``, the default:
 pi_prox from a pass over the continued rows only). 25,600 generated rollouts, 4 evaluations
 on the same 1,024 held-out prompts, 3 seeds: 15 cells.
 """

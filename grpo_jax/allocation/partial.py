@@ -6,7 +6,7 @@ free up; each step takes the first B groups to complete (Kimi k1.5, arXiv 2501.1
 arXiv 2509.18521), scores them on the host and hands them to the train step with the version
 of every token (``Rollout.version`` [N, T]). A group whose oldest token would be more than
 ``rollout.max_staleness`` updates old when trained is discarded (counted as generated). The
-rows' importance correction is the train step's: ``rl.prox_pass=all`` gives every row the
+rows' importance correction is the train step's: ``prox.rows=all`` gives every row the
 decoupled objective (ratio to pi_prox, behaviour weight pi_prox / mu: Hilton et al., arXiv
 2110.00641); ``replayed`` (the default) clips pi_theta / mu, the naive baseline.
 

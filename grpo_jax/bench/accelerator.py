@@ -53,7 +53,7 @@ compiles nothing that took over a second. The points, most important first:
 3. **train**: the real bf16 configuration's GRPO train step (configs/grpo.py with the
    ``qwen3_0p6b`` preset: bf16 matmuls, float32 master weights and Adam, layer remat, query
    blocks of 256, 4 minibatches, attention ``auto`` = cudnn / splash, and so
-   ``rl.prox_pass="auto"`` resolved to "all": the extra no-grad pass a bf16 run makes) on a
+   ``prox.rows="auto"`` resolved to "all": the extra no-grad pass a bf16 run makes) on a
    random Qwen3-0.6B-shaped model, ``--rows`` rows of synthetic rollouts (P 256, T 1,024, no
    EOS): tokens/s, model-FLOP utilisation against the chip's specification (the step is
    compute-bound), the compiled step's planned peak and the point's own device peak.

@@ -113,8 +113,8 @@ def main(argv):
     replay_method, capacity, run_config = _replay_method(method, b, g)
     config = StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value),
                                  replay=replay_method, shared_prompts=_SHARED.value,
-                                 prox_estimate=run_config.replay.prox,
-                                 prox_chunks=run_config.replay.prox_chunks)
+                                 prox_estimate=run_config.prox.estimate,
+                                 prox_chunks=run_config.prox.chunks)
     runs[method] = dict(
         config=config, step=step_lib.make_train_step(graphdef, tx, config),
         state=step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),
@@ -295,7 +295,7 @@ def phase_report(graphdef, params, config: ModelConfig, rollout: Rollout, gen_s:
 
 def _replay_method(name: str, b: int, g: int):
   """(replay method, buffer capacity, the run config) of configs/<name>.py[:presets] at this
-  batch shape (the step takes its pi_prox settings, ``replay.prox*``, from the config too).
+  batch shape (the step takes its pi_prox settings, the ``prox`` group, from the config too).
 
   Warm-up is switched off so that replay happens from the second step on.
   """

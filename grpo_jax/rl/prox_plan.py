@@ -7,7 +7,8 @@ buffer; under partial rollouts, continued from earlier steps) need a no-grad pas
 start-of-step parameters, or its interpolation (``prox.interpolated``), or the replay method's
 own pass over its candidates (``Composition.prox_logp``: POPO-KL's divergence pass,
 Headroom's candidate pass). Which of these runs, over which rows, depends only on static
-facts: the step's config (``prox_pass``, ``prox_estimate``, ``prox_chunks``, ``continued``,
+facts: the step's config (``prox_pass``, ``prox_estimate``, ``prox_chunks``, ``continued``:
+the run config's one ``prox`` group, ``rows``, ``estimate``, ``chunks`` and ``continued``; and
 the objective), whether the method replays, and whether it measured or bounded its rows.
 ``plan`` turns those facts into a ``ProxPlan`` once; ``proximal_pass`` runs the pass it names,
 and the step's sampler mismatch metric and update batch read the same plan instead of

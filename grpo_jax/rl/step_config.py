@@ -43,6 +43,8 @@ class StepConfig(registry.Configurable):
       metric ``effective_advantage_disagree``.
     prox_pass: "replayed" (pi_prox from a no-grad pass for replayed rows only; fresh rows use
       mu) or "all" (every row; for bfloat16, where cached decoding and the full forward differ).
+      The four pi_prox settings come from the config's ``prox`` group (``rows``, ``estimate``,
+      ``chunks``, ``continued``) and are planned once (``prox_plan.plan``).
     prox_estimate: how replayed rows get pi_prox where the step would make a pass for it:
       "exact" (the no-grad pass at the start-of-step parameters) or "interpolate" (no pass: in
       each update, log pi_prox = log mu + alpha (log pi_theta - log mu) with alpha from the
@@ -52,10 +54,10 @@ class StepConfig(registry.Configurable):
       a chunk holding no replayed row skipped at run time; 0 runs one pass over the whole
       batch.
     continued: rows may hold tokens drawn by earlier parameters (partial rollouts,
-      ``rollout.partial`` with ``rollout.correction=decoupled``): each such row is off-policy
+      ``rollout.partial`` with ``prox.continued=decoupled``): each such row is off-policy
       and the replay objective corrects it as it does a replayed row (pi_prox from the pass, or
       interpolated per token with ``prox_estimate``); False leaves them to the clipped
-      pi_theta / mu of a fresh row (``correction=naive``).
+      pi_theta / mu of a fresh row (``prox.continued=naive``).
     loss: LossConfig of the policy loss.
     num_minibatches: minibatches per epoch (rows split evenly).
     num_epochs: passes over the batch (mu of GRPO).
@@ -94,8 +96,8 @@ class StepConfig(registry.Configurable):
   estimator: Any = registry.component(ESTIMATORS, grpo.Grpo())
   reward_signal: str = "success"
   effective_signal: str = "success"
-  # The group's "auto" is resolved from the model's dtype (configuration.prox_pass).
-  prox_pass: str = registry.config_default("auto", "replayed")
+  # config.prox.rows; its "auto" is resolved from the model's dtype (configuration.prox_pass).
+  prox_pass: str = dataclasses.field(default="replayed", metadata=registry.DERIVED)
   prox_estimate: str = dataclasses.field(default="exact", metadata=registry.DERIVED)
   prox_chunks: int = dataclasses.field(default=0, metadata=registry.DERIVED)
   continued: bool = dataclasses.field(default=False, metadata=registry.DERIVED)

@@ -2,7 +2,7 @@
 
 ``base_config()`` is the ConfigDict every method's file (``configs/<method>.py``) starts from
 and changes; ``grpo_jax.configuration.validate`` checks it before anything loads or compiles.
-Field groups: model, task, rollout, rl, replay, allocation, opt, eval, checkpoint, mesh; a
+Field groups: model, task, rollout, rl, replay, prox, allocation, opt, eval, checkpoint, mesh; a
 registered component's own group (``task.countdown``, ``replay.popo``, ``allocation.sara``,
 ``rl.loss.gspo``, ...) comes from its spec's fields (``registry.Configurable``).
 """
@@ -90,9 +90,6 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.chunk = 0  # decode steps between two looks at which rows ended (0 = T / 32, at least 1)
   c.rollout.decode_budget = 0  # most decode steps per step (0 = until B groups are complete)
   c.rollout.partial_cache = "keep"  # keep | reprefill: a continued row's KV cache after an update
-  # Continued rows in the loss: decoupled (off-policy rows, corrected as replayed rows are: pi_prox
-  # from the pass or interpolated per token, replay.prox) | naive (clipped pi_theta / mu)
-  c.rollout.correction = "decoupled"
   # Generation on its own devices (grpo_jax/generate/asynchronous.py): the first K devices
   # generate into the pool (partial rollouts, on by it) while the rest train; 0 = colocated.
   c.rollout.devices = 0
@@ -120,16 +117,29 @@ def base_config() -> ml_collections.ConfigDict:
   c.replay.method = "none"  # a registered replay method: none | popo | prioritized | headroom
   c.replay.capacity = 0  # entries in the on-device buffer (groups; rollouts for "prioritized")
   c.replay.objective = "decoupled"  # replayed rows in the loss: decoupled | pi_old | align_mu
-  # pi_prox of replayed rows, where the objective needs it and the method does not measure it:
-  # exact (a no-grad pass at the start-of-step parameters) | interpolate (no pass: AReaL's
-  # log mu + alpha (log pi_theta - log mu), alpha from the version stamps; grpo_jax/rl/prox.py).
-  c.replay.prox = "exact"
-  # The exact pass runs over only the rows the method may replay, in this many chunks; a chunk
-  # without a replayed row is skipped. 0 = one pass over the whole batch.
-  c.replay.prox_chunks = 4
   # Each method's own group (config.replay.popo.slots, config.replay.headroom.tau, ...): its
   # dataclass's fields and defaults, documented in grpo_jax/rl/replay/<method>.py.
   _add_groups(c.replay, replay_method.METHODS)
+
+  # pi_prox, the proximal policy of the decoupled objective (Hilton et al., arXiv 2110.00641),
+  # decided once when the step is built (grpo_jax/rl/prox_plan.py): which rows get it from a
+  # no-grad pass, how rows that need it get it, in how many chunks, and whether the continued
+  # rows of partial rollouts are corrected as replayed rows are.
+  c.prox = ml_collections.ConfigDict()
+  # Rows whose pi_prox comes from a pass at the start-of-step parameters: replayed (replayed and
+  # continued rows; a fresh row's pi_prox is mu) | all (every row: bfloat16's cached decoding
+  # and the full forward differ) | auto (all when model.dtype is not float32, else replayed).
+  c.prox.rows = "auto"
+  # Replayed and continued rows, where the objective needs pi_prox and the method does not
+  # measure it: exact (the pass) | interpolate (no pass: AReaL's log mu + alpha (log pi_theta -
+  # log mu), alpha from the version stamps; grpo_jax/rl/prox.py).
+  c.prox.estimate = "exact"
+  # The exact pass runs over only the rows that may need it, in this many chunks; a chunk
+  # without such a row is skipped. 0 = one pass over the whole batch.
+  c.prox.chunks = 4
+  # Continued rows (partial rollouts) in the loss: decoupled (off-policy rows, corrected as
+  # replayed rows are) | naive (the clipped pi_theta / mu of a fresh row).
+  c.prox.continued = "decoupled"
 
   c.allocation = ml_collections.ConfigDict()
   c.allocation.method = "uniform"  # rollouts per prompt: uniform | dynamic_sampling (DAPO) | sara

@@ -175,19 +175,18 @@ COMMON = {
     "minibatches": Preset(lambda c, m: c.rl.update(num_minibatches=m), "int",
                           usage="minibatches=M"),
     # pi_prox of replayed rows: the exact pass or interpolated; the pass in K chunks.
-    "prox": Preset(lambda c, how: c.replay.update(prox=how), "exact|interpolate",
+    "prox": Preset(lambda c, how: c.prox.update(estimate=how), "exact|interpolate",
                    usage="prox=exact|interpolate"),
-    "prox_chunks": Preset(lambda c, k: c.replay.update(prox_chunks=k), "int",
-                          usage="prox_chunks=K"),
+    "prox_chunks": Preset(lambda c, k: c.prox.update(chunks=k), "int", usage="prox_chunks=K"),
     # Partial rollouts (rows outlive their step) at max_staleness S (bare: the default);
     # their pool's size and per-step decode budget; the decoupled objective over every row.
     "partial": Preset(_partial, "int", bare=4, usage="partial, partial=S"),
     "slots": Preset(lambda c, n: c.rollout.update(slots=n), "int", usage="slots=N"),
     "decode_budget": Preset(lambda c, d: c.rollout.update(decode_budget=d), "int",
                             usage="decode_budget=D"),
-    "decoupled_all": Preset(lambda c: c.rl.update(prox_pass="all")),
+    "decoupled_all": Preset(lambda c: c.prox.update(rows="all")),
     # Continued rows trained with the clipped pi_theta / mu (no pi_prox): the naive baseline.
-    "naive": Preset(lambda c: c.rollout.update(correction="naive")),
+    "naive": Preset(lambda c: c.prox.update(continued="naive")),
     "async": Preset(lambda c, k: c.rollout.update(partial=True, devices=k), "int", bare=1,
                     usage="async, async=K"),
     "ahead": Preset(lambda c, n: c.rollout.update(ahead=n), "int", usage="ahead=N"),

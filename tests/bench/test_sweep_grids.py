@@ -129,9 +129,9 @@ def test_the_partial_grids_cells_are_the_corrections_they_name():
       if cell.method == "grpo":
         assert not c.rollout.partial
       elif cell.method.endswith("-naive"):
-        assert c.rollout.correction == "naive" and configuration.prox_pass(c) == "replayed"
+        assert c.prox.continued == "naive" and configuration.prox_pass(c) == "replayed"
       elif cell.method.endswith("-decoupled"):
-        assert c.rollout.correction == "decoupled" or configuration.prox_pass(c) == "all"
+        assert c.prox.continued == "decoupled" or configuration.prox_pass(c) == "all"
   fast = grid.load("configs/sweeps/partial_fast.py")
   c = fast.config(fast.cells()[0])
   assert (c.opt.learning_rate, c.rl.num_minibatches) == (2e-4, 8)
@@ -139,7 +139,7 @@ def test_the_partial_grids_cells_are_the_corrections_they_name():
 
 # Every committed sweep folder (docs/results) with the grid that wrote it and the cells of it
 # done today, worked out from docs/benchmarks.md: every recorded cell, except partial's 9
-# naive cells (staleness 1, 2, 4 x 3 seeds), which ran before rollout.correction existed and
+# naive cells (staleness 1, 2, 4 x 3 seeds), which ran before the naive correction had a key (now prox.continued) and
 # which the grid now sets to naive, off its default (decoupled): not the run they recorded by
 # config alone (config_match); difficulty_tuned has 78 of its 90 cells.
 COMMITTED = {

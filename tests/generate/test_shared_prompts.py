@@ -236,7 +236,7 @@ def test_bfloat16_sampler_and_grouped_pass_run_and_track_float32(data_dir, batch
       nnx.merge(graphdef, p), ids, mask, out.completion_ids, prompt_group=G)[0])(params)
   m = np.asarray(out.completion_mask)
   # The sampler's cached bf16 attention and the teacher-forced bf16 pass round differently
-  # (hence rl.prox_pass=all under bf16); both follow the same model: log-probs of O(-5) agree
+  # (hence prox.rows=all under bf16); both follow the same model: log-probs of O(-5) agree
   # to a few 0.1, where a wiring bug gives errors of their own size.
   assert m.sum() > 0
   assert float(np.max(np.abs(np.asarray(logp)[m] - np.asarray(out.behaviour_logp)[m]))) < 0.5

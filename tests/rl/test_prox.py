@@ -209,16 +209,16 @@ def test_gathered_pass_against_a_python_model(groups, g, chunks, data):
 
 def test_the_config_keys_refuse_what_cannot_run():
   c = popo_config.get_config("smoke")
-  c.replay.prox = "approximate"
-  with pytest.raises(configuration.ConfigError, match="replay.prox.*exact, interpolate"):
+  c.prox.estimate = "approximate"
+  with pytest.raises(configuration.ConfigError, match="prox.estimate.*exact, interpolate"):
     configuration.validate(c)
-  c = popo_config.get_config("smoke,bf16,prox=interpolate")  # rl.prox_pass auto -> "all"
-  with pytest.raises(configuration.ConfigError, match="replay.prox.*resolves to 'all'"):
+  c = popo_config.get_config("smoke,bf16,prox=interpolate")  # prox.rows auto -> "all"
+  with pytest.raises(configuration.ConfigError, match="prox.estimate.*resolves to 'all'"):
     configuration.validate(c)
   for bad in (-1, True):  # (a float is refused by the ConfigDict itself)
     c = popo_config.get_config("smoke")
-    c.replay.prox_chunks = bad
-    with pytest.raises(configuration.ConfigError, match="replay.prox_chunks"):
+    c.prox.chunks = bad
+    with pytest.raises(configuration.ConfigError, match="prox.chunks"):
       configuration.validate(c)
   c = headroom_config.get_config("smoke,walk=3")  # 16 candidates in 3 chunks
   with pytest.raises(configuration.ConfigError, match="candidate_chunks must be >= 1 and divide"):
@@ -227,4 +227,4 @@ def test_the_config_keys_refuse_what_cannot_run():
     c = popo_config.get_config(ok)
     configuration.validate(c)
     step = configuration.step_config(c)
-    assert (step.prox_estimate, step.prox_chunks) == (c.replay.prox, c.replay.prox_chunks)
+    assert (step.prox_estimate, step.prox_chunks) == (c.prox.estimate, c.prox.chunks)

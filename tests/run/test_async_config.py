@@ -53,7 +53,7 @@ def test_generation_devices_imply_the_pool_and_its_correction():
   c.rollout.devices = 1  # rollout.partial stays False: the pool is the queue regardless
   configuration.validate(c)
   assert configuration.uses_pool(c) and configuration.step_config(c).continued
-  c.rollout.correction = "naive"
+  c.prox.continued = "naive"
   assert not configuration.step_config(c).continued
   assert not configuration.uses_pool(grpo.get_config("smoke"))
 

@@ -584,6 +584,42 @@ def test_a_workdir_from_before_the_policy_loss_groups_resumes(tmp_path):
     workdir_lib.check_same_run(c, os.fspath(tmp_path))
 
 
+def test_a_workdir_from_before_the_prox_group_resumes(tmp_path, capsys):
+  """tests/data/config_json_before_prox_group.json is the config.json that the code before
+  pi_prox's keys had their group wrote for ``configs/popo.py:smoke,partial`` (rl.prox_pass auto,
+  replay.prox exact, replay.prox_chunks 4, rollout.correction decoupled; no prox group;
+  model.path replaced by a placeholder). The same run configured today resumes it; one whose
+  continued rows were corrected otherwise is refused, naming the key at its new place; an old
+  key set today moves to its new place with one line."""
+  import json  # pylint: disable=g-import-not-at-top
+  from configs import popo  # pylint: disable=g-import-not-at-top
+  from grpo_jax import assets, configuration  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  old = os.path.join(ROOT, "tests", "data", "config_json_before_prox_group.json")
+  saved = json.loads(open(old, encoding="utf-8").read())
+  assert "prox" not in saved and saved["rollout"]["correction"] == "decoupled"
+  saved["model"]["path"] = assets.EMBEDDED_MODEL
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  c = popo.get_config("smoke,partial")
+  configuration.validate(c)
+  workdir_lib.check_same_run(c, os.fspath(tmp_path))  # resumes, and rewrites config.json
+  rewritten = json.loads((tmp_path / "config.json").read_text())
+  assert rewritten["prox"] == {"rows": "auto", "estimate": "exact", "chunks": 4,
+                               "continued": "decoupled"}
+  assert rewritten["rollout"]["correction"] is None and rewritten["rl"]["prox_pass"] is None
+  saved["rollout"]["correction"], saved["replay"]["prox_chunks"] = "naive", 2
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  with pytest.raises(configuration.ConfigError, match=r"prox.chunks \(2 -> 4\), "
+                     r"prox.continued \('naive' -> 'decoupled'\)"):
+    workdir_lib.check_same_run(c, os.fspath(tmp_path))
+  c = popo.get_config("smoke,partial")
+  c.rollout.correction = "naive"  # the old key, set today
+  configuration.validate(c)
+  assert c.prox.continued == "naive" and configuration.step_config(c).continued is False
+  assert capsys.readouterr().err == (
+      "grpo_jax: config.rollout.correction is deprecated: use config.prox.continued (applied)\n")
+
+
 def test_checkpoint_with_per_layer_parameters_is_one_clear_error_and_kept(tmp_path):
   """A checkpoint written before the decoder layers were stacked (``params/layers/0/...``, one
   subtree per layer) is refused in one line saying so, and is not moved aside as damaged."""

@@ -344,7 +344,8 @@ def _refused(c, field, value, message):
     ("rollout.sampler_rows", 512, "rollout.sampler_rows"),
     ("rollout.sampler_rows", -8, "rollout.sampler_rows"),
     ("rl.effective_signal", "reward", "rl.effective_signal"),
-    ("rl.prox_pass", "fresh", "rl.prox_pass"),
+    ("prox.rows", "fresh", "prox.rows: 'fresh'; known: auto, replayed, all"),
+    ("prox.continued", "none", "prox.continued: 'none'; known: decoupled, naive"),
     ("rl.logprob_chunk", -1, "rl.logprob_chunk"),
     ("replay.objective", "on_policy", "objective"),
     ("allocation.method", "oversample", "allocation.method"),
@@ -426,7 +427,7 @@ def test_prox_pass_auto_follows_the_matmul_dtype():
   assert configuration.prox_pass(c) == "replayed"
   c.model.dtype = "bfloat16"
   assert configuration.prox_pass(c) == "all"
-  c.rl.prox_pass = "replayed"
+  c.prox.rows = "replayed"
   assert configuration.prox_pass(c) == "replayed"
 
 
@@ -476,7 +477,7 @@ def test_partial_rollouts_span_versions_and_resume(tmp_path, cache):
   def config(total):
     c = grpo.get_config("smoke")
     c.rl.reward_signal = c.rl.effective_signal = "score"
-    c.rl.prox_pass = "all"  # the decoupled objective over every row
+    c.prox.rows = "all"  # the decoupled objective over every row
     c.rollout.update(partial=True, slots=8, decode_budget=3, max_staleness=2, chunk=1,
                      partial_cache=cache)
     c.total_steps = total
@@ -510,7 +511,6 @@ def test_partial_rollouts_span_versions_and_resume(tmp_path, cache):
     (dict(chunk=-2), "rollout.chunk: -2 must be an integer >= 0"),
     (dict(decode_budget=-1), "rollout.decode_budget: -1 must be an integer >= 0"),
     (dict(partial_cache="fresh"), "rollout.partial_cache: 'fresh'; known: keep, reprefill"),
-    (dict(correction="none"), "rollout.correction: 'none'; known: decoupled, naive"),
     # T = 16 needs 15 decode steps after the prefill's token: 4 x (2 + 1) = 12 cannot.
     (dict(decode_budget=4, max_staleness=2), "rollout.decode_budget: 4 decode steps per step x "
      "\\(rollout.max_staleness 2 \\+ 1\\) can never finish a row of rollout.completion_len=16"),
@@ -549,9 +549,9 @@ def test_partial_settings_the_validator_accepts_build_their_pool(
   from grpo_jax.run import build  # pylint: disable=g-import-not-at-top
   c = grpo.get_config("smoke,partial")  # G = 2, T = 16
   c.rollout.update(slots=slots, max_staleness=staleness, chunk=chunk, decode_budget=budget,
-                   partial_cache=cache, correction=correction)
+                   partial_cache=cache)
   c.allocation.method = method
-  c.replay.prox, c.rl.prox_pass = prox, prox_pass
+  c.prox.update(estimate=prox, rows=prox_pass, continued=correction)
   try:
     configuration.validate(c)
   except configuration.ConfigError as e:
