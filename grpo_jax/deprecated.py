@@ -1,10 +1,13 @@
-"""Config keys that moved into a component's group, accepted under their old names for one
-release with a one-line notice (which keys moved, and when: docs/CHANGELOG.md).
+"""Config keys that moved: accepted under their old names for one release, then retired.
 
-The old keys stay in ``base_config`` as unset (None) fields; ``apply`` moves any that was set to
-its new key, for the method, rule, selector or policy loss the config selects, prints the notice
-and unsets it; ``migrate_saved`` does the same to a saved run's config.json before a resume
-compares it.
+A moved key (``ALIASES``) stays in ``base_config`` as an unset (None) field for one release;
+``apply`` moves one that was set to its new key, for the method, rule, selector or policy loss
+the config selects, prints a one-line notice and unsets it. After its release a key is
+retired (``RETIRED``): no longer a field, and a config that still sets it (a config file's
+``c.replay.slots = 4``; on the command line ``train.parse_flags`` says the same) is refused in
+one line naming its new key. ``migrate_saved`` moves both kinds in a saved run's config.json
+before a resume or a benchmark record compares it, so a run written before any move still
+resumes and a recorded cell still counts. Which keys moved, and when: docs/CHANGELOG.md.
 """
 
 from __future__ import annotations
@@ -17,7 +20,17 @@ from grpo_jax import errors
 
 # old key -> (type, new key); {method} is config.replay.method, {selector} the selector,
 # {loss} the policy loss (config.rl.loss.policy).
+# Moved in December 2026 (issue 58: pi_prox's four keys, from three groups into the one
+# prox_plan.py plans from); accepted, with a notice, for this release.
 ALIASES = {
+    "rl.prox_pass": (str, "prox.rows"),
+    "replay.prox": (str, "prox.estimate"),
+    "replay.prox_chunks": (int, "prox.chunks"),
+    "rollout.correction": (str, "prox.continued"),
+}
+# Retired: moved into their components' groups (task, replay and allocation in November 2026,
+# the policy loss's in early December 2026), accepted for a release each, now refused.
+RETIRED = {
     **{f"task.{k}": (int, f"task.countdown.{k}")
        for k in ("num_numbers", "min_number", "max_number", "min_target", "max_target")},
     "task.template": (str, "task.countdown.template"),
@@ -47,12 +60,8 @@ ALIASES = {
     **{f"rl.{k}": (kind, f"rl.loss.{k}") for k, kind in (
         ("is_mode", str), ("is_cap", float), ("aggregation", str), ("norm_constant", float),
         ("kl_coef", float), ("kl_estimator", str), ("entropy_coef", float))},
-    # pi_prox's four keys, from three groups into one (prox_plan.py plans from them).
-    "rl.prox_pass": (str, "prox.rows"),
-    "replay.prox": (str, "prox.estimate"),
-    "replay.prox_chunks": (int, "prox.chunks"),
-    "rollout.correction": (str, "prox.continued"),
 }
+MOVED = {**RETIRED, **ALIASES}  # every move a saved config may predate
 # The key that selects the component whose group a templated alias moves to.
 _SELECTOR = {"method": "replay.method", "selector": "allocation.selector",
              "loss": "rl.loss.policy"}
@@ -60,7 +69,7 @@ _SELECTOR = {"method": "replay.method", "selector": "allocation.selector",
 _RENAMED = {("prioritized", "max_age"): "tau_max"}
 # Old keys by name, for ``current``.
 _OLD_KEYS = {old.split(".")[1] for old in ALIASES}
-# Old replay.method values.
+# Old replay.method values (retired: a saved config's is read as its new name).
 METHOD_NAMES = {"rollout": "prioritized"}
 
 
@@ -104,8 +113,10 @@ def migrate_saved(flat: dict) -> dict:
   out = dict(flat)
   selected = {name: flat.get(path) or "" for name, path in _SELECTOR.items()}
   selected["method"] = METHOD_NAMES.get(selected["method"], selected["method"])
+  if out.get("replay.method") in METHOD_NAMES:
+    out["replay.method"] = selected["method"]
   selected["loss"] = selected["loss"] or "ppo"  # before the policy losses, every loss was PPO
-  for old, (_, template) in ALIASES.items():
+  for old, (_, template) in MOVED.items():
     if out.get(old) is None:
       out.pop(old, None)
       continue
@@ -113,17 +124,37 @@ def migrate_saved(flat: dict) -> dict:
   return out
 
 
+def retired(path: str, config=None) -> str | None:
+  """The one-line refusal of a retired key (``"replay.slots"``, or ``"config.replay.slots"``),
+  naming its new key for the components ``config`` selects (all of them when None); None when
+  ``path`` is no retired key."""
+  path = path.removeprefix("config.")
+  if path not in RETIRED:
+    return None
+  template = RETIRED[path][1]
+  new = "config." + template.format(method="<method>", selector="<selector>", loss="<loss>")
+  if config is not None:  # the key of the selected component, where it has one
+    selected = {name: _get(config, where) or "" for name, where in _SELECTOR.items()}
+    if _get(config, _new_key(template, selected)) is not None:
+      new = f"config.{_new_key(template, selected)}"
+  return (f"config.{path}: moved to {new}, its old name retired (docs/CHANGELOG.md): set the "
+          "new key")
+
+
 def apply(config) -> None:
   """Moves every old key that was set to its new key (in place), with a one-line notice each.
 
   Raises:
-    ConfigError: the old key has no meaning for the selected method (e.g. ``replay.slots``
-      with ``replay.method=prioritized``).
+    ConfigError: a retired key is set, or the old key has no meaning for the selected
+      component (``prox``'s keys always have one).
   """
   if "replay" in config and config.replay.method in METHOD_NAMES:
-    new = METHOD_NAMES[config.replay.method]
-    _notice(f"replay.method={config.replay.method!r} is deprecated: use {new!r}")
-    config.replay.method = new
+    errors.check(False, "replay.method", f"{config.replay.method!r} was renamed "
+                 f"{METHOD_NAMES[config.replay.method]!r} and its old name retired")
+  for old in RETIRED:
+    group, key = old.split(".")
+    if group in config and config[group].get(key) is not None:
+      raise errors.ConfigError(retired(old, config))
   selected = {name: _get(config, path) or "" for name, path in _SELECTOR.items()}
   for old, (_, template) in ALIASES.items():
     group, key = old.split(".")

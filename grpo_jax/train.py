@@ -18,6 +18,7 @@ from ml_collections import config_flags
 
 from grpo_jax import configuration
 from grpo_jax import console
+from grpo_jax import deprecated
 from grpo_jax import sharding as sharding_lib
 from grpo_jax.generate import tokenization
 from grpo_jax.models import CheckpointError
@@ -80,7 +81,9 @@ def parse_flags(argv):
     name = str(e).strip("\"'")
     given = [a.split("=")[0][2:] for a in argv
              if a.startswith("--config.") and name in a.split("=")[0].split(".")]
-    sys.exit(f"grpo_jax.train: unknown config field {given[0] if given else name!r}; the "
+    moved = deprecated.retired(given[0]) if given else None
+    sys.exit(f"grpo_jax.train: {moved}" if moved else
+             f"grpo_jax.train: unknown config field {given[0] if given else name!r}; the "
              "fields and their meaning are in grpo_jax/schema/defaults.py")
 
 

@@ -75,26 +75,12 @@ def test_an_inactive_group_is_validated_too():
 
 
 @pytest.mark.parametrize("module,old,value,new", [
-    (popo, "replay.slots", 3, "replay.popo.slots"),
-    (headroom, "replay.slots", 3, "replay.headroom.slots"),
-    (rollout_replay, "replay.max_age", 7, "replay.prioritized.tau_max"),
-    (popo, "replay.max_age", 7, "replay.popo.max_age"),
-    (headroom, "replay.drift_tau", 0.5, "replay.headroom.tau"),
-    (grpo, "task.max_number", 99, "task.countdown.max_number"),
-    (grpo, "task.data_seed", 5, "task.countdown.seed"),
-    (grpo, "allocation.probes", 2, "allocation.sara.probes"),
-    (grpo, "allocation.oversample", 2, "allocation.dynamic_sampling.oversample"),
-    (grpo, "rl.clip_high", 0.28, "rl.loss.ppo.clip_high"),
-    (grpo, "rl.dual_clip", 10.0, "rl.loss.ppo.dual_clip"),
-    (grpo, "rl.kl_coef", 0.04, "rl.loss.kl_coef"),
-    (grpo, "rl.aggregation", "token-mean", "rl.loss.aggregation"),
     (popo, "rl.prox_pass", "all", "prox.rows"),
     (popo, "replay.prox", "interpolate", "prox.estimate"),
     (popo, "replay.prox_chunks", 2, "prox.chunks"),
     (grpo, "rollout.correction", "naive", "prox.continued"),
 ])
-def test_a_deprecated_flat_key_moves_to_its_group_with_one_line(module, old, value, new,
-                                                                 capsys):
+def test_a_deprecated_key_moves_to_its_group_with_one_line(module, old, value, new, capsys):
   c = module.get_config()
   group, key = old.split(".")
   c[group][key] = value
@@ -104,10 +90,34 @@ def test_a_deprecated_flat_key_moves_to_its_group_with_one_line(module, old, val
   assert err == f"grpo_jax: config.{old} is deprecated: use config.{new} (applied)\n"
 
 
-def test_every_deprecated_key_names_an_existing_field():
-  """Each alias's target exists for some method / selector / loss, with the alias's type."""
+@pytest.mark.parametrize("module,old,value,new", [
+    (popo, "replay.slots", 3, "replay.popo.slots"),
+    (headroom, "replay.slots", 3, "replay.headroom.slots"),
+    (rollout_replay, "replay.max_age", 7, "replay.prioritized.tau_max"),
+    (headroom, "replay.drift_tau", 0.5, "replay.headroom.tau"),
+    (grpo, "task.max_number", 99, "task.countdown.max_number"),
+    (grpo, "allocation.probes", 2, "allocation.sara.probes"),
+    (grpo, "rl.clip_high", 0.28, "rl.loss.ppo.clip_high"),
+    (grpo, "rl.kl_coef", 0.04, "rl.loss.kl_coef"),
+    # GRPO selects no replay method: the key is named for whichever method is chosen.
+    (grpo, "replay.slots", 2, "replay.<method>.slots"),
+])
+def test_a_retired_key_is_refused_in_one_line_naming_its_new_key(module, old, value, new):
+  c = module.get_config()
+  assert old.split(".")[1] not in c[old.split(".")[0]]  # no longer a field of the config
+  group, key = old.split(".")
+  c[group][key] = value  # as a config file written before could still set it
+  with pytest.raises(configuration.ConfigError) as e:
+    configuration.validate(c)
+  assert str(e.value) == (f"config.{old}: moved to config.{new}, its old name retired "
+                          "(docs/CHANGELOG.md): set the new key")
+
+
+def test_every_moved_key_names_an_existing_field():
+  """Each move's target (live alias or retired) exists for some method / selector / loss, with
+  the old key's type: a saved config that predates it migrates to a real key."""
   c = schema.base_config()
-  for old, (kind, template) in deprecated.ALIASES.items():
+  for old, (kind, template) in deprecated.MOVED.items():
     found = []
     for m in method_lib.METHODS.names():
       for s in allocation.SELECTORS.names():
@@ -118,18 +128,20 @@ def test_every_deprecated_key_names_an_existing_field():
           if value is not None:
             found.append(type(value))
     assert found and all(t is kind for t in found), (old, found)
+  # Only the live aliases are fields (unset): the retired keys are gone from every config.
+  assert {f"{g}.{k}" for g in c for k in (c[g] if hasattr(c[g], "keys") else ())
+          if f"{g}.{k}" in deprecated.MOVED} == set(deprecated.ALIASES)
 
 
-def test_the_old_method_name_and_a_meaningless_alias():
+def test_the_old_method_name_is_refused_in_one_line():
   c = rollout_replay.get_config()
   c.replay.method = "rollout"
-  configuration.validate(c)
-  assert c.replay.method == "prioritized"
-  c = grpo.get_config()
-  c.replay.slots = 2  # GRPO has no replay method that has slots
-  with pytest.raises(configuration.ConfigError,
-                     match="config.replay.slots: deprecated, and replay.method='none' has no"):
+  with pytest.raises(configuration.ConfigError, match="^config.replay.method: 'rollout' was "
+                     "renamed 'prioritized' and its old name retired$"):
     configuration.validate(c)
+  # A saved config's old name is read as the new one (a workdir from before resumes).
+  assert deprecated.migrate_saved({"replay.method": "rollout", "replay.max_age": 7}) == {
+      "replay.method": "prioritized", "replay.prioritized.tau_max": 7}
 
 
 def _design_blocks() -> dict[str, str]:

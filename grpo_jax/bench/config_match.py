@@ -13,7 +13,7 @@ cell done, when today's config of the cell is the same run (``changes`` is empty
   a change (whether the code without it behaves as it did with that value, only a re-run
   tells: ``carry_over``).
 
-Keys that moved into a group (``grpo_jax.deprecated.ALIASES``: ``rl.clip_high`` is now
+Keys that moved into a group (``grpo_jax.deprecated.MOVED``: ``rl.clip_high`` is now
 ``rl.loss.ppo.clip_high``) are compared at their new place on both sides, as a resumed run's
 saved config is (``deprecated.migrate_saved``); an old key left unset is no key at all.
 

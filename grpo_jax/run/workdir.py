@@ -44,7 +44,7 @@ def check_same_run(config, workdir: str) -> None:
     flat = lambda d, pre="": ({f"{pre}{k}": v for k, v in d.items() if not isinstance(v, dict)}
                               | {kk: vv for k, v in d.items() if isinstance(v, dict)
                                  for kk, vv in flat(v, f"{pre}{k}.").items()})
-    # Keys moved since the run started (``deprecated.ALIASES``) are compared at their new place.
+    # Keys moved since the run started (``deprecated.MOVED``) are compared at their new place.
     a, b = deprecated.migrate_saved(flat(saved)), flat(current)
     # A key the saved config lacks is a field added since the run started; new fields default
     # to the behaviour from before them, so its absence is no change.

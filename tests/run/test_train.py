@@ -436,6 +436,10 @@ def test_cli_unknown_config_field_is_one_readable_line(tmp_path):
       "grpo_jax.train: unknown config field 'config.rl.fooo'; the fields and their meaning are "
       "in grpo_jax/schema/defaults.py")
   assert not os.listdir(tmp_path)  # nothing written
+  # A key retired after its release names its new place (for every replay method).
+  assert _cli_error_line("--config.replay.slots=3", tmp_path) == (
+      "grpo_jax.train: config.replay.slots: moved to config.replay.<method>.slots, its old name "
+      "retired (docs/CHANGELOG.md): set the new key")
 
 
 def test_cli_bad_preset_is_one_readable_line(tmp_path):
