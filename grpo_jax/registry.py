@@ -137,21 +137,15 @@ def nested(cls: type) -> Any:
   return dataclasses.field(default=cls(), metadata={"group": cls})
 
 
-def config_default(value: Any, default: Any) -> Any:
-  """A dataclass field whose config group starts at ``value`` while the constructor's default
-  stays ``default`` (the plainest object for code that builds one directly)."""
-  return dataclasses.field(default=default, metadata={"config_default": value})
-
-
 class Configurable:
   """Mixin for frozen dataclasses whose config group is their own fields.
 
   Every field without ``metadata=DERIVED`` is a config field: its name is the key, its default
-  the default (``config_default`` sets another for the group). A ``component`` field is a
-  registered component named by its key, with a subgroup per registered component; a
-  ``nested`` field is a Configurable whose group nests under its key. A field without a
-  default has no group default and must be derived. ``OTHERS`` names keys of the group that
-  other parts of the program read (allowed in the group, not fields).
+  the group's default (one default per key: the group's and the constructor's are the same). A
+  ``component`` field is a registered component named by its key, with a subgroup per
+  registered component; a ``nested`` field is a Configurable whose group nests under its key. A
+  field without a default has no group default and must be derived. ``OTHERS`` names keys of
+  the group that other parts of the program read (allowed in the group, not fields).
   """
 
   OTHERS: ClassVar[tuple[str, ...]] = ()
@@ -177,7 +171,7 @@ class Configurable:
       elif "group" in f.metadata:
         group[f.name] = f.metadata["group"].config_group()
       else:
-        group[f.name] = f.metadata.get("config_default", f.default)
+        group[f.name] = f.default
     return group
 
   @classmethod

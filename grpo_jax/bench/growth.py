@@ -162,7 +162,8 @@ def measure(graphdef, params, rows: int, prompt_len: int, completion_len: int,
                     success=scores_N > 0, prompt_id=jnp.zeros(n, jnp.int32),
                     version=jnp.zeros(out.completion_ids.shape, jnp.int32))
   tx = optax.adamw(1e-5)
-  step_config = StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=kl_coef))
+  step_config = StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=kl_coef),
+                           num_minibatches=1, logprob_chunk=0)
   holder = {"state": step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),
             "replay": replay_lib.init_replay(0, g, p, t)}
   step = step_lib.make_train_step(graphdef, tx, step_config).lower(

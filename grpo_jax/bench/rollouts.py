@@ -187,7 +187,7 @@ def update_seconds(graphdef, params, ids, mask, completions, completion_mask, gr
   n = ids.shape[0]
   per = math.gcd(n, rows_per_pass)  # rows a pass: divides the rows
   chunks = lambda a: a.reshape((n // per, per) + a.shape[1:])
-  config = StepConfig(group_size=group, packing=packing)
+  config = StepConfig(group_size=group, packing=packing, num_minibatches=1, logprob_chunk=0)
 
   def loss(p, part):
     tokens = Tokens(*part)

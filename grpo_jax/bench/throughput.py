@@ -114,7 +114,8 @@ def main(argv):
     config = StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value),
                                  replay=replay_method, shared_prompts=_SHARED.value,
                                  prox_estimate=run_config.prox.estimate,
-                                 prox_chunks=run_config.prox.chunks)
+                                 prox_chunks=run_config.prox.chunks, num_minibatches=1,
+                                 logprob_chunk=0)
     runs[method] = dict(
         config=config, step=step_lib.make_train_step(graphdef, tx, config),
         state=step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),
@@ -127,7 +128,8 @@ def main(argv):
       if extra % g:
         raise app.UsageError(f"--rows_equal: {method} adds {extra} rows, not whole groups of {g}")
       config = StepConfig(group_size=g, loss=losses.LossConfig(kl_coef=_KL.value),
-                                   replay=method_lib.NoReplay(), shared_prompts=_SHARED.value)
+                                   replay=method_lib.NoReplay(), shared_prompts=_SHARED.value,
+                                   num_minibatches=1, logprob_chunk=0)
       runs[f"grpo_rows{n + extra}"] = dict(
           config=config, step=step_lib.make_train_step(graphdef, tx, config),
           state=step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx),

@@ -102,14 +102,14 @@ class StepConfig(registry.Configurable):
   prox_chunks: int = dataclasses.field(default=0, metadata=registry.DERIVED)
   continued: bool = dataclasses.field(default=False, metadata=registry.DERIVED)
   loss: losses.LossConfig = registry.nested(losses.LossConfig)
-  # A run's default: more than one update per batch, so the clip acts after the first.
-  num_minibatches: int = registry.config_default(4, 1)
+  # More than one update per batch, so that the clip acts after the first.
+  num_minibatches: int = 4
   num_epochs: int = 1
   temperature: float = dataclasses.field(default=1.0, metadata=registry.DERIVED)
   compute_entropy: bool = dataclasses.field(default=False, metadata=registry.DERIVED)
   replay: Any = dataclasses.field(default=replay_method.NoReplay(), metadata=registry.DERIVED)
-  # A run's default bounds the [chunk, V] logits held at a time.
-  logprob_chunk: int = registry.config_default(1024, 0)
+  # Bounds the [chunk, V] logits held at a time (a batch of fewer positions is one chunk).
+  logprob_chunk: int = 1024
   remat: str = dataclasses.field(default="none", metadata=registry.DERIVED)
   query_block: int = dataclasses.field(default=0, metadata=registry.DERIVED)
   shuffle: str = "groups"

@@ -40,7 +40,8 @@ def _continued_rollout(split):
 def _step(split, rollout, **kw):
   graphdef, params = split
   tx = optax.sgd(1.0)  # parameters move by the gradient itself: comparing them compares it
-  config = StepConfig(group_size=G, loss=losses.LossConfig(is_cap=2.0), prox_chunks=2, **kw)
+  config = StepConfig(num_minibatches=1,
+                      group_size=G, loss=losses.LossConfig(is_cap=2.0), prox_chunks=2, **kw)
   fn = step_lib.make_train_step(graphdef, tx, config)
   state = step_lib.init_train_state(_copy(params), tx).replace(step=jnp.int32(STEP))
   return fn(state, init_replay(0, G, P, T), rollout, None, jax.random.key(0))
@@ -127,7 +128,7 @@ def test_interpolation_ages_each_token_from_its_own_version(split):
   # are 0 (pi_prox = mu on them); a per-row age (from the row's oldest token) would give 2 to
   # every real token of group 1.
   rollout, stale = _continued_rollout(split)
-  config = StepConfig(group_size=G, continued=True, prox_estimate="interpolate")
+  config = StepConfig(num_minibatches=1, group_size=G, continued=True, prox_estimate="interpolate")
   ctx = step_lib._context(config, rollout, jnp.int32(STEP), jax.random.key(0))
   comp = config.replay.compose(ctx, None, None)
   off = step_lib._off_policy_rows(config, comp, jnp.int32(STEP))
@@ -155,7 +156,7 @@ def _log_weights(split, rollout, method):
   stages: compose, the off-policy rows, the pi_prox pass, the batch), and the continued rows it
   counts; forward passes only (no update is compiled)."""
   graphdef, params = split
-  config = StepConfig(group_size=G, continued=True, prox_chunks=2, replay=method)
+  config = StepConfig(num_minibatches=1, group_size=G, continued=True, prox_chunks=2, replay=method)
   step = jnp.int32(STEP)
 
   @jax.jit

@@ -204,7 +204,7 @@ def test_train_step_loss_with_admitted_groups(split, tiny_qwen3, objective):
                              headroom_M=jnp.asarray([0.3, 0.6]))
   cfg = headroom_lib.HeadroomDrift(slots=2, candidates=2, tau=0.1, objective=objective)
   tx = optax.sgd(0.0)
-  fn = traced_step(graphdef, tx, StepConfig(group_size=G, replay=cfg))
+  fn = traced_step(graphdef, tx, StepConfig(num_minibatches=1, group_size=G, replay=cfg))
   state = step_lib.init_train_state(_copy(params), tx)
   _, new_replay, m = fn(state, replay, rollout, None, jax.random.key(0))
   assert float(m["headroom_admitted"]) == 2.0 and float(m["replay_rows"]) == 8.0

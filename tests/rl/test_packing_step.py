@@ -34,7 +34,8 @@ def _both(split, rollout, buffer=None, ref=None, **kw):
   out = []
   for packing in ("none", "tokens"):
     tx = optax.sgd(1.0)
-    fn = step_lib.make_train_step(graphdef, tx, StepConfig(group_size=G, packing=packing, **kw))
+    fn = step_lib.make_train_step(graphdef, tx, StepConfig(
+        group_size=G, packing=packing, **{"num_minibatches": 1, **kw}))
     state = step_lib.init_train_state(_copy(params), tx)
     buf = init_replay(0, G, P, T) if buffer is None else jax.tree.map(jnp.copy, buffer)
     state, _, metrics = fn(state, buf, rollout, ref, jax.random.key(0))
@@ -133,7 +134,7 @@ def test_packed_step_equals_padded_with_headroom_and_continued_rows(split):
   graphdef, params = split
   for packing in ("none", "tokens"):
     tx = optax.sgd(1.0)
-    config = StepConfig(group_size=G, packing=packing, continued=True,
+    config = StepConfig(num_minibatches=1, group_size=G, packing=packing, continued=True,
                         prox_estimate="interpolate",
                         replay=headroom.HeadroomDrift(slots=2, candidates=2, tau=1.0))
     fn = step_lib.make_train_step(graphdef, tx, config)

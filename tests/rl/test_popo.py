@@ -34,7 +34,8 @@ STORED_ADV = np.asarray([[(-1) ** j * (e + 1) / 4 + j / 100 for j in range(G)] f
 @functools.lru_cache(maxsize=None)
 def _step_fn(graphdef, replay_cfg, loss, lr, step_kw=()):
   tx = optax.adam(lr) if lr else optax.sgd(0.0)
-  config = StepConfig(group_size=G, replay=replay_cfg, loss=loss, **dict(step_kw))
+  config = StepConfig(num_minibatches=1,
+                      group_size=G, replay=replay_cfg, loss=loss, **dict(step_kw))
   return tx, step_lib.make_train_step(graphdef, tx, config)
 
 
@@ -183,7 +184,8 @@ def test_popo_with_an_empty_buffer_is_exactly_grpo_filter(split):
   for name, cfg, capacity in (("popo", POPO, 4), ("filter", popo.Popo(fill="drop"), 0),
                               ("keep", popo.Popo(fill="replay", unfilled="keep"), 4)):
     tx = optax.sgd(0.5)
-    fn = step_lib.make_train_step(graphdef, tx, StepConfig(group_size=G, replay=cfg))
+    fn = step_lib.make_train_step(graphdef, tx, StepConfig(num_minibatches=1,
+                                                           group_size=G, replay=cfg))
     state, _, m = fn(step_lib.init_train_state(_copy(params), tx),
                      replay_lib.init_replay(capacity, G, P, T), rollout, None, jax.random.key(0))
     out[name] = (float(m["loss"]), state.params, m)

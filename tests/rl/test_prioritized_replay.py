@@ -161,7 +161,7 @@ def test_train_step_loss_on_the_fresh_anchored_batch(split, tiny_qwen3):
   replay = replay_lib.insert(replay, rows, stored_adv[:, None], stored_adv != 0)
   cfg = prioritized.PrioritizedReplay(tau_max=10, rho=0.5, warmup_steps=0)
   tx = optax.sgd(0.0)
-  fn = traced_step(graphdef, tx, StepConfig(group_size=G, replay=cfg))
+  fn = traced_step(graphdef, tx, StepConfig(num_minibatches=1, group_size=G, replay=cfg))
   state = step_lib.init_train_state(_copy(params), tx)
   state, new_replay, m = fn(state, replay, rollout, None, jax.random.key(0))
   assert float(m["replay_rows"]) == 4.0 and float(m["replay_age_max"]) == 10.0

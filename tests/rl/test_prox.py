@@ -101,7 +101,7 @@ def test_gathered_pass_of_the_model_equals_the_whole_batch_pass(split):
   # all 8 rows up to float32 rounding (a matmul of other size may sum in another order).
   graphdef, params = split
   rollout = _rollout(split, ONE_INEFFECTIVE)
-  config = StepConfig(group_size=G)
+  config = StepConfig(num_minibatches=1, group_size=G)
   logp_fn = lambda rows: policy.logprobs(graphdef, params, Tokens.of(rows), config)[0]
   replayed = jnp.repeat(jnp.asarray([False, True]), G)
   bound = jnp.concatenate([jnp.arange(G, 2 * G), jnp.arange(G)]).astype(jnp.int32)
@@ -147,7 +147,7 @@ def test_each_update_of_the_step_reads_its_fraction_of_the_updates():
 def _popo_step(split, rollout, replay, state_step, tx=None, **step_kw):
   graphdef, params = split
   tx = optax.adam(1e-2) if tx is None else tx
-  config = StepConfig(group_size=G, replay=popo.Popo(fill="replay", max_uses=1),
+  config = StepConfig(num_minibatches=1, group_size=G, replay=popo.Popo(fill="replay", max_uses=1),
                                loss=losses.LossConfig(is_cap=2.0), **step_kw)
   fn = step_lib.make_train_step(graphdef, tx, config)
   state = step_lib.init_train_state(_copy(params), tx).replace(step=jnp.int32(state_step))

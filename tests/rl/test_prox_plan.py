@@ -15,7 +15,7 @@ ALIGN_MU = headroom.HeadroomDrift(slots=1, candidates=2)  # objective "align_mu"
 
 
 def _plan(replaying=True, measured=False, bounded=True, method=DECOUPLED, **step):
-  config = StepConfig(group_size=2, replay=method, **step)
+  config = StepConfig(num_minibatches=1, group_size=2, replay=method, **step)
   return prox_plan.plan(config, replaying, measured=measured, bounded=bounded)
 
 

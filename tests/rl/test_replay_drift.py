@@ -44,7 +44,8 @@ def test_replayed_rows_from_older_parameters_report_their_drift(split, name):
   graphdef, params = split
   cfg, capacity = METHODS[name]
   tx = optax.adam(1e-2)
-  fn = step_lib.make_train_step(graphdef, tx, StepConfig(group_size=G, replay=cfg))
+  fn = step_lib.make_train_step(graphdef, tx, StepConfig(num_minibatches=1,
+                                                         group_size=G, replay=cfg))
   state = step_lib.init_train_state(_copy(params), tx)
   replay = replay_lib.init_replay(capacity, cfg.entry_size(G), P, T)
   state, replay, m0 = fn(state, replay, _rollout(split, MIXED, seed=1), None, jax.random.key(0))
@@ -81,7 +82,7 @@ def test_bf16_group_replayed_at_its_own_parameters_has_no_drift(data_dir):
   graphdef, params = nnx.split(bf16)
   cfg = headroom.HeadroomDrift(slots=2, candidates=2, tau=1e-3)
   tx = optax.sgd(0.0)
-  fn = step_lib.make_train_step(graphdef, tx, StepConfig(
+  fn = step_lib.make_train_step(graphdef, tx, StepConfig(num_minibatches=1, 
       group_size=G, replay=cfg, prox_pass="all"))
   state = step_lib.init_train_state(params, tx)
   replay = replay_lib.init_replay(4, G, P, T)

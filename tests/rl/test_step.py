@@ -97,7 +97,7 @@ def test_no_recompilation_across_steps(split):
 def test_zero_advantages_leave_parameters_unchanged(split):
   graphdef, params = split
   tx = optax.adam(1e-2)
-  fn = step_lib.make_train_step(graphdef, tx, StepConfig(group_size=G,
+  fn = step_lib.make_train_step(graphdef, tx, StepConfig(num_minibatches=1, group_size=G,
                                                                    reward_signal="score"))
   state = step_lib.init_train_state(_copy(params), tx)
   # Every group constant: advantages are exactly 0, so the gradient is 0 and Adam's update is 0.
@@ -120,7 +120,7 @@ def test_step_loss_equals_direct_policy_loss_with_kl_to_another_reference(split,
   graphdef, params = split
   tx = optax.sgd(0.0)
   loss_cfg = losses.LossConfig(kl_coef=0.04)
-  config = StepConfig(group_size=G, loss=loss_cfg)
+  config = StepConfig(num_minibatches=1, group_size=G, loss=loss_cfg)
   rollout = _rollout(split, MIXED, shift=SHIFT_N)
   ref_params = _perturbed(params)
   fn = step_lib.make_train_step(graphdef, tx, config)
@@ -148,7 +148,7 @@ def test_step_loss_equals_direct_policy_loss_with_kl_to_another_reference(split,
 def test_estimator_and_reward_signal_switches(split, tiny_qwen3, estimator, signal):
   graphdef, params = split
   tx = optax.sgd(0.0)
-  config = StepConfig(group_size=G, estimator=estimator, reward_signal=signal)
+  config = StepConfig(num_minibatches=1, group_size=G, estimator=estimator, reward_signal=signal)
   scores = [1.0, 0.1, 0.0, 1.0, 0.1, 1.0, 0.0, 0.1]
   rollout = _rollout(split, scores, shift=SHIFT_N)
   fn = step_lib.make_train_step(graphdef, tx, config)
@@ -174,7 +174,7 @@ def test_entropy_bonus_switch(split, tiny_qwen3):
   graphdef, params = split
   tx = optax.sgd(0.0)
   loss_cfg = losses.LossConfig(entropy_coef=0.01)
-  config = StepConfig(group_size=G, loss=loss_cfg, compute_entropy=True)
+  config = StepConfig(num_minibatches=1, group_size=G, loss=loss_cfg, compute_entropy=True)
   rollout = _rollout(split, MIXED, shift=SHIFT_N)
   fn = step_lib.make_train_step(graphdef, tx, config)
   _, _, m = fn(step_lib.init_train_state(_copy(params), tx), init_replay(0, G, P, T), rollout,
@@ -283,7 +283,7 @@ def test_update_raises_logprob_of_positive_advantage_rows(split, tiny_qwen3):
   graphdef, params = split
   tx = optax.sgd(0.5)
   rollout = _rollout(split, MIXED)
-  fn = step_lib.make_train_step(graphdef, tx, StepConfig(group_size=G))
+  fn = step_lib.make_train_step(graphdef, tx, StepConfig(num_minibatches=1, group_size=G))
   state, _, _ = fn(step_lib.init_train_state(_copy(params), tx), init_replay(0, G, P, T),
                    rollout, None, jax.random.key(0))
   seq_logp = lambda p: jnp.sum(completion_logprobs(
@@ -299,7 +299,8 @@ def test_effective_and_advantage_disagreement_is_counted(split):
   non-zero advantages but is ineffective (counted once); a constant-score group agrees."""
   graphdef, params = split
   tx = optax.sgd(0.0)
-  config = StepConfig(group_size=G, reward_signal="score", effective_signal="success")
+  config = StepConfig(num_minibatches=1,
+                      group_size=G, reward_signal="score", effective_signal="success")
   fn = step_lib.make_train_step(graphdef, tx, config)
   rollout = _rollout(split, [0.0, 0.1, 0.0, 0.1, 1, 1, 1, 1])
   _, _, m = fn(step_lib.init_train_state(_copy(params), tx), init_replay(0, G, P, T), rollout,
@@ -316,7 +317,8 @@ def test_prox_pass_all_measures_the_sampler_mismatch(split):
   every row has the same number of tokens; weighted by tokens in general, computed below."""
   graphdef, params = split
   tx = optax.sgd(0.0)
-  fn = step_lib.make_train_step(graphdef, tx, StepConfig(group_size=G, prox_pass="all"))
+  fn = step_lib.make_train_step(graphdef, tx, StepConfig(num_minibatches=1,
+                                                         group_size=G, prox_pass="all"))
   rollout = _rollout(split, MIXED, shift=SHIFT_N)
   _, _, m = fn(step_lib.init_train_state(_copy(params), tx), init_replay(0, G, P, T), rollout,
                None, jax.random.key(0))
@@ -329,9 +331,9 @@ def test_prox_pass_all_measures_the_sampler_mismatch(split):
 
 def test_step_config_validation():
   with pytest.raises(ValueError, match="reward_signal"):
-    StepConfig(group_size=G, reward_signal="accuracy")
+    StepConfig(num_minibatches=1, group_size=G, reward_signal="accuracy")
   with pytest.raises(ValueError, match="prox_pass"):
-    StepConfig(group_size=G, prox_pass="some")
+    StepConfig(num_minibatches=1, group_size=G, prox_pass="some")
 
 
 @pytest.mark.parametrize("field", ["scores", "behaviour_logp"])
@@ -342,7 +344,7 @@ def test_non_finite_input_skips_the_update_on_device(split, field):
   from grpo_jax.rl.replay import popo  # pylint: disable=g-import-not-at-top
   graphdef, params = split
   tx = optax.adam(1e-2)
-  fn = step_lib.make_train_step(graphdef, tx, StepConfig(
+  fn = step_lib.make_train_step(graphdef, tx, StepConfig(num_minibatches=1, 
       group_size=G, replay=popo.Popo(), reward_signal="score"))
   state = step_lib.init_train_state(_copy(params), tx)
   good = _rollout(split, MIXED)
@@ -380,10 +382,11 @@ def test_a_step_built_twice_with_the_same_settings_is_one_jitted_function(split)
   tx = optim.make_optimizer(opt_config(1e-3))
   assert optim.make_optimizer(opt_config(1e-3)) is tx
   assert optim.make_optimizer(opt_config(2e-3)) is not tx
-  config = StepConfig(group_size=G)
+  config = StepConfig(num_minibatches=1, group_size=G)
   fn = step_lib.cached_train_step(graphdef, tx, config)
-  assert step_lib.cached_train_step(graphdef, tx, StepConfig(group_size=G)) is fn
-  assert step_lib.cached_train_step(graphdef, tx, StepConfig(group_size=G, num_epochs=2)) is not fn
+  assert step_lib.cached_train_step(graphdef, tx, StepConfig(num_minibatches=1, group_size=G)) is fn
+  assert step_lib.cached_train_step(graphdef, tx, StepConfig(num_minibatches=1,
+                                                             group_size=G, num_epochs=2)) is not fn
   assert step_lib.cached_train_step(graphdef, optim.make_optimizer(opt_config(2e-3)),
                                     config) is not fn
   # Two layouts of one mesh, each built from its own (equal) state: one key.
