@@ -33,7 +33,7 @@ setuptools.setup(
         "math-verify==0.9.0",
         # Parquet data files (verl's format; grpo_jax/tasks/data_files.py).
         "pyarrow",
-        # The run's report plots (grpo_jax/run/report.py): part of what a run writes.
+        # The run's report plots (grpo_jax/run/report_writer.py): part of what a run writes.
         "matplotlib",
     ],
     extras_require={

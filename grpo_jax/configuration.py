@@ -17,7 +17,7 @@ from grpo_jax import allocation, deprecated, errors, registry, sharding, tasks
 from grpo_jax.generate import asynchronous
 from grpo_jax.models import architectures, attention, causal_lm
 from grpo_jax.rewards import functions as rewards, scoring
-from grpo_jax.rl import losses, objectives
+from grpo_jax.rl import losses, replay_objectives
 from grpo_jax.rl.replay import method as method_lib
 from grpo_jax.rl.step_config import PROX_ESTIMATES, PROX_PASSES, REMAT, StepConfig
 from grpo_jax.tasks import row_schemas
@@ -240,8 +240,8 @@ def _replay_method(config):
   _check(p.method in method_lib.METHODS, "replay.method",
          f"{p.method!r}; known: {', '.join(method_lib.METHODS.names())}")
   _check(p.capacity >= 0, "replay.capacity", "must be >= 0")
-  _check(p.objective in objectives.OBJECTIVES, "replay.objective",
-         f"{p.objective!r}; known: {', '.join(objectives.OBJECTIVES)}")
+  _check(p.objective in replay_objectives.OBJECTIVES, "replay.objective",
+         f"{p.objective!r}; known: {', '.join(replay_objectives.OBJECTIVES)}")
   method = None
   for name, cls in method_lib.METHODS.items():
     try:

@@ -2,7 +2,7 @@
 
     python -m grpo_jax.report runs/popo [runs/grpo ...] [--out=DIR] [--k=8]
 
-The figures and tables are ``grpo_jax.run.report``'s (what each file holds is said there).
+The figures and tables are ``grpo_jax.run.report_writer``'s (what each file holds is said there).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Sequence
 
-from grpo_jax.run import report
+from grpo_jax.run import report_writer
 
 
 def main(argv: Sequence[str]) -> int:
@@ -33,9 +33,9 @@ def main(argv: Sequence[str]) -> int:
   if missing:
     print(f"grpo_jax.report: no metrics.jsonl in {', '.join(missing)}", file=sys.stderr)
     return 1
-  paths = report.write_report(dirs, out or os.path.join(dirs[0], "report"), labels, k)
-  print(report.summary_table(dirs, labels, k))
-  sets = report.sets_table(dirs, labels, k)
+  paths = report_writer.write_report(dirs, out or os.path.join(dirs[0], "report"), labels, k)
+  print(report_writer.summary_table(dirs, labels, k))
+  sets = report_writer.sets_table(dirs, labels, k)
   if sets:
     print(sets)
   print("wrote " + ", ".join(paths))

@@ -39,7 +39,7 @@ class Rollout:
   The sampler fills the generation fields (prompt_*, completion_*, behaviour_logp, truncated)
   and leaves the others unset (score 0, no success, prompt_id -1, version 0); the host's
   reward sets scores and success, and ``rounds.assemble`` the prompt's data position and, for
-  rows drawn within one step, the policy version (a slot pool's rows, ``generate.partial``,
+  rows drawn within one step, the policy version (a slot pool's rows, ``generate.producer``,
   come with the version of each token).
 
   Attributes:

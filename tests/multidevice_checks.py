@@ -33,7 +33,7 @@ from flax import nnx  # noqa: E402
 
 from grpo_jax import assets  # noqa: E402
 from grpo_jax import sharding  # noqa: E402
-from grpo_jax.generate import partial as partial_lib  # noqa: E402
+from grpo_jax.generate import producer as producer_lib  # noqa: E402
 from grpo_jax.generate import sampler as sampler_lib  # noqa: E402
 from grpo_jax.models import family, from_pretrained, hf, lora  # noqa: E402
 from grpo_jax.rl import losses, step as step_lib  # noqa: E402
@@ -214,9 +214,9 @@ def pool_run(graphdef, params, mesh, steps=3):
     serial[0] += 1
     ids = np.random.RandomState(100 + i).randint(6, 1000, P).astype(np.int32)
     stop = np.asarray([3 + (i + j) % 6 for j in range(G)], np.int32)
-    return (i, ids, np.ones(P, bool), stop, partial_lib.key_data(jax.random.key(i), G))
+    return (i, ids, np.ones(P, bool), stop, producer_lib.key_data(jax.random.key(i), G))
 
-  make = lambda: partial_lib.Producer(graphdef, config, nnx.merge(graphdef, params).config,
+  make = lambda: producer_lib.Producer(graphdef, config, nnx.merge(graphdef, params).config,
                                       slots=2 * G, prompt_len=P, chunk=2, max_staleness=4,
                                       prompts=prompts, mesh=mesh)
   producer = make()

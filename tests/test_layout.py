@@ -16,8 +16,8 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "grpo_jax"
-SHARED = ("__init__", "types", "keys", "registry", "errors", "console", "timing", "deprecated",
-          "sharding", "distributed", "assets")
+SHARED = ("__init__", "types", "random_keys", "registry", "errors", "console", "timing",
+          "deprecated", "sharding", "distributed", "assets")
 ORDER = [SHARED, ("models",), ("tasks",), ("generate",), ("rewards",), ("rl",), ("allocation",),
          ("configuration", "schema"), ("run",), ("train", "export", "sft", "report"), ("bench",)]
 RANK = {name: rank for rank, names in enumerate(ORDER) for name in names}

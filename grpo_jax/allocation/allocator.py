@@ -28,7 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
-from grpo_jax import keys, registry
+from grpo_jax import random_keys, registry
 from grpo_jax import timing
 from grpo_jax.allocation import rounds as rounds_lib
 
@@ -74,8 +74,8 @@ class Allocator:
   def round_key(rng, r: int):
     """Round r's sampler key, folded from the step's generation key for every round (the
     sampler folds a call's key with each token position, so a call's key must never be
-    another round's: ``keys.py``)."""
-    return keys.round_key(rng, r)
+    another round's: ``random_keys.py``)."""
+    return random_keys.round_key(rng, r)
 
   def _draw(self, n: int, taken: set) -> list:
     """n prompts not drawn yet this step; fewer (or none) when the selector runs dry."""

@@ -30,7 +30,7 @@ import dataclasses
 from grpo_jax import errors, registry
 from grpo_jax.allocation import allocator as allocator_lib
 from grpo_jax.allocation import rounds as rounds_lib
-from grpo_jax.generate import partial as partial_lib
+from grpo_jax.generate import producer as producer_lib
 
 
 class DynamicSampling(allocator_lib.Allocator):
@@ -107,7 +107,7 @@ class PoolFilter:
     if rounds_lib.is_effective(rows, self.signal):
       return 0
     self._dropped += 1
-    return partial_lib.DROP
+    return producer_lib.DROP
 
   def forget(self, tag) -> None:
     del tag

@@ -1,7 +1,7 @@
 """Partial rollouts as the step's allocator: B complete groups from a slot pool whose
 unfinished rows continue under the next parameters (``rollout.partial``).
 
-The selector's prompts enter a ``generate.partial.Producer`` one group at a time as slots
+The selector's prompts enter a ``generate.producer.Producer`` one group at a time as slots
 free up; each step takes the first B groups to complete (Kimi k1.5, arXiv 2501.12599; APRIL,
 arXiv 2509.18521), scores them on the host and hands them to the train step with the version
 of every token (``Rollout.version`` [N, T]). A group whose oldest token would be more than
@@ -40,11 +40,11 @@ from typing import Protocol
 import jax
 import numpy as np
 
-from grpo_jax import keys
+from grpo_jax import random_keys
 from grpo_jax.allocation import rounds as rounds_lib
 from grpo_jax.allocation.allocator import Allocator
 from grpo_jax.generate import asynchronous
-from grpo_jax.generate import partial as partial_lib
+from grpo_jax.generate import producer as producer_lib
 from grpo_jax.generate import tokenization
 from grpo_jax.types import Rollout
 
@@ -55,7 +55,7 @@ class PoolPolicy(Protocol):
   first_rows: int  # rows a new group admits first
 
   def verdict(self, tag, rows: rounds_lib.Rows, group_size: int) -> int:
-    """Rows to add (>= 1), 0 (the group of G is complete) or ``partial_lib.DROP``, from the
+    """Rows to add (>= 1), 0 (the group of G is complete) or ``producer_lib.DROP``, from the
     group's scored rows so far."""
 
   def forget(self, tag) -> None:
@@ -77,10 +77,10 @@ class PartialGroups(Allocator):
     sampler: the RoundSampler whose scorer, tokenizer and timer the rows use (its sampler is
       not called: the producer generates).
     make_producer: ``make_producer(prompts=..., rule=..., admit_cap=...) ->
-      generate.partial.Producer``.
+      generate.producer.Producer``.
     num_groups, group_size: B, G.
     effective_signal: as every allocator.
-    seed: the run's seed (rows' keys: ``keys.partial_rows``).
+    seed: the run's seed (rows' keys: ``random_keys.partial_rows``).
     policy: the sequential rule (``PoolPolicy``; None: uniform, G rows a group at once).
     max_rounds: with a policy, at most max_rounds x B x G rows are admitted a step.
     make_generator: ``make_generator(producer) -> generate.asynchronous.Generator`` for
@@ -96,7 +96,7 @@ class PartialGroups(Allocator):
                make_generator=None):
     super().__init__(selector, sampler, num_groups=num_groups, group_size=group_size,
                      effective_signal=effective_signal)
-    self._key = keys.partial_rows(seed)
+    self._key = random_keys.partial_rows(seed)
     self._prompts: dict[int, rounds_lib.Prompt] = {}  # group serial -> its prompt
     self._serial = 0
     self.policy = policy
@@ -106,11 +106,11 @@ class PartialGroups(Allocator):
     self.producer = make_producer(prompts=self._next_prompt,
                                   rule=None if policy is None else self, admit_cap=cap)
     self.generator = None if make_generator is None else make_generator(self.producer)
-    self._counted = partial_lib.Counts()  # the producer's counts when a step last took them
+    self._counted = producer_lib.Counts()  # the producer's counts when a step last took them
     self._effective = 0.0  # effective groups of the step whose counts are still to be taken
 
-  def _next_prompt(self) -> partial_lib.Prompt:
-    """The next group's prompt (a ``generate.partial.Prompt``); its rows' keys fold the
+  def _next_prompt(self) -> producer_lib.Prompt:
+    """The next group's prompt (a ``generate.producer.Prompt``); its rows' keys fold the
     group's serial number into the run's key, so a resumed pool draws the same tokens."""
     prompt = self._draw(1, set())[0]
     with self.timer.phase("prompts"):
@@ -119,14 +119,14 @@ class PartialGroups(Allocator):
     serial = self._serial
     self._serial += 1
     self._prompts[serial] = prompt
-    key = partial_lib.key_data(jax.random.fold_in(self._key, serial), self.group_size)
-    return partial_lib.Prompt(serial, np.asarray(ids[0]), np.asarray(mask[0]), None, key)
+    key = producer_lib.key_data(jax.random.fold_in(self._key, serial), self.group_size)
+    return producer_lib.Prompt(serial, np.asarray(ids[0]), np.asarray(mask[0]), None, key)
 
-  # -- the producer's rule (``generate.partial.Rule``), with a policy -------------------------
+  # -- the producer's rule (``generate.producer.Rule``), with a policy -------------------------
   def first_rows(self) -> int:
     return self.policy.first_rows
 
-  def decide(self, prompt: partial_lib.Prompt, rows: list) -> int:
+  def decide(self, prompt: producer_lib.Prompt, rows: list) -> int:
     """Scores the group's rows not scored yet and asks the policy; a dropped group's prompt
     and rows are kept for the step's selector and stats."""
     tag = prompt.tag
@@ -137,7 +137,7 @@ class PartialGroups(Allocator):
       scored = new if scored is None else rounds_lib.Rows.concat([scored, new])
       self._scored[tag] = scored
     verdict = self.policy.verdict(tag, scored, self.group_size)
-    if verdict == partial_lib.DROP:
+    if verdict == producer_lib.DROP:
       self._dropped.append((self._prompts.pop(tag), self._scored.pop(tag)))
     return verdict
 
@@ -219,7 +219,7 @@ class PartialGroups(Allocator):
     if self.generator is not None:
       self.generator.start(params)
 
-  def _score(self, groups: list[partial_lib.Group], prompts) -> list[rounds_lib.Rows]:
+  def _score(self, groups: list[producer_lib.Group], prompts) -> list[rounds_lib.Rows]:
     """Each complete group's host Rows: a policy's scored rows, or scored now (one call for
     the step's groups)."""
     out, todo = [None] * len(groups), []
@@ -237,8 +237,8 @@ class PartialGroups(Allocator):
         out[i] = rows
     return out
 
-  def _score_rows(self, prompt: partial_lib.Prompt, rows: list) -> rounds_lib.Rows:
-    """Host Rows of one group's harvested rows (``generate.partial.Row``)."""
+  def _score_rows(self, prompt: producer_lib.Prompt, rows: list) -> rounds_lib.Rows:
+    """Host Rows of one group's harvested rows (``generate.producer.Row``)."""
     arrays = tuple(np.stack(c) for c in zip(*rows))
     return self._host_rows([(self._prompts[prompt.tag], prompt.ids, prompt.mask, arrays)])[0]
 

@@ -65,7 +65,7 @@ import numpy as np
 from grpo_jax import errors, registry
 from grpo_jax.allocation import allocator as allocator_lib
 from grpo_jax.allocation import rounds as rounds_lib
-from grpo_jax.generate import partial as partial_lib
+from grpo_jax.generate import producer as producer_lib
 
 
 def p_effective(num_probes: int, num_successes: int, group_size: int, alpha0: float = 1.0,
@@ -283,7 +283,7 @@ class PoolSara:
                      self.alpha0, self.beta0)
     if verdict == "abandon":
       self._counts["abandoned"] += 1
-      return partial_lib.DROP
+      return producer_lib.DROP
     if verdict == "commit":
       self._counts["committed"] += 1
       if n == g:

@@ -281,7 +281,7 @@ def rollouts_point(tiny: bool, rows: int, group: int, prompt_len: int, completio
   step) in both, the pipeline at ``staleness``, chunks of T / 32; ``steps`` timed steps each
   after one (static) or 1 + staleness (pipeline) untimed. Generation only."""
   from grpo_jax.bench import rollouts as rollouts_lib
-  from grpo_jax.generate import partial, sampler as sampler_lib
+  from grpo_jax.generate import producer as producer_lib, sampler as sampler_lib
   n, g, p, t = rows, group, prompt_len, completion_len
   cfg = qwen3_0p6b_shape(tiny).replace(attention="auto")
   graphdef, params = _init_model(cfg)
@@ -290,7 +290,7 @@ def rollouts_point(tiny: bool, rows: int, group: int, prompt_len: int, completio
 
   def producer(static):
     draw = rollouts_lib.length_sampler("lognormal", t, np.random.default_rng(0))
-    return partial.Producer(graphdef, config, cfg, slots=n, prompt_len=p,
+    return producer_lib.Producer(graphdef, config, cfg, slots=n, prompt_len=p,
                             chunk=max(1, t // 32), max_staleness=staleness, static=static,
                             prompts=rollouts_lib.prompt_source(cfg.vocab_size, p, g, draw, 0))
 

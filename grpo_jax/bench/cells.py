@@ -18,15 +18,15 @@ import numpy as np
 
 from grpo_jax.bench import curves
 from grpo_jax.run import metrics as metrics_lib
-from grpo_jax.run import report
+from grpo_jax.run import report_writer
 
 # Per-step metrics averaged over a run (those of replayed rows over the steps that replayed,
-# report.PER_REPLAYED): what says how far off-policy a method trained and what it did to the
+# report_writer.PER_REPLAYED): what says how far off-policy a method trained and what it did to the
 # policy (clipping, length, truncation: runaway length is the symptom of uncorrected stale data).
 MECHANISM = ("ineffective_fraction", "effective_fraction", "completion_length_mean",
              "truncated_fraction", "clip_frac_low", "clip_frac_high", "drift", "is_weight_mean",
              "is_capped_frac", "approx_kl_behaviour", "grad_norm", "loss_rows",
-             "alloc/effective_per_1k_rollouts") + report.REPLAY_STATS
+             "alloc/effective_per_1k_rollouts") + report_writer.REPLAY_STATS
 # Also averaged over the last tenth of the steps: where a run ends up, not where it went.
 AT_END = ("completion_length_mean", "truncated_fraction", "clip_frac_low", "clip_frac_high")
 
@@ -54,7 +54,7 @@ def record(workdir: str, k: int) -> dict[str, Any]:
                       ("truncated_fraction",) * 2):
       e[key] = r.get(f"eval/{name}", float("nan"))
     evals.append(e)
-  train = report.step_means(steps, MECHANISM)
+  train = report_writer.step_means(steps, MECHANISM)
   tail = steps[-max(1, len(steps) // 10):]
   for key in AT_END:
     vals = [r[key] for r in tail if key in r]

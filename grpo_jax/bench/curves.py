@@ -8,7 +8,7 @@ Shared by the sample-efficiency benchmark (``bench/efficiency.py``) and the swee
 from __future__ import annotations
 
 from grpo_jax.run import metrics as metrics_lib
-from grpo_jax.run import report
+from grpo_jax.run import report_writer
 
 
 # The x axes of a budget: a curve's (step, x, mean@k) key -> its label in the tables.
@@ -16,7 +16,7 @@ AXES = {"rollouts": "rollouts", "completion_tokens": "completion tokens"}
 
 
 def token_curve(workdir: str, k: int = 8) -> list[tuple[int, int, float]]:
-  """(step, completion tokens, mean@k) of every evaluation of a run, like ``report.curve``
+  """(step, completion tokens, mean@k) of every evaluation of a run, like ``report_writer.curve``
   with completion tokens for rollouts.
 
   An evaluation record has no token count: it is the cumulative ``completion_tokens`` of the
@@ -43,7 +43,7 @@ def token_curve(workdir: str, k: int = 8) -> list[tuple[int, int, float]]:
 
 def budget_curve(workdir: str, k: int, axis: str) -> list[tuple[int, int, float]]:
   """(step, x, mean@k) of every evaluation, x on ``axis``: "rollouts" or "completion_tokens"."""
-  return token_curve(workdir, k) if axis == "completion_tokens" else report.curve(workdir, k)
+  return token_curve(workdir, k) if axis == "completion_tokens" else report_writer.curve(workdir, k)
 
 
 def at_marks(curve, marks) -> list[tuple[int, float]]:

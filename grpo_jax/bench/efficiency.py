@@ -50,7 +50,7 @@ from grpo_jax import console
 from grpo_jax import train
 from grpo_jax.bench.curves import AXES, at_marks, budget_curve, to_target
 from grpo_jax.run import evaluate as evaluate_lib
-from grpo_jax.run import report
+from grpo_jax.run import report_writer
 from grpo_jax.schema import files
 
 _METHODS = flags.DEFINE_list("methods", ["grpo", "popo"],
@@ -197,11 +197,11 @@ def main(argv):
       k = config.eval.k  # mean@k of the config (8, or 2 under :smoke)
       if not _finished(workdir, _STEPS.value, budget, axis, k):
         train.train_and_evaluate(config, workdir)
-      results[method][seed] = report.curve(workdir, k)
+      results[method][seed] = report_writer.curve(workdir, k)
       curves.setdefault(method, {})[seed] = budget_curve(workdir, k, axis)
       workdirs.setdefault(method, []).append(workdir)
-      walls.setdefault(method, []).append(report.wall_at_evals(workdir, k))
-      lengths.setdefault(method, []).append(report.lengths_at_evals(workdir, k))
+      walls.setdefault(method, []).append(report_writer.wall_at_evals(workdir, k))
+      lengths.setdefault(method, []).append(report_writer.lengths_at_evals(workdir, k))
   if budget:
     marks = list(range(0, budget + 1, every))
     md = budget_table(curves, marks, axis)
@@ -223,7 +223,7 @@ def main(argv):
                **({"axis": axis, "budget": budget, "curves": curves} if budget else {})}, f)
   title = "Countdown, embedded 1M-parameter Qwen3" + (
       f" ({_PRESETS.value})" if _PRESETS.value else "")
-  drew = report.plot_accuracy(workdirs, os.path.join(_OUT.value, "efficiency.png"), title=title)
+  drew = report_writer.plot_accuracy(workdirs, os.path.join(_OUT.value, "efficiency.png"), title=title)
   print(md)
   print(f"wrote {_OUT.value}/efficiency.md" + (" and efficiency.png" if drew else ""))
 
@@ -263,7 +263,7 @@ def _finished(workdir: str, steps: int, budget: int, axis: str = "rollouts",
               k: int = 8) -> bool:
   """Whether a run folder already holds a finished run of this benchmark: its last evaluation
   is at or past ``budget`` on ``axis`` (with a budget), else at ``steps`` steps or later."""
-  if not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or not report.curve(workdir, k):
+  if not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or not report_writer.curve(workdir, k):
     return False
   last = budget_curve(workdir, k, axis)[-1]
   return last[1] >= budget if budget else last[0] >= steps

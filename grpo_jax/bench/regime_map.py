@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from absl import app, flags
 
 from grpo_jax.bench import grid as grid_lib
-from grpo_jax.run import report
+from grpo_jax.run import report_writer
 
 # Short names of the axes the shipped grids vary; any other path is named by its last part.
 AXIS_NAMES = {"opt.learning_rate": "lr", "rl.num_minibatches": "updates",
@@ -129,7 +129,7 @@ def plot(rows: Sequence[dict], path: str, baseline: str = "grpo",
   ineffective groups), each cell coloured by the gain in points (clipped at +-``limit``), its
   value written in it and a frame where it is resolved. Returns False when matplotlib is not
   installed."""
-  plt = report._pyplot()  # pylint: disable=protected-access
+  plt = report_writer._pyplot()  # pylint: disable=protected-access
   if plt is None:
     return False
   import numpy as np  # pylint: disable=g-import-not-at-top

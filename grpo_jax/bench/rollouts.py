@@ -9,7 +9,7 @@ lengths) and enforced by a benchmark-only stop rule (``pool.Pool.stop_at``; the 
 an id it never draws), so the lengths are the workload, not the model. Per T, on the embedded
 model (``--model``), B = ``--groups`` groups of G = ``--group_size`` rows per step:
 
-* ``static``: today's schedule (``partial.Producer(static=True)``): B groups prefilled
+* ``static``: today's schedule (``producer.Producer(static=True)``): B groups prefilled
   together and decoded until the longest row ends.
 * ``pipeline`` at each ``--staleness``: ``--slots`` rows in flight (default B x G, the static
   batch's memory), chunks of ``--chunk`` decode steps, a step ends as soon as B groups are
@@ -57,7 +57,7 @@ from flax import nnx
 
 from grpo_jax import assets, console
 from grpo_jax.bench import lengths as lengths_lib, synthetic_step
-from grpo_jax.generate import partial, sampler as sampler_lib
+from grpo_jax.generate import producer as producer_lib, sampler as sampler_lib
 from grpo_jax.models import from_pretrained
 from grpo_jax.rl import policy
 from grpo_jax.rl.batch import Tokens
@@ -121,11 +121,11 @@ def prompt_source(vocab: int, p: int, g: int, draw, seed: int):
     ids = np.zeros(p, np.int32)
     ids[p - real:] = rng.integers(2, vocab, real)
     mask = np.arange(p) >= p - real
-    return (i, ids, mask, draw(g), partial.key_data(jax.random.fold_in(key, i), g))
+    return (i, ids, mask, draw(g), producer_lib.key_data(jax.random.fold_in(key, i), g))
   return prompts
 
 
-def run_mode(producer: partial.Producer, params, b: int, warmup: int, steps: int) -> dict:
+def run_mode(producer: producer_lib.Producer, params, b: int, warmup: int, steps: int) -> dict:
   """``steps`` timed steps (generation, then ``advance``) after ``warmup`` untimed ones, then
   untimed drain steps until no group that could hold a token of the window is left.
 
@@ -141,7 +141,7 @@ def run_mode(producer: partial.Producer, params, b: int, warmup: int, steps: int
   for _ in range(warmup):
     producer.take(params, b)
     producer.advance(params)
-  start_counts = partial.Counts(**vars(producer.counts))
+  start_counts = producer_lib.Counts(**vars(producer.counts))
   start_version = producer.version
   seconds, taken = 0.0, []
   for _ in range(steps):
@@ -251,7 +251,7 @@ def sampler_check(graphdef, params, model_config, config, rows: int, p: int) -> 
   mask = np.ones((rows, p), bool)
   sample = sampler_lib.make_sampler(graphdef, config)
   flat = lambda: (0, ids[0], mask[0], np.full(config.prompt_group, t, np.int32),
-                  partial.key_data(jax.random.key(0), config.prompt_group))
+                  producer_lib.key_data(jax.random.key(0), config.prompt_group))
   times = {}
   for name in ("sampler", "pool"):
     for i in range(2):
@@ -259,7 +259,7 @@ def sampler_check(graphdef, params, model_config, config, rows: int, p: int) -> 
       if name == "sampler":
         jax.block_until_ready(sample(params, ids, mask, jax.random.key(i)).completion_ids)
       else:
-        producer = partial.Producer(graphdef, config, model_config, slots=rows, prompt_len=p,
+        producer = producer_lib.Producer(graphdef, config, model_config, slots=rows, prompt_len=p,
                                     chunk=t, max_staleness=0, prompts=flat, static=True)
         producer.take(params, rows // config.prompt_group)
       times[name] = time.perf_counter() - t0
@@ -279,7 +279,7 @@ def bench_length(t: int, graphdef, params, model_config) -> dict:
     rng = np.random.default_rng(FLAGS.seed)
     draw = length_sampler(FLAGS.lengths, t, rng, median=FLAGS.median, at_limit=FLAGS.at_limit,
                           measured=measured)
-    return partial.Producer(
+    return producer_lib.Producer(
         graphdef, config, model_config, slots=b * g if static else slots, prompt_len=p,
         chunk=FLAGS.chunk, max_staleness=staleness, static=static,
         reprefill=cache == "reprefill",

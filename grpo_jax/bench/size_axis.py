@@ -34,7 +34,7 @@ from absl import app, flags
 import numpy as np
 
 from grpo_jax.bench import regime_map
-from grpo_jax.run import report
+from grpo_jax.run import report_writer
 
 ALL = "all settings"
 
@@ -184,7 +184,7 @@ def plot(sizes: Sequence[tuple[str, dict]], path: str, baseline: str = "grpo") -
   """size.png: one panel per setting, the gain over the baseline (points, mean ± SE over the
   seeds every size ran) against model size, a line per method run at two sizes or more.
   False when matplotlib is not installed."""
-  plt = report._pyplot()  # pylint: disable=protected-access
+  plt = report_writer._pyplot()  # pylint: disable=protected-access
   if plt is None:
     return False
   first = sizes[0][1]

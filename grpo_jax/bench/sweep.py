@@ -44,7 +44,7 @@ Written after every cell, from every record under ``<out>/cells`` of this grid:
   evaluation's standard error, the gain over the baseline at equal rollouts and at equal
   tokens (paired by seed, with its standard error), rollouts to the baseline's final accuracy,
   the off-policy and length metrics, wall time;
-* ``accuracy.png`` and ``mechanism.png`` (``grpo_jax.run.report.plot_grid``; with matplotlib).
+* ``accuracy.png`` and ``mechanism.png`` (``grpo_jax.run.report_writer.plot_grid``; with matplotlib).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import os
 
 from grpo_jax.bench import cells as cells_lib
 from grpo_jax.bench import grid as grid_lib
-from grpo_jax.run import report
+from grpo_jax.run import report_writer
 
 
 def write(grid: grid_lib.Grid, out: str, recs: list[dict], figures: bool = True) -> list[str]:
@@ -81,7 +81,7 @@ def _figures(grid, summaries, out, k) -> list[str]:
                                       "end_completion_length_mean",
                                       "end_truncated_fraction"])):
     path = os.path.join(out, name)
-    if report.plot_grid(points, path, ys=ys, xlabel=xlabel, xlog=xlog,
+    if report_writer.plot_grid(points, path, ys=ys, xlabel=xlabel, xlog=xlog,
                         title=f"sweep {grid.name}"):
       paths.append(path)
   return paths
@@ -110,7 +110,7 @@ def _knobs_figure(grid, summaries, out) -> list[str]:
                    "replayed rows": s.get("train/replay_rows", float("nan")),
                    "replay drift": s.get("train/replay_drift", float("nan"))})
   path = os.path.join(out, "knobs.png")
-  if not points or not report.plot_grid(
+  if not points or not report_writer.plot_grid(
       points, path, ys=[f"gain over {grid.baseline}", "replayed rows", "replay drift"],
       xlabel="knob value", title=f"sweep {grid.name}: each knob against {grid.baseline}",
       xticks=ticks):

@@ -1,7 +1,7 @@
 """Generation on its own devices while the update runs on the others (``rollout.devices``).
 
 One controller holds two meshes on disjoint devices (``sharding.split_meshes``): the first K
-devices generate, the rest train. The slot pool of partial rollouts (``generate.partial``) is
+devices generate, the rest train. The slot pool of partial rollouts (``generate.producer``) is
 the queue between them: the generator decodes chunk after chunk into it, a step takes the
 first B complete groups, and the rows still unfinished continue under the next parameters.
 After each update is dispatched its parameters are sent to the generation mesh device to
@@ -55,7 +55,7 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax.generate import partial as partial_lib
+from grpo_jax.generate import producer as producer_lib
 from grpo_jax.models import lora
 
 SCHEDULES = ("free", "lockstep")
@@ -113,7 +113,7 @@ class Generator:
   """The producer of partial rollouts on the generation mesh, fed parameters by the trainer.
 
   Args:
-    producer: the ``generate.partial.Producer`` whose pool lives on the generation mesh.
+    producer: the ``generate.producer.Producer`` whose pool lives on the generation mesh.
     send: ``send(trained)``: the trained parameters (all of them, or under LoRA the adapters)
       on the generation mesh, device to device (``generate.transfer.Transfer``).
     send_frozen: the same for the parameters LoRA freezes (sent once, by ``start``).
@@ -125,7 +125,7 @@ class Generator:
   ``start(params)`` gives it its first parameters (the run's, fresh or restored).
   """
 
-  def __init__(self, producer: partial_lib.Producer, send, send_frozen=None, *,
+  def __init__(self, producer: producer_lib.Producer, send, send_frozen=None, *,
                num_groups: int, schedule: str = "free", lockstep_chunks: int = 1,
                ahead: int = 1):
     if schedule not in SCHEDULES:
@@ -170,7 +170,7 @@ class Generator:
     finally:
       self.times.generator_busy += time.perf_counter() - start
 
-  def take(self, step: int) -> list[partial_lib.Group]:
+  def take(self, step: int) -> list[producer_lib.Group]:
     """Step ``step``'s B complete groups (fewer if the producer's budget or cap ends it),
     generating until they are ready; the generator holds parameters of version ``step`` (a
     step is taken only after the previous update's parameters arrived: ``overlap``)."""

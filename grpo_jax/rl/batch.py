@@ -48,7 +48,7 @@ class UpdateBatch:
       empty replay slots and padding).
     advantages: [N + R] float32, one per row.
     behaviour_logp: [N + R, T] float32, the log denominator of the behaviour weight (log mu;
-      on replayed rows the objective's choice, ``objectives.py``).
+      on replayed rows the objective's choice, ``replay_objectives.py``).
     prox_logp: [N + R, T] float32, log pi_prox: the denominator of the trust-region ratio.
     ref_logp: [N + R, T] float32 log pi_ref of the frozen reference; None without a KL term.
     replayed: [N + R] bool, the row comes from the buffer; None when the method never replays.

@@ -44,8 +44,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.rl import objectives
-from grpo_jax.rl import prox as prox_lib
+from grpo_jax.rl import replay_objectives
+from grpo_jax.rl import off_policy_prox as prox_lib
 
 # Which rows the no-grad pass at the start-of-step parameters computes.
 ROWS = ("none", "every", "batch", "method", "needed")
@@ -70,7 +70,7 @@ class ProxPlan:
     interpolate: the loss interpolates pi_prox of the off-policy rows it has no value for, per
       token from its age (``prox.interpolated``), in each update.
     denominators: the objective's denominators replace mu / pi_prox on the off-policy rows
-      whose values are known when the batch is built (``objectives.py``).
+      whose values are known when the batch is built (``replay_objectives.py``).
     prox_from: where those denominators' pi_prox comes from: "pass", "method", or None (the
       objective needs none).
   """
@@ -113,7 +113,7 @@ def plan(config, replaying: bool, measured: bool, bounded: bool) -> ProxPlan:
     The ProxPlan.
   """
   corrects = replaying or config.continued
-  objective_uses_prox = objectives.OBJECTIVES[config.replay.objective].uses_prox
+  objective_uses_prox = replay_objectives.OBJECTIVES[config.replay.objective].uses_prox
   uses_prox = corrects and objective_uses_prox
   if config.prox_pass == "all":
     rows = "every"

@@ -11,7 +11,7 @@ start of the step, so no pass is needed; unless ``prox_pass="all"``, used where 
 numerics differ from the train step's, e.g. bfloat16: then one no-grad pass gives pi_prox for every
 row, the trust region starts at rho = 1 exactly and the behaviour weight pi_prox / mu corrects the
 sampler/trainer mismatch, logged as ``fresh_logp_mismatch``); the denominators of the replayed rows,
-by the method's objective (``objectives.py``); the frozen reference's log-probs (one no-grad pass,
+by the method's objective (``replay_objectives.py``); the frozen reference's log-probs (one no-grad pass,
 only when the KL coefficient is > 0); the update scan (``update.py``: ``num_epochs`` passes of
 ``num_minibatches`` shuffled minibatches in one ``lax.scan``); the metrics (``step_metrics.py``);
 the NaN guard. State and buffer are donated; with replay capacity 0 the buffer is passed through
@@ -30,13 +30,13 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from grpo_jax import keys
+from grpo_jax import random_keys
 from grpo_jax import sharding as sharding_lib
 from grpo_jax.models import family, lora
 from grpo_jax.rl import advantages as advantages_lib
-from grpo_jax.rl import objectives
+from grpo_jax.rl import replay_objectives
 from grpo_jax.rl import policy
-from grpo_jax.rl import prox as prox_lib
+from grpo_jax.rl import off_policy_prox as prox_lib
 from grpo_jax.rl import prox_plan
 from grpo_jax.rl import step_metrics
 from grpo_jax.rl import update
@@ -76,8 +76,8 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config:
     rollout: the fresh Rollout, N = B * G rows, group-major.
     ref_params: frozen reference parameters (ignored when the KL coefficient is 0, and when
       ``state.params`` holds LoRA adapters: the reference is then the base, adapters off).
-    rng: the step's update key (``keys.update``): parent of the replay method's key and of the
-      minibatch shuffles, each folded with the state's step (``keys.py``).
+    rng: the step's update key (``random_keys.update``): parent of the replay method's key and of the
+      minibatch shuffles, each folded with the state's step (``random_keys.py``).
 
   Returns:
     (new TrainState, new ReplayState, dict of float32 scalar metrics).
@@ -151,7 +151,7 @@ def _context(config: StepConfig, rollout: Rollout, step: jax.Array,
     config: StepConfig (G, the estimator, the reward and effective signals).
     rollout: the fresh Rollout, N = B * G rows, group-major.
     step: int32 policy step (the state's).
-    rng: the step's update key; the method's own is ``keys.replay`` of it.
+    rng: the step's update key; the method's own is ``random_keys.replay`` of it.
 
   Returns:
     StepContext: the fresh rows as [B, G, ...], their [B, G] advantages (on the reward
@@ -165,7 +165,7 @@ def _context(config: StepConfig, rollout: Rollout, step: jax.Array,
   effective_B = advantages_lib.effective_groups(signal(config.effective_signal).reshape(b, g))
   fresh = jax.tree.map(lambda x: x.reshape((b, g) + x.shape[1:]), rollout)
   return replay_method.StepContext(fresh=fresh, advantages=adv_BxG, effective=effective_B,
-                                   step=step, rng=keys.replay(rng, step))
+                                   step=step, rng=random_keys.replay(rng, step))
 
 
 def _compose(config: StepConfig, ctx: replay_method.StepContext, replay: ReplayState,
@@ -251,7 +251,7 @@ def _update_batch(graphdef: nnx.GraphDef, plan: prox_plan.ProxPlan, config: Step
   Fresh rows: mu is the sampler's log mu and pi_prox is mu (or the start-of-step pass with
   ``prox_pass="all"``, so that rho starts at 1 exactly and w = pi_prox / mu corrects the
   sampler/trainer mismatch). Off-policy rows (replayed; continued with ``config.continued``):
-  the objective's denominators (``objectives.py``) of their mu, their pi_prox (the method's own
+  the objective's denominators (``replay_objectives.py``) of their mu, their pi_prox (the method's own
   pass when it made one, else ``full_NxT``) and their stored pi_gen. With
   ``prox_estimate="interpolate"`` and no pass, those rows keep mu here and carry the age of
   each token: the loss applies the objective to the interpolated pi_prox in each update
@@ -291,7 +291,7 @@ def _update_batch(graphdef: nnx.GraphDef, plan: prox_plan.ProxPlan, config: Step
       # other row, which would give continued rows the naive correction.
       replayed_prox_NxT = {None: None, "pass": full_NxT, "method": comp.prox_logp}[
           plan.prox_from]
-      objective = objectives.OBJECTIVES[config.replay.objective]
+      objective = replay_objectives.OBJECTIVES[config.replay.objective]
       replayed_mu_NxT, replayed_ratio_NxT = objective.denominators(mu_NxT, replayed_prox_NxT,
                                                                    comp.gen_logp)
       behaviour_NxT = jnp.where(known_N[:, None], replayed_mu_NxT, mu_NxT)

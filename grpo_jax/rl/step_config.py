@@ -48,7 +48,7 @@ class StepConfig(registry.Configurable):
     prox_estimate: how replayed rows get pi_prox where the step would make a pass for it:
       "exact" (the no-grad pass at the start-of-step parameters) or "interpolate" (no pass: in
       each update, log pi_prox = log mu + alpha (log pi_theta - log mu) with alpha from the
-      version stamps; ``prox.py``). A method that measures pi_prox itself keeps its values.
+      version stamps; ``off_policy_prox.py``). A method that measures pi_prox itself keeps its values.
     prox_chunks: with "exact", the pass runs over only the rows the method may replay (its
       static bound, ``Composition.prox_rows``), gathered replayed-first into this many chunks,
       a chunk holding no replayed row skipped at run time; 0 runs one pass over the whole

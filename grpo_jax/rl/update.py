@@ -13,13 +13,13 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from grpo_jax import keys
+from grpo_jax import random_keys
 from grpo_jax.models import lora
 from grpo_jax.models.causal_lm import prompts_repeat
 from grpo_jax.rl import losses
-from grpo_jax.rl import objectives
+from grpo_jax.rl import replay_objectives
 from grpo_jax.rl import policy
-from grpo_jax.rl import prox as prox_lib
+from grpo_jax.rl import off_policy_prox as prox_lib
 from grpo_jax.rl import step_metrics
 from grpo_jax.rl.batch import UpdateBatch
 from grpo_jax.rl.step_config import StepConfig
@@ -38,7 +38,7 @@ def update_scan(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config
     config: StepConfig (epochs E, minibatches M, shuffle, loss).
     state: the TrainState the step started from.
     batch: the UpdateBatch, N + R rows (a multiple of M).
-    rng: the step's update key; each epoch's shuffle is ``keys.shuffle`` of it.
+    rng: the step's update key; each epoch's shuffle is ``random_keys.shuffle`` of it.
     replaying: the replay method can replay (static): the loss pass also sums the replay
       drift (``step_metrics.replay_drift_sums``).
 
@@ -53,7 +53,7 @@ def update_scan(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, config
   epoch = functools.partial(_epoch, step, config, batch)
   (trainable, opt_state), per_update = jax.lax.scan(
       epoch, (trainable, state.opt_state),
-      (keys.shuffle(rng, state.step, config.num_epochs),
+      (random_keys.shuffle(rng, state.step, config.num_epochs),
        jnp.arange(config.num_epochs, dtype=jnp.int32)))
   return (lora.join(trainable, frozen), opt_state), per_update
 
@@ -126,7 +126,7 @@ def with_interpolated_prox(mb: UpdateBatch, logp_UxT: jax.Array, fraction: jax.A
       ``behaviour_logp``.
     logp_UxT: [U, T] float32 log pi_theta of the loss pass.
     fraction: float32 u / U of this update.
-    objective: the replay objective (``objectives.OBJECTIVES``; one that uses pi_prox).
+    objective: the replay objective (``replay_objectives.OBJECTIVES``; one that uses pi_prox).
 
   Returns:
     UpdateBatch with ``behaviour_logp`` and ``prox_logp`` of the tokens of age > 0 set by the
@@ -134,7 +134,7 @@ def with_interpolated_prox(mb: UpdateBatch, logp_UxT: jax.Array, fraction: jax.A
   """
   mu_UxT = mb.behaviour_logp
   prox_UxT = prox_lib.interpolated(mu_UxT, logp_UxT, mb.age, fraction)
-  mu2_UxT, prox2_UxT = objectives.OBJECTIVES[objective].denominators(mu_UxT, prox_UxT,
+  mu2_UxT, prox2_UxT = replay_objectives.OBJECTIVES[objective].denominators(mu_UxT, prox_UxT,
                                                                      mb.gen_logp)
   old = mb.age > 0
   return mb.replace(behaviour_logp=jnp.where(old, mu2_UxT, mu_UxT),

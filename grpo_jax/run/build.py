@@ -22,12 +22,12 @@ from grpo_jax import configuration
 from grpo_jax import console
 from grpo_jax import distributed
 from grpo_jax import errors
-from grpo_jax import keys
+from grpo_jax import random_keys
 from grpo_jax import sharding as sharding_lib
 from grpo_jax import tasks as tasks_lib
 from grpo_jax import timing
 from grpo_jax.generate import asynchronous
-from grpo_jax.generate import partial as partial_lib
+from grpo_jax.generate import producer as producer_lib
 from grpo_jax.generate import prompts as prompts_lib
 from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.generate import transfer
@@ -213,11 +213,11 @@ def setup(config, workdir: str) -> Run:
 
 def producer_factory(config, graphdef, params, sampling, mesh=None):
   """``make_producer(prompts=...)``: the slot pool of ``rollout.partial``
-  (``generate.partial.Producer``), its rows in groups of G sharing each prompt's prefill, split
+  (``generate.producer.Producer``), its rows in groups of G sharing each prompt's prefill, split
   over the mesh's batch axes when there is one."""
   r = config.rollout
   return functools.partial(
-      partial_lib.Producer, graphdef,
+      producer_lib.Producer, graphdef,
       dataclasses.replace(sampling, prompt_group=r.group_size, row_block=0),
       nnx.merge(graphdef, params).config, slots=r.slots or r.batch_prompts * r.group_size,
       prompt_len=r.prompt_len, chunk=r.chunk or max(1, r.completion_len // 32),
@@ -260,7 +260,7 @@ def load_model(config, tokenizer, mesh) -> tuple[nnx.GraphDef, Any]:
   """The policy's (graphdef, params) from ``config.model.path``, checked against the
   tokenizer; with ``model.lora.rank`` > 0 the base is stored in the compute dtype (it is never
   updated, so it needs no float32 master copy) and carries fresh adapters (``lora.attach``,
-  drawn from ``keys.lora_init`` of the seed). Builds on any backend: a model configured with
+  drawn from ``random_keys.lora_init`` of the seed). Builds on any backend: a model configured with
   an accelerator's attention kernel is only refused where attention runs (``setup``)."""
   adapters = lora.from_config(config.model)
   param_dtype = config.model.dtype if adapters else config.model.param_dtype
@@ -274,7 +274,7 @@ def load_model(config, tokenizer, mesh) -> tuple[nnx.GraphDef, Any]:
         f"embedding has {model.config.vocab_size:,} rows: they do not belong together")
   if adapters:
     try:
-      lora.attach(model, adapters, nnx.Rngs(params=keys.lora_init(config.seed)))
+      lora.attach(model, adapters, nnx.Rngs(params=random_keys.lora_init(config.seed)))
     except ValueError as e:
       raise errors.ConfigError(f"config.model.lora: {e}") from None
   return nnx.split(model)

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from grpo_jax import keys
+from grpo_jax import random_keys
 from grpo_jax import sharding
 from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.generate import tokenization
@@ -105,7 +105,7 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
   Every sampler batch has the same number of rows, ``min(rows_per_batch, k * len(problems))``
   (``rows_per_batch`` first rounded down to a multiple of k, at least k; the last batch is
   padded with repeats), so the sampler compiles once per distinct size and a small evaluation
-  does not pay for padding. The batch starting at row i samples with ``keys.evaluation_batch(seed,
+  does not pay for padding. The batch starting at row i samples with ``random_keys.evaluation_batch(seed,
   i)``; token t of a row is drawn with ``fold_in(that key, t)`` and uniforms
   of shape [rows, 1], whose first rows do not depend on the row count (threefry is
   partitionable by default), so the size does not change the results.
@@ -151,7 +151,7 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
     real = len(chunk)
     chunk = chunk + [chunk[-1]] * (rows_per_batch - real)
     ids, mask = tokenization.encode_prompts(tokenizer, chunk, prompt_len)
-    out = sample(params, ids, mask, keys.evaluation_batch(seed, start))
+    out = sample(params, ids, mask, random_keys.evaluation_batch(seed, start))
     out = jax.device_get(out)
     ids_RxT, mask_RxT = out.completion_ids[:real], out.completion_mask[:real]
     texts = tokenization.decode_completions(tokenizer, ids_RxT, mask_RxT)

@@ -17,7 +17,7 @@ import jax
 
 from grpo_jax import console
 from grpo_jax import distributed
-from grpo_jax import keys
+from grpo_jax import random_keys
 from grpo_jax.run import evaluate as evaluate_lib
 from grpo_jax.run import metrics as metrics_lib
 from grpo_jax.run import preemption
@@ -97,18 +97,18 @@ def _step(run: Run, step: int) -> tuple[int, bool, bool]:
   whether it was saved)."""
   s, p = run.setup, run.progress
   config, timer = s.config, s.timer
-  key = keys.train_step_key(config.seed, step)
+  key = random_keys.train_step_key(config.seed, step)
   before = p.counters
   _progress_for_rewards(run, step)
   # B complete groups, however the allocator spent its rollouts (allocation/allocator.py); it
   # times its phases (prompts, generation, scoring, assembly) on ``timer``.
-  rollout, stats = s.allocator.collect(p.state.params, step, keys.generation(key))
+  rollout, stats = s.allocator.collect(p.state.params, step, random_keys.generation(key))
   _, logged = s.scorer.take_log(training=True)
   if logged:  # a reward function logged columns (TRL's log_extra): the step's completions
     s.writer.write_completions(f"step_{step + 1:06d}", logged)
   with timer.phase("update"):
     p.state, p.replay, device_metrics = s.train_step(p.state, p.replay, rollout,
-                                                           s.ref_params, keys.update(key))
+                                                           s.ref_params, random_keys.update(key))
     if not config.rollout.devices:
       # Generation needs the new parameters anyway, so waiting here costs no overlap and lets
       # the phases split the time honestly: "update" is dispatch plus the device's work.

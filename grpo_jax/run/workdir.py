@@ -16,7 +16,7 @@ from grpo_jax import console
 from grpo_jax import distributed
 from grpo_jax.models import CheckpointError
 from grpo_jax.run import metrics as metrics_lib
-from grpo_jax.run import report
+from grpo_jax.run import report_writer
 
 # Fields that may change between the runs of one workdir: how long, how often to evaluate,
 # log and checkpoint, and the mesh (checkpoints restore onto any mesh; the values then differ
@@ -125,7 +125,7 @@ def report_paths(workdir: str, write: bool = False, k: int = 8) -> dict:
   out = os.path.join(workdir, "report")
   if write:
     try:
-      written = report.write_report([workdir], out, k=k)
+      written = report_writer.write_report([workdir], out, k=k)
     except Exception as e:  # pylint: disable=broad-except
       console.say(f"grpo_jax: report not written ({e})")
       return {}

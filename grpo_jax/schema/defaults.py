@@ -132,7 +132,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.prox.rows = "auto"
   # Replayed and continued rows, where the objective needs pi_prox and the method does not
   # measure it: exact (the pass) | interpolate (no pass: AReaL's log mu + alpha (log pi_theta -
-  # log mu), alpha from the version stamps; grpo_jax/rl/prox.py).
+  # log mu), alpha from the version stamps; grpo_jax/rl/off_policy_prox.py).
   c.prox.estimate = "exact"
   # The exact pass runs over only the rows that may need it, in this many chunks; a chunk
   # without such a row is skipped. 0 = one pass over the whole batch.

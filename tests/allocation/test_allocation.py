@@ -693,7 +693,7 @@ def test_sara_on_the_pool_by_hand():
   # P_eff = 1 - (n + 1) / 9: 4 -> 0.444, 5 -> 0.333 (continue: one more each), 6 -> 0.222
   # (abandon). Mixed probes: P_eff = 1, commit: the other 4 rows, then complete at 8.
   from grpo_jax.allocation.sara import PoolSara  # pylint: disable=g-import-not-at-top
-  from grpo_jax.generate.partial import DROP  # pylint: disable=g-import-not-at-top
+  from grpo_jax.generate.producer import DROP  # pylint: disable=g-import-not-at-top
   sara = PoolSara(probes=4, tau_lo=0.3, tau_hi=0.9)
   assert sara.first_rows == 4
   assert [sara.verdict("a", _scored([0] * n), 8) for n in (4, 5, 6)] == [1, 1, DROP]
@@ -721,7 +721,7 @@ def test_sara_on_the_pool_by_hand():
 
 def test_dynamic_sampling_on_the_pool_drops_agreeing_groups():
   from grpo_jax.allocation.dynamic_sampling import PoolFilter  # pylint: disable=g-import-not-at-top
-  from grpo_jax.generate.partial import DROP  # pylint: disable=g-import-not-at-top
+  from grpo_jax.generate.producer import DROP  # pylint: disable=g-import-not-at-top
   dapo = PoolFilter("success", 4)
   assert dapo.first_rows == 4
   assert dapo.verdict("a", _scored([1, 1, 1, 1]), 4) == DROP

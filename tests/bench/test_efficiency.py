@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from grpo_jax.bench import curves, efficiency
-from grpo_jax.run import report
+from grpo_jax.run import report_writer
 from tests.cli_output import THIRD_PARTY_LOG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,11 +43,11 @@ def test_curve_wall_clock_and_table(tmp_path):
   _write(b, [{"step": 0, "eval/mean_at_8": 0.25, "rollouts": 0},
              {"step": 2, "loss": 0.1, "completion_tokens": 300, "tokens_per_s": 10.0},
              {"step": 2, "eval/mean_at_8": 0.75, "rollouts": 16}])
-  assert report.curve(str(a)) == [(0, 0, 0.25), (2, 16, 0.5)]
-  assert report.wall_at_evals(str(a)) == [0.0, 21.0]
-  assert report.wall_at_evals(str(b)) == [0.0, 30.0]
-  md = efficiency.table({"popo:filter": {0: report.curve(str(a)),
-                                         1: report.curve(str(b))}},
+  assert report_writer.curve(str(a)) == [(0, 0, 0.25), (2, 16, 0.5)]
+  assert report_writer.wall_at_evals(str(a)) == [0.0, 21.0]
+  assert report_writer.wall_at_evals(str(b)) == [0.0, 30.0]
+  md = efficiency.table({"popo:filter": {0: report_writer.curve(str(a)),
+                                         1: report_writer.curve(str(b))}},
                         {"popo:filter": [[0.0, 21.0], [0.0, 30.0]]})
   lines = md.splitlines()
   # Step 2: seeds 0.5 and 0.75 -> mean 0.625, population std 0.125; wall mean (21 + 30) / 2.
@@ -82,10 +82,10 @@ def test_replay_table_means_over_steps(tmp_path):
              {"step": 2, "loss": 0.0, "replay_rows": 8.0, "replay_age_mean": 1.0},
              {"step": 3, "loss": 0.0, "replay_rows": 16.0, "replay_age_mean": 2.0}])
   _write(g, [{"step": 1, "loss": 0.0}])
-  assert report.replay_table([str(a), str(g)]).splitlines() == [
+  assert report_writer.replay_table([str(a), str(g)]).splitlines() == [
       "| run | replay_rows | replay_age_mean |", "|---|---|---|", "| popo | 8 | 1.5 |",
       "| grpo |  |  |"]
-  assert report.replay_table([str(g)]) is None
+  assert report_writer.replay_table([str(g)]) is None
 
 
 def test_budget_table_and_rollouts_to_target():

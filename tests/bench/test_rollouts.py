@@ -58,12 +58,12 @@ def test_the_command_ends_with_its_summary_json():
 
 
 def test_only_tokens_decoded_in_the_window_are_credited(split):
-  # The producer of tests/generate/test_partial.py's first test: 2 slots, one decode step a
+  # The producer of tests/generate/test_producer.py's first test: 2 slots, one decode step a
   # step; group 1 (8 tokens, versions [0, 0, 1, 2, 3, 4, 5, 6]) spans steps 0-6 beside a short
   # group (2 tokens, both of the step's version) each step; steps take tags 0, 2, 3, 4, 5, 6,
   # 7, 1. Warm-up: steps 0-1; window: steps 2-7 (first version 2).
   from grpo_jax.bench.rollouts import run_mode  # pylint: disable=g-import-not-at-top
-  from tests.generate.test_partial import P, _producer  # pylint: disable=g-import-not-at-top
+  from tests.generate.test_producer import P, _producer  # pylint: disable=g-import-not-at-top
   producer = _producer(split, stops=(2, 8, 2, 2, 2, 2, 2, 2))
   mode = run_mode(producer, split[1], b=1, warmup=2, steps=6)
   # Generated in the window: groups 3-7's prefill tokens (5) and steps 2-6's decode steps, 2
@@ -82,7 +82,7 @@ def test_a_row_in_flight_when_the_window_ends_is_credited_once_trained(split):
   # window tokens (not its tokens of versions 0 and 6): 10 + 5 = 15, all 15 generated in the
   # window (5 prefills + 5 decode steps x 2). Without the drain, 10 (a third short).
   from grpo_jax.bench.rollouts import run_mode  # pylint: disable=g-import-not-at-top
-  from tests.generate.test_partial import P, _producer  # pylint: disable=g-import-not-at-top
+  from tests.generate.test_producer import P, _producer  # pylint: disable=g-import-not-at-top
   producer = _producer(split, stops=(2, 8, 2, 2, 2, 2, 2, 2))
   mode = run_mode(producer, split[1], b=1, warmup=1, steps=5)
   assert mode["tokens_generated"] == 15 and mode["positions"] == 10 + 5 * P

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import strategies as st
 
 from grpo_jax.generate import asynchronous
-from tests.generate.test_partial import T, _producer, _Scripted
+from tests.generate.test_producer import T, _producer, _Scripted
 
 
 def _generator(split, *, b=1, schedule="lockstep", chunks=0, ahead=1, **kw):

@@ -113,16 +113,16 @@ def test_a_saved_pool_resumes_to_the_same_tokens(split, fns, rows):
   # fresh pool, the cache rebuilt (``reprefill``, as the producer does on restore) and decoded
   # on in chunks of 1: other chunk boundaries, so each token's key must come from the token's
   # position, not the chunk's loop counter, and the rebuilt cache must give the same tokens.
-  from grpo_jax.generate import partial_state  # pylint: disable=g-import-not-at-top
+  from grpo_jax.generate import producer_state  # pylint: disable=g-import-not-at-top
   ids, mask, keys = rows
   fresh = lambda admit: admit(split[1], pool_lib.init(_config(split), SLOTS, P, CONFIG), ids,
                               mask, jnp.arange(4), keys, jnp.arange(4), jnp.full((4,), T), 0)
   whole, _ = fns[T][1](split[1], fresh(fns[T][0]), 0)
   part, _ = fns[3][1](split[1], fresh(fns[3][0]), 0)
-  saved = partial_state.pool_arrays(part)
+  saved = producer_state.pool_arrays(part)
   assert "cache" not in saved and np.all(saved["length"] < T)  # saved mid-row
   admit, decode, _, reprefill = fns[1]
-  resumed = reprefill(split[1], partial_state.restore_pool(
+  resumed = reprefill(split[1], producer_state.restore_pool(
       pool_lib.init(_config(split), SLOTS, P, CONFIG), saved))
   for _ in range(T):
     resumed, _ = decode(split[1], resumed, 0)

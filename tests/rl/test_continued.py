@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from grpo_jax.rl import losses, prox, prox_plan, step as step_lib
+from grpo_jax.rl import losses, off_policy_prox as prox, prox_plan, step as step_lib
 from grpo_jax.rl.replay import headroom, init_replay, popo
 from grpo_jax.rl.replay import method as replay_method
 from grpo_jax.rl.step_config import StepConfig

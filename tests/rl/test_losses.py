@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from grpo_jax.rl import objectives
+from grpo_jax.rl import replay_objectives
 from grpo_jax.rl.losses import LossConfig, aggregate, kl_penalty, policy_loss
 from grpo_jax.rl.policy_losses.ppo import Ppo
 from grpo_jax.rl.replay import method as replay_method
@@ -370,9 +370,9 @@ def test_policy_loss_matches_float64_reference_property(batch):
                                                ("pi_old", "1", "prox"),
                                                ("align_mu", "gen / mu", "gen")])
 def test_each_objective_sets_the_behaviour_weight_and_the_ratio_denominator(name, weight, ratio):
-  """Every replay objective has its denominators (objectives.OBJECTIVES): through the loss, the
+  """Every replay objective has its denominators (replay_objectives.OBJECTIVES): through the loss, the
   behaviour weight w = pi_prox' / mu' and the ratio rho = pi_theta / pi_prox' of its row."""
-  objective = objectives.OBJECTIVES[name]
+  objective = replay_objectives.OBJECTIVES[name]
   logp, mu, prox, gen = (jnp.full((1, 1), v, jnp.float32) for v in (-1.0, -1.5, -1.2, -1.4))
   behaviour, denominator = objective.denominators(mu, prox if objective.uses_prox else None, gen)
   _, aux = policy_loss(logp, denominator, behaviour, jnp.ones((1,), jnp.float32),
@@ -384,13 +384,13 @@ def test_each_objective_sets_the_behaviour_weight_and_the_ratio_denominator(name
 
 
 def test_objectives_are_defined_once(monkeypatch):
-  """objectives.OBJECTIVES is the one definition of how replayed rows enter the loss: an
+  """replay_objectives.OBJECTIVES is the one definition of how replayed rows enter the loss: an
   objective added there is one the replay methods and the config accept, with nothing else to
   keep in step (a second table of names once disagreed with it on align_mu's weight)."""
   from configs import popo  # pylint: disable=g-import-not-at-top
   from grpo_jax import configuration  # pylint: disable=g-import-not-at-top
-  added = objectives.Objective(uses_prox=False, denominators=lambda mu, prox, gen: (gen, gen))
-  monkeypatch.setitem(objectives.OBJECTIVES, "pi_gen", added)
+  added = replay_objectives.Objective(uses_prox=False, denominators=lambda mu, prox, gen: (gen, gen))
+  monkeypatch.setitem(replay_objectives.OBJECTIVES, "pi_gen", added)
   replay_method.validate_objective("pi_gen")
   c = popo.get_config("smoke")
   c.replay.objective = "pi_gen"

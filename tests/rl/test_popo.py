@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from configs import popo as popo_config
 from grpo_jax import configuration
 from grpo_jax.generate.logprobs import completion_logprobs
-from grpo_jax.rl import losses, objectives, replay as replay_lib, step as step_lib
+from grpo_jax.rl import losses, replay as replay_lib, replay_objectives, step as step_lib
 from grpo_jax.rl.replay import method as method_lib, popo, prioritized
 from grpo_jax.rl.step_config import StepConfig
 from grpo_jax.types import Rollout
@@ -113,7 +113,7 @@ def test_ineffective_slot_takes_the_most_recent_stored_group(split):
   np.testing.assert_array_equal(evicted.valid, [True, False, True, False])
 
 
-@pytest.mark.parametrize("objective", list(objectives.OBJECTIVES))
+@pytest.mark.parametrize("objective", list(replay_objectives.OBJECTIVES))
 def test_each_objective_equals_a_hand_composed_loss(split, tiny_qwen3, objective):
   """Stored rows' log mu is the generating policy's minus 0.5 (as if an older policy had
   sampled them), so pi_prox / mu = e^0.5 = 1.6487 on replayed tokens. By objective:
@@ -147,7 +147,7 @@ def test_each_objective_equals_a_hand_composed_loss(split, tiny_qwen3, objective
   assert float(m["replay_is_weight_mean"]) == pytest.approx(np.exp(0.5), rel=1e-3)
   assert float(m["replay_drift"]) == pytest.approx(0.25, rel=1e-3)
   assert float(m["replay_is_weight_max"]) == pytest.approx(np.exp(0.5), rel=1e-3)
-  others = [o for o in objectives.OBJECTIVES if o != objective]
+  others = [o for o in replay_objectives.OBJECTIVES if o != objective]
   for other in others:  # the three compositions really differ on this batch
     p2, b2 = {"decoupled": (teacher_prox, mu), "pi_old": (teacher_prox, teacher_prox),
               "align_mu": (mu, mu)}[other]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from configs import headroom as headroom_config, popo as popo_config
 from grpo_jax import configuration
-from grpo_jax.rl import losses, policy, prox, step as step_lib, update
+from grpo_jax.rl import losses, off_policy_prox as prox, policy, step as step_lib, update
 from grpo_jax.rl.batch import Tokens, UpdateBatch
 from grpo_jax.rl.replay import popo
 from grpo_jax.rl.step_config import StepConfig

@@ -9,7 +9,7 @@ import optax
 import pytest
 from flax import nnx
 
-from grpo_jax import keys as grpo_keys
+from grpo_jax import random_keys as grpo_keys
 from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.generate.logprobs import completion_logprobs, completion_logprobs_and_entropy
 from grpo_jax.rl import advantages, losses, optim, step as step_lib

@@ -24,7 +24,7 @@ from grpo_jax.models import from_pretrained
 from grpo_jax import report as report_cli
 from grpo_jax import timing
 from grpo_jax.run import checkpoint as checkpoint_lib
-from grpo_jax.run import metrics, report
+from grpo_jax.run import metrics, report_writer
 from tests.cli_output import THIRD_PARTY_LOG
 from tests.run_once import once_per_run
 
@@ -130,10 +130,10 @@ def test_report_of_the_smoke_run(smoke_run, tmp_path):
     import matplotlib.image  # pylint: disable=g-import-not-at-top
     assert matplotlib.image.imread(tmp_path / name).ndim == 3  # decodes as an image
   table = (tmp_path / "summary.md").read_text()
-  s = report.run_summary(os.fspath(workdir), k=2)
-  assert f"| {s['steps']} | {s['start']:.3f} → {s['end']:.3f} |" in report.summary_table(
+  s = report_writer.run_summary(os.fspath(workdir), k=2)
+  assert f"| {s['steps']} | {s['start']:.3f} → {s['end']:.3f} |" in report_writer.summary_table(
       [os.fspath(workdir)], k=2)
-  assert "| 8 |" in report.summary_table([os.fspath(workdir)], k=2)  # 8 rollouts
+  assert "| 8 |" in report_writer.summary_table([os.fspath(workdir)], k=2)  # 8 rollouts
   assert "rollouts" in table
   # The run itself wrote its report at the end.
   assert (workdir / "report" / "summary.md").exists()
@@ -549,7 +549,7 @@ def test_partial_settings_the_validator_accepts_build_their_pool(
   """What ``configuration.validate`` accepts of the partial-rollout knobs (with the rule, the
   correction and pi_prox's source) builds its step config and its producer: no refusal is left
   for the run to find."""
-  from grpo_jax.generate import partial as partial_lib  # pylint: disable=g-import-not-at-top
+  from grpo_jax.generate import producer as producer_lib  # pylint: disable=g-import-not-at-top
   from grpo_jax.run import build  # pylint: disable=g-import-not-at-top
   c = grpo.get_config("smoke,partial")  # G = 2, T = 16
   c.rollout.update(slots=slots, max_staleness=staleness, chunk=chunk, decode_budget=budget,
@@ -567,7 +567,7 @@ def test_partial_settings_the_validator_accepts_build_their_pool(
   sampling = sampler_lib.SamplingConfig(max_new_tokens=c.rollout.completion_len, eos_ids=(5,),
                                         pad_id=0)
   producer = build.producer_factory(c, graphdef, params, sampling)(prompts=lambda: None)
-  assert isinstance(producer, partial_lib.Producer)
+  assert isinstance(producer, producer_lib.Producer)
   assert producer.slots == (slots or c.rollout.batch_prompts * c.rollout.group_size)
 
 

@@ -2,7 +2,7 @@
 
 A replay method is a frozen (hashable, static under jit) dataclass with
 
-  objective             how replayed rows enter the loss: a name of ``objectives.OBJECTIVES``,
+  objective             how replayed rows enter the loss: a name of ``replay_objectives.OBJECTIVES``,
                         where each is defined (its behaviour weight and ratio) once
   entry_size(G) -> E    rollouts per buffer entry (G for group replay, 1 for rollout replay)
   extra_rows(N, G) -> R rows added to the update batch beyond the N fresh ones (static)
@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax import registry
-from grpo_jax.rl import objectives
+from grpo_jax.rl import replay_objectives
 from grpo_jax.rl.replay.buffer import ReplayState
 from grpo_jax.types import Rollout
 
@@ -213,8 +213,8 @@ def no_rows(ctx: StepContext, r: int) -> tuple[Rollout, jax.Array, jax.Array]:
 
 
 def validate_objective(objective: str):
-  if objective not in objectives.OBJECTIVES:
-    raise ValueError(f"objective must be one of {tuple(objectives.OBJECTIVES)}, got "
+  if objective not in replay_objectives.OBJECTIVES:
+    raise ValueError(f"objective must be one of {tuple(replay_objectives.OBJECTIVES)}, got "
                      f"{objective!r}")
 
 

@@ -24,7 +24,7 @@ Defaults (from a third-party implementation that states them as the paper's Tabl
 checked against the paper itself): tau_max 10, rho 0.5, alpha 0.5, eps 1e-6, warm-up 20 steps. Replayed rows keep
 their frozen advantage; the objective defaults to "align_mu": the paper's ratio pi_theta /
 mu_birth, as pi_theta / pi_gen (mu in the trainer's numerics), with the behaviour weight
-pi_gen / mu (1 in float32; objectives.py) and no further correction (the clip then bounds how
+pi_gen / mu (1 in float32; replay_objectives.py) and no further correction (the clip then bounds how
 far a replayed token's ratio may move from its behaviour policy, up to tau_max steps old). "decoupled" (POPO's objective) is
 available and costs one no-grad pass over the larger batch.
 

@@ -41,9 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.generate import partial_state as state_lib
+from grpo_jax.generate import producer_state as state_lib
 from grpo_jax.generate import pool as pool_lib
-from grpo_jax.generate.partial_types import Counts, Group, OpenGroup, Prompt, Row
+from grpo_jax.generate.producer_types import Counts, Group, OpenGroup, Prompt, Row
 
 __all__ = ["Counts", "DROP", "Group", "OpenGroup", "Producer", "Prompt", "Row", "Rule",
            "key_data"]
@@ -356,12 +356,12 @@ class Producer:
 
   # -- checkpoint ----------------------------------------------------------------------------
   def state_dict(self) -> dict:
-    """Everything in flight (``partial_state.producer_state``): JSON but for its NumPy
+    """Everything in flight (``producer_state.producer_state``): JSON but for its NumPy
     arrays, which the checkpoint writes as arrays (``run.checkpoint``)."""
     return state_lib.producer_state(self)
 
   def load_state_dict(self, state: dict) -> None:
-    """Restores ``state_dict``'s rows (``partial_state.load_producer``); the pool's cache is
+    """Restores ``state_dict``'s rows (``producer_state.load_producer``); the pool's cache is
     rebuilt by the next ``take`` or ``advance``."""
     state_lib.load_producer(self, state)
 

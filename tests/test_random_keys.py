@@ -1,9 +1,9 @@
-"""Key hygiene: every consumer of randomness in a run has its own key (keys.py)."""
+"""Key hygiene: every consumer of randomness in a run has its own key (random_keys.py)."""
 
 import jax
 import numpy as np
 
-from grpo_jax import keys
+from grpo_jax import random_keys
 from grpo_jax.allocation import Allocator
 
 
@@ -16,7 +16,7 @@ def test_every_key_of_two_steps_and_an_evaluation_is_distinct():
   keys t < 8, the update key, the replay key, two epochs' shuffle keys) and for two evaluation
   batches (with their token keys) are pairwise distinct, parents and leaves alike.
 
-  Mutations this catches (both were the code before keys.py): round r >= 1 keyed
+  Mutations this catches (both were the code before random_keys.py): round r >= 1 keyed
   ``fold_in(round 0, r)`` = round 0's token-r key; evaluation keyed ``fold_in(key(seed), 0)`` =
   step 0's loop key ``fold_in(key(seed), step)``.
   """
@@ -31,20 +31,20 @@ def test_every_key_of_two_steps_and_an_evaluation_is_distinct():
     for t in range(tokens):
       add(f"{name}/token{t}", jax.random.fold_in(key, t))
 
-  add("run", keys.run_key(seed))
+  add("run", random_keys.run_key(seed))
   for start in (0, 512):
-    sampler_call(f"eval{start}", keys.evaluation_batch(seed, start))
+    sampler_call(f"eval{start}", random_keys.evaluation_batch(seed, start))
   for step in (0, 1):
-    step_key = keys.train_step_key(seed, step)
+    step_key = random_keys.train_step_key(seed, step)
     add(f"step{step}", step_key)
-    gen = keys.generation(step_key)
+    gen = random_keys.generation(step_key)
     add(f"step{step}/generation", gen)
     for r in range(rounds):
       sampler_call(f"step{step}/round{r}", Allocator.round_key(gen, r))
-    upd = keys.update(step_key)
+    upd = random_keys.update(step_key)
     add(f"step{step}/update", upd)
-    add(f"step{step}/replay", keys.replay(upd, step))
-    for e, k in enumerate(keys.shuffle(upd, step, 2)):
+    add(f"step{step}/replay", random_keys.replay(upd, step))
+    for e, k in enumerate(random_keys.shuffle(upd, step, 2)):
       add(f"step{step}/shuffle{e}", k)
   by_value = {}
   for name, value in named.items():

@@ -1,6 +1,6 @@
 """Sampler throughput: completion tokens per second of the jitted prefill + decode loop.
 
-    python -m grpo_jax.bench.sampler --num_rows=128 --completion_len=64
+    python -m grpo_jax.bench.sampler_throughput --num_rows=128 --completion_len=64
 
 Prompts are random tokens of exactly ``--prompt_len``; with ``--ignore_eos`` (default) every
 row generates exactly ``--completion_len`` tokens, so tokens/s is rows * T / seconds. Compile

@@ -5,8 +5,8 @@ import json
 
 import numpy as np
 
-from grpo_jax.generate import partial_state
-from grpo_jax.generate.partial_types import OpenGroup, Prompt, Row
+from grpo_jax.generate import producer_state
+from grpo_jax.generate.producer_types import OpenGroup, Prompt, Row
 
 T = 3
 
@@ -23,9 +23,9 @@ def _row(first_version):
 
 def test_groups_round_trip_through_json_exactly():
   groups = {1: OpenGroup(_prompt(11), rows={0: _row(3)}, admitted=2, oldest=3)}
-  saved = json.loads(json.dumps(partial_state.groups_json(groups), default=np.ndarray.tolist))
+  saved = json.loads(json.dumps(producer_state.groups_json(groups), default=np.ndarray.tolist))
   pool = {"versions": np.zeros((2, T), np.int32), "ticket": np.array([2, 3])}
-  back = partial_state.groups_from_json(saved, pool, g=2, version=9)
+  back = producer_state.groups_from_json(saved, pool, g=2, version=9)
   assert list(back) == [1]
   got, want = back[1].prompt, groups[1].prompt
   assert isinstance(got, Prompt) and got.tag == 11 and got.stop is None
@@ -45,12 +45,12 @@ def test_an_old_checkpoint_gets_each_groups_oldest_version_from_its_rows():
   pool = {"versions": versions, "ticket": np.array([2, 5, 3])}
   saved = {
       # a harvested row from version 3 and live rows from 4 and 6: oldest min(3, 4, 6) = 3
-      "1": {"prompt": partial_state.prompt_json(_prompt(11)),
+      "1": {"prompt": producer_state.prompt_json(_prompt(11)),
             "rows": {"0": [np.asarray(a) for a in _row(3)]}},
       # no row harvested, one live from version 9: oldest 9
-      "2": {"prompt": partial_state.prompt_json(_prompt(12)), "rows": {}},
+      "2": {"prompt": producer_state.prompt_json(_prompt(12)), "rows": {}},
       # nothing anywhere: the producer's version (5)
-      "7": {"prompt": partial_state.prompt_json(_prompt(17)), "rows": {}}}
-  back = partial_state.groups_from_json(saved, pool, g=2, version=5)
+      "7": {"prompt": producer_state.prompt_json(_prompt(17)), "rows": {}}}
+  back = producer_state.groups_from_json(saved, pool, g=2, version=5)
   assert {k: (v.admitted, v.oldest) for k, v in back.items()} == {
       1: (2, 3), 2: (2, 9), 7: (2, 5)}

@@ -1,10 +1,10 @@
 """The partial-rollout producer's checkpoint: its pool rows, the groups collecting rows and the
 ready groups as JSON plus NumPy arrays, and back onto the device(s) they came from.
 
-``producer_state`` / ``load_producer`` are ``generate.partial.Producer.state_dict`` /
+``producer_state`` / ``load_producer`` are ``generate.producer.Producer.state_dict`` /
 ``load_state_dict``; the checkpoint (``run.checkpoint``) writes the arrays as arrays. The KV
 cache is never saved: the producer rebuilds it from the restored rows. The data types
-(``Prompt``, ``Row``, ``OpenGroup``, ``Group``, ``Counts``) are ``generate.partial_types``'; in
+(``Prompt``, ``Row``, ``OpenGroup``, ``Group``, ``Counts``) are ``generate.producer_types``'; in
 the JSON a prompt and a row are lists in their fields' order.
 """
 
@@ -16,7 +16,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from grpo_jax.generate.partial_types import Counts, Group, OpenGroup, Prompt, Row
+from grpo_jax.generate.producer_types import Counts, Group, OpenGroup, Prompt, Row
 
 # The pool's per-slot fields a checkpoint keeps (everything but the KV cache).
 POOL_FIELDS = ("prompt_ids", "prompt_mask", "tokens", "logp", "versions", "length", "live",

@@ -1,4 +1,4 @@
-"""Partial rollouts (``generate.partial.Producer``): groups complete across steps, each token
+"""Partial rollouts (``generate.producer.Producer``): groups complete across steps, each token
 stamped with the version that drew it, stale rows discarded with their group, every position
 counted."""
 
@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 from hypothesis import strategies as st
 
-from grpo_jax.generate import partial
+from grpo_jax.generate import producer as producer_lib
 from grpo_jax.generate.sampler import SamplingConfig
 
 P, T = 6, 8
@@ -26,14 +26,14 @@ def _prompts(stops, g=1, eos_free=True):
     ids = np.full(P, 7 + i % 50, np.int32)
     mask = np.ones(P, bool)
     stop = np.full(g, stops[i % len(stops)], np.int32)
-    return (i, ids, mask, stop, partial.key_data(jax.random.key(i), g))
+    return (i, ids, mask, stop, producer_lib.key_data(jax.random.key(i), g))
   return prompts
 
 
 def _producer(split, *, g=1, slots=2, chunk=1, staleness=8, stops=(2, 8, 2), **kw):
   # EOS is an id the tiny model never reaches with ids < 128 (vocab 128): the stop rule decides.
   config = SamplingConfig(max_new_tokens=T, eos_ids=(10_000,), pad_id=0, prompt_group=g)
-  return partial.Producer(split[0], config, nnx.merge(*split).config, slots=slots,
+  return producer_lib.Producer(split[0], config, nnx.merge(*split).config, slots=slots,
                           prompt_len=P, chunk=chunk, max_staleness=staleness,
                           prompts=_prompts(stops, g), **kw)
 
@@ -153,7 +153,7 @@ def test_a_rule_adds_rows_to_a_group_and_drops_another(split):
   #   2 steps: decide (0, 3) -> +1, (2, 2) -> +2;
   #   admit g0's row 3, then g2's rows 2, 3 (requests first, in order); 2 steps: (0, 4) and
   #   (2, 4) complete, ready in that order; the step takes g0.
-  rule = _Rule(2, {0: [1, 1, 0], 1: [partial.DROP], 2: [2, 0], 3: [2, 0], 4: [2, 0]})
+  rule = _Rule(2, {0: [1, 1, 0], 1: [producer_lib.DROP], 2: [2, 0], 3: [2, 0], 4: [2, 0]})
   producer = _producer(split, g=4, slots=4, chunk=1, stops=(3,), rule=rule)
   groups = producer.take(split[1], 1)
   assert [g.tag for g in groups] == [0] and [g.tag for g in producer.ready] == [2]
@@ -187,7 +187,7 @@ def test_a_group_waiting_for_rows_ages_from_its_first_rows(split):
 def test_the_admission_cap_ends_a_step_with_what_completed(split):
   # A rule that drops every group, a cap of 4 rows: 2 groups of 2 admitted and dropped, then
   # nothing in flight and nothing admitted: the step ends with no group instead of looping.
-  rule = _Rule(2, {i: [partial.DROP] for i in range(10)})
+  rule = _Rule(2, {i: [producer_lib.DROP] for i in range(10)})
   producer = _producer(split, g=2, slots=2, chunk=1, stops=(2,), rule=rule, admit_cap=4)
   assert producer.take(split[1], 1) == []
   assert producer.counts.rows_admitted == 4 and producer.counts.groups_dropped == 2
@@ -207,10 +207,10 @@ class _Scripted:
   def decide(self, prompt, rows):
     tag, n = prompt[0], len(rows)
     if self.kind == "dapo":
-      return partial.DROP if tag % 2 else 0
+      return producer_lib.DROP if tag % 2 else 0
     if n == self.g:
       return 0
-    return {0: self.g - n, 1: 1}.get(tag % 3, partial.DROP if n >= 2 else 1)
+    return {0: self.g - n, 1: 1}.get(tag % 3, producer_lib.DROP if n >= 2 else 1)
 
   def forget(self, tag):
     del tag

@@ -1,7 +1,7 @@
 """The partial-rollout producer's data: a group's prompt, a harvested row, a group still
 collecting its rows, a complete group, and the producer's counts.
 
-``generate.partial.Producer`` schedules them; ``generate.partial_state`` writes and reads them
+``generate.producer.Producer`` schedules them; ``generate.producer_state`` writes and reads them
 in a checkpoint. Shape letters: P prompt positions, T completion positions, G rows a group.
 """
 
