@@ -314,7 +314,7 @@ def load(spec: str) -> Grid:
   for cell in grid.cells():
     try:
       configuration.validate(grid.config(cell))
-    except (configuration.ConfigError, ValueError, ModuleNotFoundError) as e:
+    except (configuration.ConfigError, ValueError, FileNotFoundError) as e:
       if isinstance(e, GridError):
         raise
       raise GridError(f"{path}: cell {cell.id}: {e}") from None

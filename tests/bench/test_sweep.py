@@ -134,7 +134,7 @@ def test_the_config_hash_follows_the_resolved_config(tmp_path, monkeypatch):
     ("dict(methods={'grpo': 'grpo'}, seeds=[0], budget={'steps': 2},"
      " axes={'rl.num_minibatches': [4, 0]})", "cell grpo__rl.num_minibatches=0__seed0"),
     ("dict(methods={'x': 'nosuchconfig'}, seeds=[0], budget={'steps': 2})",
-     "cell x__seed0: No module named 'configs.nosuchconfig'"),
+     "/configs/nosuchconfig.py not found (the method files are in the repository's configs/"),
     ("dict(methods={'grpo': 'grpo:nosuchpreset'}, seeds=[0], budget={'steps': 2})",
      "unknown config preset 'nosuchpreset'"),
 ])
@@ -443,14 +443,14 @@ def test_cli_records_a_failed_cell_and_refuses_a_second_sweep(tmp_path):
 def test_the_grid_figure_names_a_series_missing_from_its_first_panel():
   """GRPO has no replay drift, the mechanism figure's first row: it is still in the legend,
   in the series' order (before: only the first panel's series were named)."""
-  from grpo_jax.run import report  # pylint: disable=g-import-not-at-top
-  plt = report._pyplot()  # pylint: disable=protected-access
+  from grpo_jax.run import report_writer  # pylint: disable=g-import-not-at-top
+  plt = report_writer._pyplot()  # pylint: disable=protected-access
   fig, axes = plt.subplots(2, 1, squeeze=False)
   axes[0][0].plot([0, 1], [0.1, 0.2], label="popo")  # drift: POPO only
   axes[1][0].plot([0, 1], [0.3, 0.4], label="grpo")  # accuracy: both
   axes[1][0].plot([0, 1], [0.3, 0.5], label="popo")
   # pylint: disable-next=protected-access
-  handles, labels = report._legend_entries(axes, ["grpo", "popo", "headroom"])
+  handles, labels = report_writer._legend_entries(axes, ["grpo", "popo", "headroom"])
   plt.close(fig)
   assert labels == ["grpo", "popo"]  # headroom drew nothing: not named
   assert [h.get_label() for h in handles] == labels
