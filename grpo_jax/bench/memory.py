@@ -14,11 +14,12 @@ as ``config.mesh`` says (the qwen3 presets: FSDP over all of them; override with
 dtypes, replay buffer and KL reference from the config. Parameters, optimiser state, buffer and
 rollouts are ``ShapeDtypeStruct``s carrying their shardings: nothing is allocated or run. The
 jitted train step (``step.make_train_step`` with the run's optimiser and shardings) and the
-jitted sampler (``sampler.make_sampler``, N rows of P + T tokens) are lowered and compiled, and
-XLA's ``memory_analysis()`` of each executable printed per device. The numbers describe the
-backend this compiles for (CPU), whose buffer assignment and bf16 handling may differ from an
-accelerator's (XLA:CPU computes bf16 dots in float32, and its memory scheduler is a heuristic
-with no rematerialisation pass to meet a memory limit, unlike TPU and GPU compilers).
+jitted rollout round (``static_round.make_round_fn``, N rows of P + T tokens: what a run's
+rounds compile) are lowered and compiled, and XLA's ``memory_analysis()`` of each executable
+printed per device. The numbers describe the backend this compiles for (CPU), whose buffer
+assignment and bf16 handling may differ from an accelerator's (XLA:CPU computes bf16 dots in
+float32, and its memory scheduler is a heuristic with no rematerialisation pass to meet a
+memory limit, unlike TPU and GPU compilers).
 
 Without ``--config``, the earlier single-device comparison at Qwen3-0.6B shape, with and without
 LM-head chunking:
@@ -83,6 +84,7 @@ from grpo_jax import sharding  # noqa: E402
 from grpo_jax.bench.hbm import (  # noqa: E402,F401
     CHIPS, DEFAULT_GPU_FRACTION, GPU_CHIPS, gpu_memory_fraction, pools)
 from grpo_jax.generate import sampler as sampler_lib  # noqa: E402
+from grpo_jax.generate import static_round  # noqa: E402
 from grpo_jax.models import FAMILIES, ModelConfig, Qwen3, lora  # noqa: E402
 from grpo_jax.models import attention as attention_lib  # noqa: E402
 from grpo_jax.models import family  # noqa: E402
@@ -310,7 +312,7 @@ def config_memory(config) -> dict:
       max_new_tokens=r.completion_len, eos_ids=(0,), pad_id=0, temperature=r.temperature,
       prompt_group=r.group_size if config.rl.get("shared_prompts", True) else 1,
       row_block=r.get("sampler_rows", 0))
-  sample = sampler_lib.make_sampler(graphdef, sampling, mesh)
+  sample = static_round.make_round_fn(graphdef, sampling, mesh)
   rollout, key = args[2], args[4]
   t0 = time.perf_counter()
   compiled = sample.lower(params, rollout.prompt_ids, rollout.prompt_mask, key).compile()

@@ -132,10 +132,20 @@ def _model(graphdef: nnx.GraphDef, params: nnx.State) -> CausalLM:
   return nnx.merge(graphdef, sampler_lib._in_compute_dtype(params, dtype))  # pylint: disable=protected-access
 
 
-def _draw(logits_NxV, key_Nx2, t_N, config):
-  """One token per row from its own key: row n's uniform is ``fold_in(key_n, t_n)``'s."""
-  u_Nx1 = jax.vmap(lambda k, t: sampler_lib.uniforms(
-      jax.random.fold_in(jax.random.wrap_key_data(k), t), 1)[0])(key_Nx2, t_N)
+def _draw(logits_NxV, key_Nx2, t_N, config, call_rows: int = 0, index_N=None, active_N=None):
+  """One token per row. By default from its own key: row n's uniform is ``fold_in(key_n,
+  t_n)``'s. With ``call_rows`` R > 0 (a static round, ``static_round.py``) every row holds the
+  round's key and draws what row ``index_n`` of a sampler call on R rows draws
+  (``sampler.uniforms(fold_in(key, t), R)[index_n]``), t being the position of the round's
+  unfinished rows, which advance together (``active_N``; None: all of them)."""
+  if call_rows:
+    t = jnp.max(t_N if active_N is None else jnp.where(active_N, t_N, 0))
+    u_Rx1 = sampler_lib.uniforms(jax.random.fold_in(jax.random.wrap_key_data(key_Nx2[0]), t),
+                                 call_rows)
+    u_Nx1 = u_Rx1[jnp.clip(index_N, 0, call_rows - 1)]
+  else:
+    u_Nx1 = jax.vmap(lambda k, t: sampler_lib.uniforms(
+        jax.random.fold_in(jax.random.wrap_key_data(k), t), 1)[0])(key_Nx2, t_N)
   return sampler_lib._choose(logits_NxV, None, config, draw=lambda _: u_Nx1)  # pylint: disable=protected-access
 
 
@@ -194,13 +204,41 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, pool: Pool, prompt_ids_MxP,
               ticket=put(pool.ticket, ticket_M)))
 
 
+def admit_all(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP, prompt_mask_NxP, rng,
+              index_N, *, rows: int, config: sampler_lib.SamplingConfig) -> Pool:
+  """A pool of exactly these N rows, all admitted at once as the rows ``index_N`` of a sampler
+  call on ``rows`` rows with key ``rng`` (a static round, ``static_round.py``): ``admit`` into
+  an empty pool of N slots, without the copy of the prefill's cache into the pool's."""
+  model = _model(graphdef, params)
+  n, p = prompt_ids_NxP.shape
+  t = config.max_new_tokens
+  prompt_mask_NxP = prompt_mask_NxP.astype(bool)
+  logits_NxV, cache = sampler_lib._prefill(model, prompt_ids_NxP, prompt_mask_NxP, p + t,  # pylint: disable=protected-access
+                                           config.prompt_group)
+  key_Nx2 = jnp.broadcast_to(jax.random.key_data(rng), (n, 2))
+  token_N, logp_N = _draw(logits_NxV, key_Nx2, jnp.zeros((n,), jnp.int32), config, rows,
+                          index_N)
+  one = jnp.ones((n,), jnp.int32)
+  done_N, eos_N = _ends(token_N, one, jnp.full((n,), t, jnp.int32), config)
+  first = lambda x0, fill, dtype: jnp.full((n, t), fill, dtype).at[:, 0].set(x0)
+  return constrain_pool(Pool(
+      cache=cache.replace(index=jnp.full((n,), p, jnp.int32)), prompt_ids=prompt_ids_NxP,
+      prompt_mask=prompt_mask_NxP, tokens=first(token_N, config.pad_id, jnp.int32),
+      logp=first(logp_N, 0.0, jnp.float32), versions=jnp.zeros((n, t), jnp.int32),
+      length=one, live=jnp.ones((n,), bool), done=done_N, ended=eos_N, key=key_Nx2,
+      stop_at=jnp.full((n,), t, jnp.int32), ticket=index_N.astype(jnp.int32)))
+
+
 def decode(graphdef: nnx.GraphDef, params: nnx.State, pool: Pool, version, *, steps: int,
-           config: sampler_lib.SamplingConfig) -> tuple[Pool, jax.Array]:
+           config: sampler_lib.SamplingConfig, call_rows: int = 0) -> tuple[Pool, jax.Array]:
   """Advances every live, unfinished row by up to ``steps`` tokens (a chunk).
 
   Each step feeds every slot's last token through the model (the N slots are one batch:
   free and finished slots are computed too, and their results dropped) and draws the next
-  token of each unfinished row; the loop stops early once no row is unfinished.
+  token of each unfinished row; the loop stops early once no row is unfinished. With
+  ``call_rows`` (a static round, ``static_round.py``: every unfinished row at one position)
+  the rows draw as the rows of one sampler call (``_draw``), and the cache and the tokens are
+  written one slot and one column for all rows, as the sampler writes them.
 
   Returns:
     (the pool, int32 decode steps run: N token positions were computed at each).
@@ -219,18 +257,34 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, pool: Pool, version, *, st
     i, pool = state
     active_N = pool.live & ~pool.done
     last_N = pool.tokens[rows, jnp.maximum(pool.length - 1, 0)]
-    cache = pool.cache.replace(index=p + jnp.maximum(pool.length - 1, 0))
+    if call_rows:  # a static round: every unfinished row writes the same slot (one slice)
+      index = p + jnp.maximum(jnp.max(jnp.where(active_N, pool.length, 0)) - 1, 0)
+    else:
+      index = p + jnp.maximum(pool.length - 1, 0)
     h_Nx1xD, cache = model.hidden_states(last_N[:, None], jnp.ones((n, 1), bool),
-                                         (first_position_N + pool.length - 1)[:, None], cache)
-    token_N, logp_N = _draw(model.logits(h_Nx1xD[:, 0]), pool.key, pool.length, config)
-    at_N = jnp.where(active_N, pool.length, t_max)  # t_max: out of range, dropped
+                                         (first_position_N + pool.length - 1)[:, None],
+                                         pool.cache.replace(index=index))
+    cache = cache.replace(index=pool.cache.index)  # the pool's own [N]: set again each step
+    token_N, logp_N = _draw(model.logits(h_Nx1xD[:, 0]), pool.key, pool.length, config,
+                            call_rows, pool.ticket, active_N)
     length_N = pool.length + active_N.astype(jnp.int32)
     done_N, eos_N = _ends(token_N, length_N, pool.stop_at, config)
-    put = lambda a, b: a.at[rows, at_N].set(b, mode="drop")
+    if call_rows:
+      # A static round: the unfinished rows' tokens go to one column (a slice, as the sampler
+      # writes them), a finished row keeps its pad and 0; the versions stay those of admission.
+      column = jnp.max(jnp.where(active_N, pool.length, 0))
+      put = lambda a, b, fill: jax.lax.dynamic_update_slice(
+          a, jnp.where(active_N, b, fill).astype(a.dtype)[:, None], (0, column))
+      written = dict(tokens=put(pool.tokens, token_N, config.pad_id),
+                     logp=put(pool.logp, logp_N, 0.0))
+    else:
+      at_N = jnp.where(active_N, pool.length, t_max)  # t_max: out of range, dropped
+      put = lambda a, b: a.at[rows, at_N].set(b, mode="drop")
+      written = dict(tokens=put(pool.tokens, token_N), logp=put(pool.logp, logp_N),
+                     versions=put(pool.versions, jnp.broadcast_to(version, (n,)).astype(
+                         jnp.int32)))
     pool = pool.replace(
-        cache=cache, tokens=put(pool.tokens, token_N), logp=put(pool.logp, logp_N),
-        versions=put(pool.versions, jnp.broadcast_to(version, (n,)).astype(jnp.int32)),
-        length=length_N, done=jnp.where(active_N, done_N, pool.done),
+        cache=cache, **written, length=length_N, done=jnp.where(active_N, done_N, pool.done),
         ended=jnp.where(active_N, eos_N, pool.ended))
     return i + 1, pool
 

@@ -12,6 +12,10 @@ off-policy corrections in POPO (arXiv 2606.01281) and decoupled PPO (arXiv 2110.
 
 The model is any ``models.CausalLM`` (its ``init_cache`` and cached ``hidden_states``); shape
 letters: ``types.py``.
+
+A run generates on the slot pool (``pool.py``): its static rounds and evaluations are
+``static_round.py``, which uses this module's prefill, draw and settings and gives this loop's
+tokens bit for bit; ``sample`` itself stays as the benchmarks' reference static batch.
 """
 
 from __future__ import annotations

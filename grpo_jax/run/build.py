@@ -30,6 +30,7 @@ from grpo_jax.generate import asynchronous
 from grpo_jax.generate import producer as producer_lib
 from grpo_jax.generate import prompts as prompts_lib
 from grpo_jax.generate import sampler as sampler_lib
+from grpo_jax.generate import static_round
 from grpo_jax.generate import transfer
 from grpo_jax.models import CheckpointError, from_pretrained, lora
 from grpo_jax.models import family
@@ -164,7 +165,8 @@ def setup(config, workdir: str) -> Run:
       model_path=config.model.path,
       prompt_group=r.group_size if config.rl.shared_prompts else 1,
       row_block=r.sampler_rows)
-  sample_fn = sampler_lib.cached_sampler(graphdef, sampling, mesh)
+  # Static rounds on the slot pool (``generate/static_round.py``): the sampler's tokens.
+  sample_fn = static_round.cached_round_fn(graphdef, sampling, mesh)
   timer = timing.PhaseTimer()  # this step's phases; the allocator times its own on it
   scorer = scoring.make_scorer(config, task)  # the user's reward functions load here
   allocator = allocation.make_allocator(

@@ -19,6 +19,7 @@ from flax import nnx
 from grpo_jax import random_keys
 from grpo_jax import sharding
 from grpo_jax.generate import sampler as sampler_lib
+from grpo_jax.generate import static_round
 from grpo_jax.generate import tokenization
 from grpo_jax.rewards import scoring
 
@@ -124,7 +125,7 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
       ``task.prompt``.
     model_path: model folder whose ``generation_config.json`` adds stop tokens (see
       ``sampler.stop_token_ids``); None: the tokenizer's EOS only.
-    mesh: optional mesh the sampler runs under (``sampler.make_sampler``); the batch is then
+    mesh: optional mesh the batches run under (``static_round.make_round_fn``); the batch is then
       rounded up to a multiple of its batch shards (padded with repeats, dropped).
     scorer: the run's ``scoring.Scorer`` (its rewards and success signal); None: the task's
       own verifier.
@@ -135,7 +136,7 @@ def evaluate(graphdef: nnx.GraphDef, params: nnx.State, tokenizer, task,
   # Each batch holds whole groups of k copies of a prompt: prefilled once per prompt.
   config = sampler_lib.sampling_config_for(tokenizer, completion_len, temperature=temperature,
                                            model_path=model_path, prompt_group=k)
-  sample = sampler_lib.cached_sampler(graphdef, config, mesh)
+  sample = static_round.cached_round_fn(graphdef, config, mesh)
   render = render or task.prompt
   prompts = [render(p) for p in problems for _ in range(k)]
   # len(prompts) is a multiple of k, so every batch holds whole groups.
