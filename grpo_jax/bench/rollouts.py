@@ -39,7 +39,9 @@ partial rollouts with the packed one).
 
 ``sampler_vs_static_pool``: today's ``sampler.sample`` and the static pool each decode the
 same B x G rows to exactly T tokens, timed once after a compiling call: the pool's per-row
-cache writes against the sampler's one slice (the ratio is the sampler's time over the pool's).
+cache writes against the sampler's one slice (the ratio is the sampler's time over the pool's);
+and a run's static round (``static_round``, the pool drawing the sampler's tokens) the same way
+(``round_over_sampler``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from flax import nnx
 from grpo_jax import assets, console
 from grpo_jax.bench import lengths as lengths_lib, synthetic_step
 from grpo_jax.generate import producer as producer_lib, sampler as sampler_lib
+from grpo_jax.generate import static_round
 from grpo_jax.models import from_pretrained
 from grpo_jax.rl import policy
 from grpo_jax.rl.batch import Tokens
@@ -244,7 +247,8 @@ def train_step_compare(method: str, graphdef, params, model_config, b: int, g: i
 
 
 def sampler_check(graphdef, params, model_config, config, rows: int, p: int) -> dict:
-  """Today's sampler and the static pool on the same rows, every row to T (see module doc)."""
+  """The sampler's loop, the static pool and a run's static round (``static_round``) on the
+  same rows, every row to T (see module doc)."""
   t = config.max_new_tokens
   rng = np.random.default_rng(0)
   ids = rng.integers(2, model_config.vocab_size, (rows, p)).astype(np.int32)
@@ -252,19 +256,24 @@ def sampler_check(graphdef, params, model_config, config, rows: int, p: int) -> 
   sample = sampler_lib.make_sampler(graphdef, config)
   flat = lambda: (0, ids[0], mask[0], np.full(config.prompt_group, t, np.int32),
                   producer_lib.key_data(jax.random.key(0), config.prompt_group))
+  round_fn = static_round.make_round_fn(graphdef, config)
   times = {}
-  for name in ("sampler", "pool"):
+  for name in ("sampler", "pool", "round"):
     for i in range(2):
       t0 = time.perf_counter()
       if name == "sampler":
         jax.block_until_ready(sample(params, ids, mask, jax.random.key(i)).completion_ids)
+      elif name == "round":
+        jax.block_until_ready(round_fn(params, ids, mask, jax.random.key(i)).completion_ids)
       else:
         producer = producer_lib.Producer(graphdef, config, model_config, slots=rows, prompt_len=p,
                                     chunk=t, max_staleness=0, prompts=flat, static=True)
         producer.take(params, rows // config.prompt_group)
       times[name] = time.perf_counter() - t0
   return {"sampler_s": round(times["sampler"], 3), "static_pool_s": round(times["pool"], 3),
-          "sampler_over_pool": round(times["sampler"] / times["pool"], 3)}
+          "sampler_over_pool": round(times["sampler"] / times["pool"], 3),
+          "static_round_s": round(times["round"], 3),
+          "round_over_sampler": round(times["round"] / times["sampler"], 3)}
 
 
 def bench_length(t: int, graphdef, params, model_config) -> dict:

@@ -52,7 +52,7 @@ import jax
 from flax import nnx
 
 from grpo_jax import assets
-from grpo_jax.generate import sampler as sampler_lib
+from grpo_jax.generate import static_round
 from grpo_jax.run import evaluate as evaluate_lib
 
 TEXTS = ["Using the numbers [20, 15, 41], create an equation that equals 46.",
@@ -83,12 +83,12 @@ def embedded():
 
 
 def _spy(monkeypatch, pad_to=None):
-  """Replaces the cached sampler with one that records (eos_ids, rows, real-row outputs).
+  """Replaces the cached round function (``static_round``) with one that records (eos_ids, rows, real-row outputs).
 
   With ``pad_to``, every batch is first padded to that many rows by repeating its last row and
   the outputs cut back to the batch's rows: the old always-pad behaviour.
   """
-  real = sampler_lib.cached_sampler
+  real = static_round.cached_round_fn
   calls = []
 
   def cached(graphdef, config, mesh=None):
@@ -106,7 +106,7 @@ def _spy(monkeypatch, pad_to=None):
 
     return sample
 
-  monkeypatch.setattr(sampler_lib, "cached_sampler", cached)
+  monkeypatch.setattr(static_round, "cached_round_fn", cached)
   return calls
 
 
