@@ -178,30 +178,10 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, pool: Pool, prompt_ids_MxP,
   Returns:
     The pool with the rows live, one token drawn each (done if it already ended them).
   """
-  model = _model(graphdef, params)
-  p, t = pool.prompt_ids.shape[1], config.max_new_tokens
-  prompt_mask_MxP = prompt_mask_MxP.astype(bool)
-  logits_MxV, cache = sampler_lib._prefill(model, prompt_ids_MxP, prompt_mask_MxP, p + t,  # pylint: disable=protected-access
-                                           config.prompt_group)
-  m = prompt_ids_MxP.shape[0]
-  token_M, logp_M = _draw(logits_MxV, key_Mx2, jnp.zeros((m,), jnp.int32), config)
-  one = jnp.ones((m,), jnp.int32)
-  done_M, eos_M = _ends(token_M, one, stop_at_M, config)
-  first = lambda x0, fill, dtype: jnp.full((m, t), fill, dtype).at[:, 0].set(x0)
+  rows = _prefilled(graphdef, params, prompt_ids_MxP, prompt_mask_MxP, key_Mx2, ticket_M,
+                    stop_at_M, version, config)
   put = lambda a, b: a.at[slots_M].set(b.astype(a.dtype), mode="drop")
-  cache = KVCache(k=tuple(map(put, pool.cache.k, cache.k)),
-                  v=tuple(map(put, pool.cache.v, cache.v)),
-                  key_mask_NxS=put(pool.cache.key_mask_NxS, cache.key_mask_NxS),
-                  index=put(pool.cache.index, jnp.full((m,), p, jnp.int32)))
-  return constrain_pool(Pool(cache=cache, prompt_ids=put(pool.prompt_ids, prompt_ids_MxP),
-              prompt_mask=put(pool.prompt_mask, prompt_mask_MxP),
-              tokens=put(pool.tokens, first(token_M, config.pad_id, jnp.int32)),
-              logp=put(pool.logp, first(logp_M, 0.0, jnp.float32)),
-              versions=put(pool.versions, first(jnp.broadcast_to(version, (m,)), 0, jnp.int32)),
-              length=put(pool.length, one), live=put(pool.live, jnp.ones((m,), bool)),
-              done=put(pool.done, done_M), ended=put(pool.ended, eos_M),
-              key=put(pool.key, key_Mx2), stop_at=put(pool.stop_at, stop_at_M),
-              ticket=put(pool.ticket, ticket_M)))
+  return constrain_pool(jax.tree.map(put, pool, rows))
 
 
 def admit_all(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP, prompt_mask_NxP, rng,
@@ -209,24 +189,35 @@ def admit_all(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP, prompt_
   """A pool of exactly these N rows, all admitted at once as the rows ``index_N`` of a sampler
   call on ``rows`` rows with key ``rng`` (a static round, ``static_round.py``): ``admit`` into
   an empty pool of N slots, without the copy of the prefill's cache into the pool's."""
-  model = _model(graphdef, params)
-  n, p = prompt_ids_NxP.shape
-  t = config.max_new_tokens
-  prompt_mask_NxP = prompt_mask_NxP.astype(bool)
-  logits_NxV, cache = sampler_lib._prefill(model, prompt_ids_NxP, prompt_mask_NxP, p + t,  # pylint: disable=protected-access
-                                           config.prompt_group)
+  n, t = prompt_ids_NxP.shape[0], config.max_new_tokens
   key_Nx2 = jnp.broadcast_to(jax.random.key_data(rng), (n, 2))
-  token_N, logp_N = _draw(logits_NxV, key_Nx2, jnp.zeros((n,), jnp.int32), config, rows,
-                          index_N)
-  one = jnp.ones((n,), jnp.int32)
-  done_N, eos_N = _ends(token_N, one, jnp.full((n,), t, jnp.int32), config)
-  first = lambda x0, fill, dtype: jnp.full((n, t), fill, dtype).at[:, 0].set(x0)
-  return constrain_pool(Pool(
-      cache=cache.replace(index=jnp.full((n,), p, jnp.int32)), prompt_ids=prompt_ids_NxP,
-      prompt_mask=prompt_mask_NxP, tokens=first(token_N, config.pad_id, jnp.int32),
-      logp=first(logp_N, 0.0, jnp.float32), versions=jnp.zeros((n, t), jnp.int32),
-      length=one, live=jnp.ones((n,), bool), done=done_N, ended=eos_N, key=key_Nx2,
-      stop_at=jnp.full((n,), t, jnp.int32), ticket=index_N.astype(jnp.int32)))
+  return constrain_pool(_prefilled(graphdef, params, prompt_ids_NxP, prompt_mask_NxP, key_Nx2,
+                                   index_N.astype(jnp.int32), jnp.full((n,), t, jnp.int32),
+                                   jnp.int32(0), config, rows))
+
+
+def _prefilled(graphdef, params, prompt_ids_MxP, prompt_mask_MxP, key_Mx2, ticket_M, stop_at_M,
+               version, config, call_rows: int = 0) -> Pool:
+  """The M rows prefilled, one token drawn each (``_draw``), as a pool of their own: ``admit``
+  puts them into its slots, ``admit_all`` is them."""
+  model = _model(graphdef, params)
+  m, p = prompt_ids_MxP.shape
+  t = config.max_new_tokens
+  prompt_mask_MxP = prompt_mask_MxP.astype(bool)
+  logits_MxV, cache = sampler_lib._prefill(model, prompt_ids_MxP, prompt_mask_MxP, p + t,  # pylint: disable=protected-access
+                                           config.prompt_group)
+  token_M, logp_M = _draw(logits_MxV, key_Mx2, jnp.zeros((m,), jnp.int32), config, call_rows,
+                          ticket_M)
+  one = jnp.ones((m,), jnp.int32)
+  done_M, eos_M = _ends(token_M, one, stop_at_M, config)
+  first = lambda x0, fill, dtype: jnp.full((m, t), fill, dtype).at[:, 0].set(x0)
+  return Pool(cache=cache.replace(index=jnp.full((m,), p, jnp.int32)),
+              prompt_ids=prompt_ids_MxP, prompt_mask=prompt_mask_MxP,
+              tokens=first(token_M, config.pad_id, jnp.int32),
+              logp=first(logp_M, 0.0, jnp.float32),
+              versions=first(jnp.broadcast_to(version, (m,)), 0, jnp.int32), length=one,
+              live=jnp.ones((m,), bool), done=done_M, ended=eos_M, key=key_Mx2,
+              stop_at=stop_at_M, ticket=ticket_M)
 
 
 def decode(graphdef: nnx.GraphDef, params: nnx.State, pool: Pool, version, *, steps: int,

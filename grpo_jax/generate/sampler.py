@@ -209,14 +209,8 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
     return _sample_rows(model, prompt_ids_NxP, prompt_mask_NxP, rng, config)
   if n % rows:
     raise ValueError(f"sampler row_block {rows} does not divide the {n} rows")
-  blocks, group = n // rows, config.prompt_group
-  # Row i = (j * blocks + b) * group + g is row j * group + g of block b: [N] -> [blocks, rows].
-  to_blocks = lambda x: jnp.swapaxes(
-      x.reshape((rows // group, blocks, group) + x.shape[1:]), 0, 1).reshape(
-          (blocks, rows) + x.shape[1:])
-  from_blocks = lambda x: jnp.swapaxes(
-      x.reshape((blocks, rows // group, group) + x.shape[2:]), 0, 1).reshape(
-          (n,) + x.shape[2:])
+  blocks = n // rows
+  to_blocks, from_blocks = row_blocks(n, rows, config.prompt_group)
 
   def block(inputs):
     ids_RxP, mask_RxP, b = inputs
@@ -226,6 +220,20 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
   out = jax.lax.map(block, (to_blocks(prompt_ids_NxP), to_blocks(prompt_mask_NxP),
                             jnp.arange(blocks)))
   return jax.tree.map(from_blocks, out)
+
+
+def row_blocks(n: int, rows: int, group: int):
+  """(to_blocks, from_blocks) between N rows and [N / rows, rows] blocks: row i = (j * blocks +
+  b) * group + g is row j * group + g of block b (every (N / rows)-th group from group b on, so
+  that under a mesh each device keeps its own rows)."""
+  blocks = n // rows
+  to_blocks = lambda x: jnp.swapaxes(
+      x.reshape((rows // group, blocks, group) + x.shape[1:]), 0, 1).reshape(
+          (blocks, rows) + x.shape[1:])
+  from_blocks = lambda x: jnp.swapaxes(
+      x.reshape((blocks, rows // group, group) + x.shape[2:]), 0, 1).reshape(
+          (n,) + x.shape[2:])
+  return to_blocks, from_blocks
 
 
 def _sample_rows(model: CausalLM, prompt_ids_NxP, prompt_mask_NxP, rng,
@@ -286,7 +294,12 @@ def make_sampler(graphdef: nnx.GraphDef, config: SamplingConfig, mesh=None):
   come back replicated, so that every process can read (and score) all of them. N must then be
   a multiple of the batch shards (``sharding.batch_shards``).
   """
-  fn = functools.partial(sample, graphdef, config=config)
+  return jit_rows(functools.partial(sample, graphdef, config=config), mesh)
+
+
+def jit_rows(fn, mesh=None):
+  """``fn(params, prompt_ids_NxP, prompt_mask_NxP, rng) -> Rollout`` jitted; under a ``mesh``
+  the rows split over the batch axes and the result replicated (``make_sampler``'s layout)."""
   if mesh is None:
     return jax.jit(fn)
   rows, everywhere = sharding_lib.rows_sharding(mesh), sharding_lib.replicated(mesh)

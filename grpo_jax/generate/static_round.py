@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from grpo_jax import sharding as sharding_lib
 from grpo_jax.generate import pool as pool_lib
 from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.types import Rollout
@@ -74,14 +73,7 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids_NxP: jax.Array,
                   config=config)
   if n % block:
     raise ValueError(f"sampler row_block {block} does not divide the {n} rows")
-  blocks, group = n // block, config.prompt_group
-  # The sampler's blocks: block b holds every (N / block)-th group from group b on.
-  to_blocks = lambda x: jnp.swapaxes(
-      x.reshape((block // group, blocks, group) + x.shape[1:]), 0, 1).reshape(
-          (blocks, block) + x.shape[1:])
-  from_blocks = lambda x: jnp.swapaxes(
-      x.reshape((blocks, block // group, group) + x.shape[2:]), 0, 1).reshape(
-          (n,) + x.shape[2:])
+  to_blocks, from_blocks = sampler_lib.row_blocks(n, block, config.prompt_group)  # its blocks
   out = jax.lax.map(
       lambda xs: _round(graphdef, params, *xs, rng, rows=n, config=config),
       (to_blocks(prompt_ids_NxP), to_blocks(prompt_mask_NxP), to_blocks(index_N)))
@@ -92,14 +84,7 @@ def make_round_fn(graphdef: nnx.GraphDef, config: sampler_lib.SamplingConfig, me
   """``fn(params, prompt_ids_NxP, prompt_mask_NxP, rng) -> Rollout``, jitted once per shape;
   under a ``mesh`` laid out as ``sampler.make_sampler``'s (rows split over the batch axes, the
   completions replicated for every process to read)."""
-  fn = functools.partial(sample, graphdef, config=config)
-  if mesh is None:
-    return jax.jit(fn)
-  rows, everywhere = sharding_lib.rows_sharding(mesh), sharding_lib.replicated(mesh)
-  in_shardings = (None, rows, rows, everywhere)
-  jitted = jax.jit(sharding_lib.use_mesh(fn, mesh), in_shardings=in_shardings,
-                   out_shardings=everywhere)
-  return sharding_lib.PutInputs(jitted, in_shardings)
+  return sampler_lib.jit_rows(functools.partial(sample, graphdef, config=config), mesh)
 
 
 @functools.lru_cache(maxsize=16)
