@@ -240,3 +240,55 @@ def test_the_one_module_loss_and_estimator_of_the_design_page_train(design_loss_
   steps = [r for r in metrics.read_metrics(workdir) if "loss" in r]
   assert len(steps) == 2 and all(np.isfinite(r["loss"]) for r in steps)
   assert steps[-1]["clip_frac_high"] == 0.0
+
+
+@pytest.fixture
+def design_rule(tmp_path, monkeypatch):
+  """The page's allocation rule and its config file, importable as if they were in the tree."""
+  blocks = _design_blocks()
+  module_path, config_path = "grpo_jax/allocation/first_success.py", "configs/first_success.py"
+  assert set(blocks) >= {module_path, config_path}
+  for folder, path in (("allocation", module_path), ("configs", config_path)):
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / path.rsplit("/", 1)[1]).write_text(blocks[path])
+  for package, folder in ((allocation, "allocation"),
+                          (importlib.import_module("configs"), "configs")):
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path / folder)])
+  monkeypatch.setattr(allocation.RULES, "_loaded", False)
+  monkeypatch.setattr(allocation.RULES, "_entries", dict(allocation.RULES._entries))  # pylint: disable=protected-access
+  yield importlib.import_module("configs.first_success")
+  for name in ("grpo_jax.allocation.first_success", "configs.first_success"):
+    sys.modules.pop(name, None)
+
+
+def test_the_one_module_allocation_rule_of_the_design_page_trains(design_rule, tmp_path):
+  """Nothing but the module and the config file: its verdicts by hand, its group validated, and
+  two smoke steps in rounds and two on the slot pool, each counting what it spent."""
+  from tests.allocation.test_allocation import _scored  # pylint: disable=g-import-not-at-top
+  c = design_rule.get_config("smoke")
+  assert c.allocation.first_success.max_failures == 3
+  rule = allocation.RULES.get("first_success")().rule(group_size=4)
+  assert rule.first_rows == 1
+  # No success in 1 or 2 rows: one more; a success: COMMIT; 3 failures (max_failures): DROP.
+  assert [rule.verdict(_scored(s), 4) for s in ([0], [0, 0], [0, 1], [0, 0, 0])] == [
+      allocation.Verdict.more(1), allocation.Verdict.more(1), allocation.COMMIT,
+      allocation.DROP]
+  # G = 2 (smoke) and 2 failures: dropped, although max_failures is 3.
+  assert rule.verdict(_scored([0, 0]), 2) == allocation.DROP
+  bad = design_rule.get_config("smoke")
+  bad.allocation.first_success.max_failures = 0
+  with pytest.raises(configuration.ConfigError,
+                     match="config.allocation.first_success: max_failures must be >= 1, got 0"):
+    configuration.validate(bad)
+  for name, config in (("rounds", c), ("pool", design_rule.get_config("smoke,partial"))):
+    config.total_steps, config.checkpoint.every, config.eval.every = 2, 2, 100
+    workdir = str(tmp_path / name)
+    train.train_and_evaluate(config, workdir)
+    steps = [r for r in metrics.read_metrics(workdir) if "loss" in r]
+    assert len(steps) == 2, name
+    # Something was decided, and what trained was kept: G = 2 rows per kept group at most.
+    assert sum(r["alloc/kept"] + r["alloc/given_up"] for r in steps) > 0, (name, steps)
+    assert all(r["alloc/rollouts_in_update"] <= 2 * r["alloc/kept"] for r in steps) or (
+        name == "pool"), steps  # the pool trains groups kept in an earlier step too
+    if name == "rounds":  # one-row probes, then completions: more rounds than uniform's one
+      assert all(r["alloc/rounds"] > 1 for r in steps)

@@ -1,18 +1,20 @@
 """Host-side prompt selection and rollout allocation (see allocator.py for the interface).
 
 ``make_allocator(config, sample_fn, tokenizer, task, stream)`` builds what ``config.allocation``
-names: a rule (``method``, registered in ``RULES``: uniform | dynamic_sampling | sara) over a
-selector (``selector``, registered in ``SELECTORS``: stream | mopps | dps). Each reads its own
-group (``config.allocation.sara``, ``config.allocation.mopps``, ...); ``max_rounds`` is shared.
-``rollout.partial`` replaces the rule's rounds by a slot pool (``partial.py``), each rule
-deciding on it from the rows as they end (``pool_policy``).
+names: a rule (``method``, registered in ``RULES``: uniform | dynamic_sampling | sara; the
+interface in ``rule.py``) over a selector (``selector``, registered in ``SELECTORS``: stream |
+mopps | dps). Each reads its own group (``config.allocation.sara``, ``config.allocation.mopps``,
+...); ``max_rounds`` is shared. The rule runs in fixed-shape rounds (``round_groups.py``) or,
+with ``rollout.partial``, on a slot pool (``partial.py``), deciding from the rows as they end.
 """
 
-from grpo_jax.allocation.allocator import RULES, Allocator, FullGroups
-from grpo_jax.allocation.dynamic_sampling import DynamicSampling
-from grpo_jax.allocation.partial import PartialGroups
+from grpo_jax.allocation.allocator import RULES, Allocator, UniformRule
+from grpo_jax.allocation.dynamic_sampling import DynamicSamplingRule
+from grpo_jax.allocation.partial import PartialGroups, PoolVerdicts
+from grpo_jax.allocation.round_groups import RoundGroups
 from grpo_jax.allocation.rounds import Prompt, RoundSampler, Rows
-from grpo_jax.allocation.sara import Sara, p_effective
+from grpo_jax.allocation.rule import COMMIT, DROP, Rule, RuleSpec, Verdict
+from grpo_jax.allocation.sara import SaraRule, p_effective
 from grpo_jax.allocation.selectors import (SELECTORS, DpsSelector, MoppsSelector,
                                            StreamSelector, pool_size)
 from grpo_jax.rewards import scoring
@@ -39,19 +41,19 @@ def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None,
                          prompt_len=r.prompt_len, overlong_buffer=config.rl.overlong_buffer,
                          overlong_factor=config.rl.overlong_penalty,
                          scorer=scorer or scoring.make_scorer(config, task), timer=timer)
+  rule = spec(RULES, a, a.method).rule(group_size=r.group_size,
+                                       effective_signal=config.rl.effective_signal)
+  shape = dict(num_groups=r.batch_prompts, group_size=r.group_size,
+               effective_signal=config.rl.effective_signal, max_rounds=a.max_rounds,
+               seed=config.seed)
   if make_producer is not None:
-    policy = spec(RULES, a, a.method).pool_policy(
-        group_size=r.group_size, effective_signal=config.rl.effective_signal, seed=config.seed)
     return PartialGroups(selector, sampler, make_producer=make_producer,
-                         num_groups=r.batch_prompts, group_size=r.group_size,
-                         effective_signal=config.rl.effective_signal, seed=config.seed,
-                         policy=policy, max_rounds=a.max_rounds,
-                         make_generator=make_generator)
-  return spec(RULES, a, a.method).build(
-      selector, sampler, num_groups=r.batch_prompts, group_size=r.group_size,
-      effective_signal=config.rl.effective_signal, max_rounds=a.max_rounds, seed=config.seed)
+                         policy=PoolVerdicts(rule) if rule.sequential else None,
+                         make_generator=make_generator, **shape)
+  return RoundGroups(selector, sampler, rule=rule, **shape)
 
 
-__all__ = ["Allocator", "DpsSelector", "DynamicSampling", "FullGroups", "MoppsSelector",
-           "PartialGroups", "Prompt", "RULES", "RoundSampler", "Rows", "SELECTORS", "Sara",
-           "StreamSelector", "make_allocator", "p_effective", "pool_size", "spec"]
+__all__ = ["Allocator", "COMMIT", "DROP", "DpsSelector", "DynamicSamplingRule", "MoppsSelector",
+           "PartialGroups", "PoolVerdicts", "Prompt", "RULES", "RoundGroups", "RoundSampler",
+           "Rows", "Rule", "RuleSpec", "SELECTORS", "SaraRule", "StreamSelector", "UniformRule",
+           "Verdict", "make_allocator", "p_effective", "pool_size", "spec"]

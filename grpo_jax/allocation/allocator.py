@@ -7,11 +7,11 @@ how they were chosen::
     allocator.state_dict() / allocator.load_state_dict(d)    # in every checkpoint
 
 An allocator combines a *selector* (which prompts: data order, MoPPS, DPS; ``selectors.py``)
-with a *rule* for how many rollouts each prompt gets: ``FullGroups`` (G each, one round),
-``DynamicSampling`` (DAPO: full groups until B are effective) or ``Sara`` (probe, then commit
-or abandon). All of them spend rollouts in fixed-shape rounds (``rounds.py``) and hand the
-train step B complete groups, so every allocator composes with every estimator and every
-replay method.
+with a *rule* for how many rollouts each prompt gets (``rule.py``: uniform, G each, here;
+DAPO's dynamic sampling; SARA's probe, commit or abandon), run by one of two engines: fixed-shape
+rounds (``round_groups.RoundGroups``) or the slot pool of partial rollouts
+(``partial.PartialGroups``). Both hand the train step B complete groups, so every allocator
+composes with every estimator and every replay method.
 
 ``stats`` carries the run's counters (``rollouts``: every rollout generated this step, used or
 not; ``completion_tokens``; ``reward_errors``; with generation on its own devices, the
@@ -24,33 +24,19 @@ touched, empty groups, and for SARA the abandonment and wrong-abandonment counts
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
 
 import numpy as np
 
 from grpo_jax import random_keys, registry
 from grpo_jax import timing
 from grpo_jax.allocation import rounds as rounds_lib
+from grpo_jax.allocation import rule as rule_lib
 
 
 # Allocation rules by config.allocation.method; a module of grpo_jax/allocation registers its
-# rule's spec (a registry.Configurable whose fields are config.allocation.<name>) on import.
+# rule's spec (``rule.RuleSpec``: a registry.Configurable whose fields are
+# config.allocation.<name>) on import.
 RULES = registry.Registry("allocation rule", package="grpo_jax.allocation")
-
-
-class RuleSpec(Protocol):
-  """A registered rule: its own config group's fields, and the allocator they build."""
-
-  def check_config(self, config) -> None:
-    """Checks against other groups (raises errors.ConfigError)."""
-
-  def build(self, selector, sampler: rounds_lib.RoundSampler, *, num_groups: int,
-            group_size: int, effective_signal: str, max_rounds: int, seed: int) -> Allocator:
-    """The allocator over ``selector`` and ``sampler``."""
-
-  def pool_policy(self, *, group_size: int, effective_signal: str, seed: int):
-    """The rule on the slot pool of partial rollouts (``partial.PoolPolicy``; None: whole
-    groups at once)."""
 
 
 class Allocator:
@@ -141,18 +127,15 @@ class Allocator:
     return rollout, stats
 
 
-class FullGroups(Allocator):
-  """Uniform allocation: B prompts from the selector, G rollouts each, one round (GRPO)."""
+class UniformRule(rule_lib.Rule):
+  """Uniform allocation (GRPO): G rollouts for each of B prompts, every group kept; one round
+  of B whole groups, or on the pool G rows a group admitted at once."""
 
   name = "uniform"
 
-  def collect(self, params, step: int, rng):
-    with self.timer.phase("prompts"):
-      prompts = self.selector.draw(self.num_groups)
-    per_prompt, _ = self.sampler.run(params, [(p, self.group_size) for p in prompts],
-                                     self.round_key(rng, 0))
-    groups = list(zip(prompts, per_prompt))
-    return self._finish(groups, per_prompt, groups, step, rounds=1)
+  @property
+  def sequential(self) -> bool:
+    return False
 
 
 @RULES.register("uniform")
@@ -163,11 +146,5 @@ class UniformSpec(registry.Configurable):
   def check_config(self, config) -> None:
     del config
 
-  def build(self, selector, sampler, *, max_rounds: int, seed: int, **shape) -> FullGroups:
-    del max_rounds, seed
-    return FullGroups(selector, sampler, **shape)
-
-  def pool_policy(self, **unused):
-    """On the pool of partial rollouts: none (G rows a group, admitted at once)."""
-    del unused
-    return None
+  def rule(self, *, group_size: int, effective_signal: str = "success") -> UniformRule:
+    return UniformRule(group_size, effective_signal)

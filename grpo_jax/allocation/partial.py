@@ -10,10 +10,11 @@ rows' importance correction is the train step's: ``prox.rows=all`` gives every r
 decoupled objective (ratio to pi_prox, behaviour weight pi_prox / mu: Hilton et al., arXiv
 2110.00641); ``replayed`` (the default) clips pi_theta / mu, the naive baseline.
 
-The rule over the pool (``allocation.method``): uniform (G rows a group, admitted at once);
-dynamic_sampling (DAPO: a group whose rewards all agree is dropped when it completes, and the
-step waits for B effective ones: ``dynamic_sampling.PoolFilter``); sara (K probe rows, then
-commit, one more rollout or abandon as each group's admitted rows end: ``sara.PoolSara``).
+The rule over the pool (``allocation.method``, the same ``rule.Rule`` the rounds run, its
+verdicts taken as each group's admitted rows end: ``PoolVerdicts``): uniform (G rows a group,
+admitted at once); dynamic_sampling (DAPO: a group whose rewards all agree is dropped when it
+completes, and the step waits for B effective ones); sara (K probe rows, then commit, one more
+rollout or abandon).
 Their groups persist across steps on the same pool: a group committed or completed after its
 step ended trains in the next one. Rows are scored as their group's admitted rows end (the
 rule decides from their rewards), each row once. DAPO and SARA admit at most
@@ -35,13 +36,13 @@ counted.
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
 
 import jax
 import numpy as np
 
 from grpo_jax import random_keys
 from grpo_jax.allocation import rounds as rounds_lib
+from grpo_jax.allocation import rule as rule_lib
 from grpo_jax.allocation.allocator import Allocator
 from grpo_jax.generate import asynchronous
 from grpo_jax.generate import producer as producer_lib
@@ -49,24 +50,52 @@ from grpo_jax.generate import tokenization
 from grpo_jax.types import Rollout
 
 
-class PoolPolicy(Protocol):
-  """A sequential rule on the pool, from scored rows (``PoolFilter``, ``PoolSara``)."""
+class PoolVerdicts:
+  """A rule's verdicts as the producer takes them (``generate.producer.Rule``'s numbers): the
+  rows to add, 0 for a complete group, or ``producer.DROP``. A committed group gets the rest of
+  its G rows and is complete when they end, without a second verdict (the committed groups are
+  in the checkpoint, so a resumed run does not decide one twice).
 
-  first_rows: int  # rows a new group admits first
+  Args:
+    rule: the allocation rule (``rule.Rule``).
+  """
+
+  def __init__(self, rule: rule_lib.Rule):
+    self.rule, self.first_rows = rule, rule.first_rows
+    self._committed: set = set()  # tags committed whose group is not complete yet
+    self._counts = rule_lib.Counts()
 
   def verdict(self, tag, rows: rounds_lib.Rows, group_size: int) -> int:
-    """Rows to add (>= 1), 0 (the group of G is complete) or ``producer_lib.DROP``, from the
-    group's scored rows so far."""
+    n = len(rows)
+    if tag in self._committed:  # the rest of a committed group has ended: complete
+      self._committed.discard(tag)
+      return 0
+    verdict = self.rule.verdict(rows, group_size)
+    if verdict.kind == "drop":
+      self._counts.dropped += 1
+      return producer_lib.DROP
+    if verdict.kind == "commit":
+      self._counts.committed += 1
+      if n == group_size:
+        return 0
+      self._committed.add(tag)
+      return group_size - n
+    return verdict.rows
 
   def forget(self, tag) -> None:
     """The group left the pool without a verdict (discarded for staleness)."""
+    self._committed.discard(tag)
 
   def take_stats(self) -> dict:
-    """``alloc/`` metrics since the last call."""
+    """The rule's ``alloc/`` metrics since the last call."""
+    out, self._counts = self.rule.metrics(self._counts), rule_lib.Counts()
+    return out
 
-  def state_dict(self) -> dict: ...
+  def state_dict(self) -> dict:
+    return {"committed": sorted(self._committed)}
 
-  def load_state_dict(self, state: dict) -> None: ...
+  def load_state_dict(self, state: dict) -> None:
+    self._committed = set(state.get("committed", []))
 
 
 class PartialGroups(Allocator):
@@ -81,7 +110,7 @@ class PartialGroups(Allocator):
     num_groups, group_size: B, G.
     effective_signal: as every allocator.
     seed: the run's seed (rows' keys: ``random_keys.partial_rows``).
-    policy: the sequential rule (``PoolPolicy``; None: uniform, G rows a group at once).
+    policy: the rule's verdicts (``PoolVerdicts``; None: G rows a group, admitted at once).
     max_rounds: with a policy, at most max_rounds x B x G rows are admitted a step.
     make_generator: ``make_generator(producer) -> generate.asynchronous.Generator`` for
       generation on its own devices (``rollout.devices``), None to generate on the training
@@ -92,7 +121,7 @@ class PartialGroups(Allocator):
 
   def __init__(self, selector, sampler: rounds_lib.RoundSampler, *, make_producer,
                num_groups: int, group_size: int, effective_signal: str = "success",
-               seed: int = 0, policy: PoolPolicy | None = None, max_rounds: int = 10,
+               seed: int = 0, policy: PoolVerdicts | None = None, max_rounds: int = 10,
                make_generator=None):
     super().__init__(selector, sampler, num_groups=num_groups, group_size=group_size,
                      effective_signal=effective_signal)

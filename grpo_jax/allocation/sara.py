@@ -44,8 +44,9 @@ Wrong abandonments are measured outside the budget: the slots a round leaves fre
 fixed) complete a random sample of the step's abandoned prompts, which counts as wrong when the
 completed group would have been effective. Those rows are neither counted nor trained on.
 
-On the slot pool of partial rollouts (``rollout.partial``) the same rule runs as ``PoolSara``:
-a new prompt admits its K probe rows into free slots; when every row admitted to it has ended
+The rule is ``SaraRule`` (``rule.py``): its rounds are ``round_groups.RoundGroups``'s, which
+fill, stop and audit as above for any rule. On the slot pool of partial rollouts
+(``rollout.partial``) the same rule runs on ``partial.PartialGroups``: a new prompt admits its K probe rows into free slots; when every row admitted to it has ended
 it commits (the rest of its group is admitted, ahead of any new prompt), abandons (its slots
 already went to the next prompts) or asks for one more rollout. Nothing is surplus or
 undecided at a step's end: a group committed late, or still being decided, stays in the pool
@@ -57,15 +58,12 @@ At most ``max_rounds`` x B x G rows are admitted a step, the static rule's rollo
 from __future__ import annotations
 
 import dataclasses
-
 import math
-
-import numpy as np
 
 from grpo_jax import errors, registry
 from grpo_jax.allocation import allocator as allocator_lib
 from grpo_jax.allocation import rounds as rounds_lib
-from grpo_jax.generate import producer as producer_lib
+from grpo_jax.allocation import rule as rule_lib
 
 
 def p_effective(num_probes: int, num_successes: int, group_size: int, alpha0: float = 1.0,
@@ -101,211 +99,73 @@ def decide(num_probes: int, num_successes: int, group_size: int, tau_lo: float,
   return "commit" if p >= tau_hi else "abandon" if p <= tau_lo else "continue"
 
 
-class _Prompt:
-  """One prompt's rollouts within a step."""
-
-  def __init__(self, prompt):
-    self.prompt, self.parts = prompt, []
-
-  @property
-  def rows(self) -> rounds_lib.Rows:
-    return rounds_lib.Rows.concat(self.parts)
-
-  @property
-  def n(self) -> int:
-    return sum(len(p) for p in self.parts)
-
-  @property
-  def successes(self) -> int:
-    return int(sum(np.sum(p.rollout.success) for p in self.parts))
-
-
-class Sara(allocator_lib.Allocator):
-  """SARA's probe / commit / abandon rule over fixed-shape rounds.
+class SaraRule(rule_lib.Rule):
+  """SARA's probe / commit / abandon rule (module doc), on rounds and on the pool.
 
   Args:
-    selector, sampler, num_groups, group_size, effective_signal: see ``Allocator``.
+    group_size: G.
+    effective_signal: as every rule (SARA decides on successes).
     probes: K, rollouts before the first decision.
     tau_lo, tau_hi: abandon / commit thresholds on P_eff.
     alpha0, beta0: the Beta prior of every draw.
-    max_rounds: generation rounds per step at most; the last one only completes committed
-      groups (no new prompt, no more rollouts for undecided ones).
-    seed: seed of the audit sample.
   """
 
   name = "sara"
 
-  def __init__(self, selector, sampler, *, num_groups: int, group_size: int,
-               effective_signal: str = "success", probes: int = 4, tau_lo: float = 0.45,
-               tau_hi: float = 0.9, alpha0: float = 1.0, beta0: float = 1.0,
-               max_rounds: int = 10, seed: int = 0):
-    super().__init__(selector, sampler, num_groups=num_groups, group_size=group_size,
-                     effective_signal=effective_signal)
+  def __init__(self, group_size: int, effective_signal: str = "success", *, probes: int = 4,
+               tau_lo: float = 0.45, tau_hi: float = 0.9, alpha0: float = 1.0,
+               beta0: float = 1.0):
     if not 1 <= probes <= group_size:
       raise ValueError(f"probes must be in [1, group_size={group_size}], got {probes}")
     if not 0.0 <= tau_lo < tau_hi <= 1.0:
       raise ValueError(f"need 0 <= tau_lo < tau_hi <= 1, got {tau_lo}, {tau_hi}")
-    if max_rounds < 2:
-      raise ValueError(f"max_rounds must be >= 2 (probe, then complete), got {max_rounds}")
+    super().__init__(group_size, effective_signal, first_rows=probes)
     self.probes, self.tau_lo, self.tau_hi = probes, tau_lo, tau_hi
-    self.alpha0, self.beta0, self.max_rounds = alpha0, beta0, max_rounds
+    self.alpha0, self.beta0 = alpha0, beta0
     self.commit_rate = 0.5  # running share of decided prompts that commit (sizes new draws)
-    self.rng = np.random.default_rng([seed, 0x5A4A])
 
-  def state_dict(self) -> dict:
-    return {**super().state_dict(), "commit_rate": self.commit_rate,
-            "rng": self.rng.bit_generator.state}
+  def verdict(self, rows: rounds_lib.Rows, group_size: int) -> rule_lib.Verdict:
+    verdict = decide(len(rows), rule_lib.successes(rows), group_size, self.tau_lo, self.tau_hi,
+                     self.alpha0, self.beta0)
+    return {"commit": rule_lib.COMMIT, "abandon": rule_lib.DROP}.get(verdict,
+                                                                     rule_lib.Verdict.more(1))
 
-  def load_state_dict(self, state: dict) -> None:
-    super().load_state_dict(state)
-    self.commit_rate = state["commit_rate"]
-    self.rng.bit_generator.state = state["rng"]
-
-  def _new_prompts(self, needed: int, undecided: int, free: int) -> int:
-    """How many prompts to start: enough that, at the running commit rate, the undecided ones
-    and the new ones commit the groups still needed; at most what the free slots hold."""
+  def new_groups(self, *, needed: int, undecided: int, free: int, last: bool) -> int:
+    """Enough new prompts that, at the running commit rate, the undecided ones and the new
+    ones commit the groups still needed; at most what the free slots hold; none in the last
+    round (a probe could at best commit a group that no round is left to complete)."""
+    if last or needed <= 0:
+      return 0
     rate = max(self.commit_rate, 0.05)
     want = math.ceil(max(needed - undecided * rate, 0.0) / rate)
     return max(0, min(want, free // self.probes))
 
-  def _requests(self, committed, undecided) -> list:
-    """This round's (prompt, count) requests before new probes, at most S rows: completions
-    of committed groups first (a group gets what fits, the rest next round), then one rollout
-    for each undecided prompt while they fit (the rest wait a round)."""
-    room, requests = self.sampler.slots, []
-    for c in committed:
-      # Cannot bind while at most B groups are committed (B * (G - K) < S); it keeps the cap
-      # true by construction.
-      count = min(self.group_size - c.n, room)
-      if count:
-        requests.append((c, count))
-        room -= count
-    requests += [(u, 1) for u in undecided[:room]]
-    return requests
-
-  def collect(self, params, step: int, rng):
-    b, g, k = self.num_groups, self.group_size, self.probes
-    committed, undecided, abandoned, dropped, touched = [], [], [], [], []
-    audits = []  # (abandoned prompt, its audit rows)
-    surplus = 0
-    taken = set()
-    r = 0
-    while r < self.max_rounds:
-      if len(committed) >= b and all(c.n == g for c in committed):
-        break
-      # The last round completes groups only: one more rollout for an undecided prompt could
-      # at best commit a group that no round is left to complete.
-      last = r == self.max_rounds - 1
-      requests = self._requests(committed, [] if last else undecided)
-      free = self.sampler.slots - sum(n for _, n in requests)
-      new = 0
-      if not last and len(committed) < b:
-        new = self._new_prompts(b - len(committed), len(undecided), free)
-      fresh = [_Prompt(p) for p in self._draw(new, taken)] if new else []
-      taken.update(f.prompt.index for f in fresh)
-      touched += fresh
-      requests += [(f, k) for f in fresh]
-      if not requests:
-        break  # nothing left to sample (the pool ran dry)
-      # An abandoned group already complete (n = G) is surely ineffective: nothing to audit.
-      unaudited = [a for a in abandoned if a.n < g and all(a is not x for x, _ in audits)]
-      order = self.rng.permutation(len(unaudited)) if unaudited else []
-      spare = [(unaudited[i], g - unaudited[i].n) for i in order]
-      per_request, spare_out = self.sampler.run(
-          params, [(x.prompt, n) for x, n in requests], self.round_key(rng, r),
-          spare=[(a.prompt, n) for a, n in spare])
-      r += 1
-      for (x, _), rows in zip(requests, per_request):
-        x.parts.append(rows)
-      audits += [(spare[i][0], rows) for i, rows in spare_out]
-      # Decide every prompt that is neither committed nor abandoned (one left waiting for a
-      # slot decides as before: its counts did not move).
-      still = []
-      for x in undecided + fresh:
-        verdict = decide(x.n, x.successes, g, self.tau_lo, self.tau_hi, self.alpha0,
-                         self.beta0)
-        if verdict == "commit" and len(committed) < b:
-          committed.append(x)
-        elif verdict == "commit":
-          surplus += 1  # B groups are committed already: not completed
-        elif verdict == "abandon":
-          abandoned.append(x)
-        else:
-          still.append(x)
-      if len(committed) >= b:
-        dropped += still  # with B commits they could only become surplus: stop sampling them
-        still = []
-      undecided = still
-    decided = len(committed) + len(abandoned) + surplus
+  def end_step(self, counts: rule_lib.Counts) -> None:
+    decided = counts.committed + counts.dropped + counts.surplus
     if decided:
-      self.commit_rate = 0.5 * self.commit_rate + 0.5 * (len(committed) + surplus) / decided
-    wrong = sum(rounds_lib.is_effective(rounds_lib.Rows.concat([a.rows, rows]),
-                                        self.effective_signal) for a, rows in audits)
-    # A commit the round cap left short of G is not trained on (its rows are still counted).
-    groups = [(c.prompt, c.rows) for c in committed if c.n == g]
-    return self._finish(
-        groups, [x.rows for x in touched], [(x.prompt, x.rows) for x in touched], step,
-        rounds=r, extra={"alloc/committed": float(len(committed)),
-                         "alloc/abandoned": float(len(abandoned)),
-                         "alloc/surplus": float(surplus),
-                         "alloc/undecided": float(len(dropped) + len(undecided)),
-                         "alloc/incomplete": float(len(committed) - len(groups)),
-                         "alloc/abandon_rate": len(abandoned) / max(decided, 1),
-                         "alloc/audited": float(len(audits)),
-                         "alloc/wrong_abandoned": float(wrong),
-                         **({"alloc/wrong_abandon_rate": wrong / len(audits)} if audits else {})})
+      self.commit_rate = (0.5 * self.commit_rate
+                          + 0.5 * (counts.committed + counts.surplus) / decided)
 
-
-class PoolSara:
-  """SARA on the slot pool (``allocation.partial.PoolPolicy``; module doc): K probe rows, then
-  commit (the rest of the group), one more rollout, or abandon, each time every row admitted
-  to a prompt has ended.
-
-  Args:
-    probes: K.
-    tau_lo, tau_hi: abandon / commit thresholds on P_eff.
-    alpha0, beta0: the Beta prior of every prompt.
-  """
-
-  def __init__(self, *, probes: int, tau_lo: float, tau_hi: float, alpha0: float = 1.0,
-               beta0: float = 1.0):
-    self.first_rows, self.tau_lo, self.tau_hi = probes, tau_lo, tau_hi
-    self.alpha0, self.beta0 = alpha0, beta0
-    self._committed: set = set()  # tags committed whose group is not complete yet
-    self._counts = {"committed": 0, "abandoned": 0}
-
-  def verdict(self, tag, rows: rounds_lib.Rows, group_size: int) -> int:
-    n, g = len(rows), group_size
-    if tag in self._committed:  # the rest of a committed group has ended: complete
-      self._committed.discard(tag)
-      return 0
-    verdict = decide(n, int(np.sum(rows.rollout.success)), g, self.tau_lo, self.tau_hi,
-                     self.alpha0, self.beta0)
-    if verdict == "abandon":
-      self._counts["abandoned"] += 1
-      return producer_lib.DROP
-    if verdict == "commit":
-      self._counts["committed"] += 1
-      if n == g:
-        return 0
-      self._committed.add(tag)
-      return g - n
-    return 1
-
-  def forget(self, tag) -> None:
-    self._committed.discard(tag)
-
-  def take_stats(self) -> dict:
-    c, a = self._counts["committed"], self._counts["abandoned"]
-    self._counts = {"committed": 0, "abandoned": 0}
-    return {"alloc/committed": float(c), "alloc/abandoned": float(a),
-            "alloc/abandon_rate": a / max(a + c, 1)}
+  def metrics(self, counts: rule_lib.Counts) -> dict:
+    c, a = counts.committed, counts.dropped
+    out = {"alloc/committed": float(c), "alloc/abandoned": float(a)}
+    if counts.on_rounds:
+      out.update({"alloc/surplus": float(counts.surplus),
+                  "alloc/undecided": float(counts.undecided),
+                  "alloc/incomplete": float(counts.incomplete)})
+    out["alloc/abandon_rate"] = a / max(c + a + counts.surplus, 1)
+    if counts.on_rounds:
+      out.update({"alloc/audited": float(counts.audited),
+                  "alloc/wrong_abandoned": float(counts.wrong),
+                  **({"alloc/wrong_abandon_rate": counts.wrong / counts.audited}
+                     if counts.audited else {})})
+    return out
 
   def state_dict(self) -> dict:
-    return {"committed": sorted(self._committed)}
+    return {"commit_rate": self.commit_rate}
 
   def load_state_dict(self, state: dict) -> None:
-    self._committed = set(state["committed"])
+    self.commit_rate = state.get("commit_rate", self.commit_rate)
 
 
 @allocator_lib.RULES.register("sara")
@@ -340,12 +200,6 @@ class SaraSpec(registry.Configurable):
     errors.check(self.probes <= g, "allocation.sara.probes",
                  f"{self.probes} must be in [1, group_size={g}]")
 
-  def build(self, selector, sampler, *, max_rounds: int, seed: int, **shape) -> Sara:
-    return Sara(selector, sampler, probes=self.probes, tau_lo=self.tau_lo, tau_hi=self.tau_hi,
-                alpha0=self.alpha0, beta0=self.beta0, max_rounds=max_rounds, seed=seed, **shape)
-
-  def pool_policy(self, **unused) -> PoolSara:
-    """The rule on the pool of partial rollouts."""
-    del unused
-    return PoolSara(probes=self.probes, tau_lo=self.tau_lo, tau_hi=self.tau_hi,
-                    alpha0=self.alpha0, beta0=self.beta0)
+  def rule(self, *, group_size: int, effective_signal: str = "success") -> SaraRule:
+    return SaraRule(group_size, effective_signal, probes=self.probes, tau_lo=self.tau_lo,
+                    tau_hi=self.tau_hi, alpha0=self.alpha0, beta0=self.beta0)

@@ -11,9 +11,13 @@ from flax import nnx
 from hypothesis import strategies as st
 
 from grpo_jax import assets
-from grpo_jax.allocation import (DpsSelector, DynamicSampling, FullGroups, MoppsSelector, Prompt,
-                                 Rows, Sara, StreamSelector, p_effective, rounds)
+from grpo_jax import configuration
+from grpo_jax.allocation import (DpsSelector, DynamicSamplingRule, MoppsSelector, PoolVerdicts,
+                                 Prompt, RoundGroups, Rows, SaraRule, StreamSelector, UniformRule,
+                                 p_effective, rounds)
 from grpo_jax.allocation.sara import decide
+from grpo_jax.generate.producer import DROP
+from grpo_jax.schema import files
 from grpo_jax.generate import prompts as prompts_lib
 from grpo_jax.generate import sampler as sampler_lib
 from grpo_jax.models import from_pretrained
@@ -25,6 +29,24 @@ from grpo_jax.types import Rollout
 from tests.rl.test_step import MIXED, SHIFT_N, _copy, _rollout
 
 P, T = 3, 2
+
+
+def uniform(selector, rounds_, *, num_groups, group_size):
+  return RoundGroups(selector, rounds_, rule=UniformRule(group_size), num_groups=num_groups,
+                     group_size=group_size)
+
+
+def dynamic_sampling(selector, rounds_, *, num_groups, group_size, max_rounds=10, oversample=1):
+  return RoundGroups(selector, rounds_, rule=DynamicSamplingRule(group_size,
+                                                                 oversample=oversample),
+                     num_groups=num_groups, group_size=group_size, max_rounds=max_rounds)
+
+
+def sara(selector, rounds_, *, num_groups, group_size, probes=4, tau_lo=0.45, tau_hi=0.9,
+         max_rounds=10, seed=0):
+  rule = SaraRule(group_size, probes=probes, tau_lo=tau_lo, tau_hi=tau_hi)
+  return RoundGroups(selector, rounds_, rule=rule, num_groups=num_groups, group_size=group_size,
+                     max_rounds=max_rounds, seed=seed)
 
 
 # --- SARA's closed-form predictor ------------------------------------------------------------
@@ -170,7 +192,7 @@ def test_uniform_is_one_round_of_full_groups():
   b, g = 2, 4
   script = {0: [1, 0, 0, 0], 1: [0, 0, 0, 0]}
   selector = ListSelector()
-  alloc = FullGroups(selector, ScriptedRounds(b * g, script), num_groups=b, group_size=g)
+  alloc = uniform(selector, ScriptedRounds(b * g, script), num_groups=b, group_size=g)
   rollout, stats = alloc.collect(None, 3, jax.random.key(0))
   assert _ids(rollout) == [0] * 4 + [1] * 4
   np.testing.assert_array_equal(rollout.version, np.full((8, T), 3))  # every token
@@ -185,7 +207,7 @@ def test_dynamic_sampling_fills_the_batch_with_effective_groups():
   # Prompt i is effective (mixed) iff i % 3 == 0: round 0 draws 0, 1 (keeps 0), round 1 draws
   # 2, 3 (keeps 3): B = 2 kept after 2 rounds; every one of the 16 rollouts is counted.
   script = {i: ([1, 0, 1, 1] if i % 3 == 0 else [0, 0, 0, 0]) for i in range(12)}
-  alloc = DynamicSampling(ListSelector(), ScriptedRounds(b * g, script), num_groups=b,
+  alloc = dynamic_sampling(ListSelector(), ScriptedRounds(b * g, script), num_groups=b,
                           group_size=g, max_rounds=10)
   rollout, stats = alloc.collect(None, 0, jax.random.key(0))
   assert _ids(rollout) == [0] * 4 + [3] * 4
@@ -199,7 +221,7 @@ def test_dynamic_sampling_fills_the_batch_with_effective_groups():
 def test_dynamic_sampling_stops_at_its_cap_with_empty_groups():
   b, g = 2, 4
   script = {i: [1, 1, 1, 1] for i in range(20)}  # nothing is ever effective
-  alloc = DynamicSampling(ListSelector(), ScriptedRounds(b * g, script), num_groups=b,
+  alloc = dynamic_sampling(ListSelector(), ScriptedRounds(b * g, script), num_groups=b,
                           group_size=g, max_rounds=3)
   rollout, stats = alloc.collect(None, 0, jax.random.key(0))
   # 3 rounds x 2 prompts x 4 rollouts = 24 generated, none usable: 2 empty groups.
@@ -221,7 +243,7 @@ def test_dynamic_sampling_checks_after_each_generation_batch(oversample, rounds,
   b, g = 2, 4
   script = {i: ([1, 0, 1, 1] if i in (1, 7, 9, 10) else [0, 0, 0, 0]) for i in range(20)}
   rounds_ = ScriptedRounds(b * g, script)
-  alloc = DynamicSampling(ListSelector(), rounds_, num_groups=b, group_size=g, max_rounds=30,
+  alloc = dynamic_sampling(ListSelector(), rounds_, num_groups=b, group_size=g, max_rounds=30,
                           oversample=oversample)
   rollout, stats = alloc.collect(None, 0, jax.random.key(0))
   assert rounds_.rounds == [[4, 4]] * rounds  # B fresh prompts x G a round
@@ -238,7 +260,7 @@ def test_dynamic_sampling_round_cap_cuts_a_generation_batch():
   b, g = 2, 4
   script = {i: ([1, 0, 0, 0] if i == 4 else [1, 1, 1, 1]) for i in range(20)}
   rounds_ = ScriptedRounds(b * g, script)
-  alloc = DynamicSampling(ListSelector(), rounds_, num_groups=b, group_size=g, max_rounds=4,
+  alloc = dynamic_sampling(ListSelector(), rounds_, num_groups=b, group_size=g, max_rounds=4,
                           oversample=3)
   rollout, stats = alloc.collect(None, 0, jax.random.key(0))
   # Batch 1 (rounds 0-2, prompts 0..5) keeps 4; batch 2 gets round 3 (6, 7) before the cap of
@@ -255,7 +277,7 @@ def test_dynamic_sampling_stops_when_the_pool_runs_dry(pool, rounds):
   b, g = 2, 4
   script = {i: [0, 0, 0, 0] for i in range(pool)}  # nothing is effective
   rounds_ = ScriptedRounds(b * g, script)
-  alloc = DynamicSampling(MoppsSelector(PoolStream(), pool, seed=0), rounds_, num_groups=b,
+  alloc = dynamic_sampling(MoppsSelector(PoolStream(), pool, seed=0), rounds_, num_groups=b,
                           group_size=g, max_rounds=30, oversample=3)
   _, stats = alloc.collect(None, 0, jax.random.key(0))
   # Pool of 5: rounds of 2, 2, then the last 1 (fewer than B: dry). Pool of 4: 2, 2, then the
@@ -267,9 +289,14 @@ def test_dynamic_sampling_stops_when_the_pool_runs_dry(pool, rounds):
 
 
 def test_dynamic_sampling_oversample_must_fit_the_round_cap():
-  with pytest.raises(ValueError, match="oversample"):
-    DynamicSampling(ListSelector(), ScriptedRounds(8, {}), num_groups=2, group_size=4,
-                    max_rounds=2, oversample=3)
+  c = files.load("dapo")
+  c.allocation.max_rounds, c.allocation.dynamic_sampling.oversample = 2, 3
+  with pytest.raises(configuration.ConfigError,
+                     match="dynamic_sampling.oversample: 3 must be <= allocation.max_rounds=2"):
+    configuration.validate(c)
+  with pytest.raises(ValueError, match="max_rounds must be >= 2"):  # probes need a completion
+    sara(ListSelector(), ScriptedRounds(8, {}), num_groups=2, group_size=4, probes=2,
+         max_rounds=1)
 
 
 def test_sara_commits_abandons_and_counts_every_rollout():
@@ -279,7 +306,7 @@ def test_sara_commits_abandons_and_counts_every_rollout():
             2: [1, 1, 1, 1, 1, 1, 1, 1],  # abandon (completing it: still all successes)
             3: [0, 1, 0, 0, 0, 0, 0, 0]}  # commit
   rounds_ = ScriptedRounds(b * g, script)
-  alloc = Sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, seed=0)
+  alloc = sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, seed=0)
   rollout, stats = alloc.collect(None, 0, jax.random.key(0))
   # Round 0: commit rate 0.5, 2 groups needed -> ceil(2 / 0.5) = 4 new prompts x 4 probes = the
   # 16 slots. Prompts 0 and 3 commit, 1 and 2 are abandoned (P_eff = 0.44 <= 0.45).
@@ -299,14 +326,14 @@ def test_sara_commits_abandons_and_counts_every_rollout():
   # The selector sees every prompt's counted rollouts only: 1 and 2 after their 4 probes.
   assert alloc.selector.seen == [[(0, 4, 8), (1, 0, 4), (2, 4, 4), (3, 1, 8)]]
   # Commit rate: 0.5 * 0.5 + 0.5 * 2/4 = 0.5.
-  assert alloc.commit_rate == 0.5
+  assert alloc.rule.commit_rate == 0.5
 
 
 def test_sara_continues_one_rollout_at_a_time_between_thresholds():
   b, g, k = 1, 8, 2
   script = {0: [0] * 8, 1: [0, 0, 1, 0, 0, 0, 0, 0]}
   rounds_ = ScriptedRounds(b * g, script)
-  alloc = Sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, seed=0)
+  alloc = sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, seed=0)
   rollout, stats = alloc.collect(None, 0, jax.random.key(0))
   # Round 0: ceil(1 / 0.5) = 2 new prompts x 2 probes. Both agree: P_eff = 0.667 -> continue.
   # Round 1: one more each: prompt 0 (3 agreeing, 0.556) continues, prompt 1 mixes -> commit.
@@ -322,7 +349,7 @@ def test_sara_does_not_complete_commits_beyond_b():
   b, g, k = 1, 8, 4
   script = {0: [1, 0, 0, 0, 1, 1, 1, 1], 1: [0, 1, 0, 0, 0, 0, 0, 0]}
   rounds_ = ScriptedRounds(b * g, script)
-  alloc = Sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, seed=0)
+  alloc = sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, seed=0)
   _, stats = alloc.collect(None, 0, jax.random.key(0))
   # Two prompts probed (ceil(1 / 0.5) = 2), both mixed: the first is committed and completed,
   # the second is surplus (4 probes spent, not completed).
@@ -333,7 +360,7 @@ def test_sara_does_not_complete_commits_beyond_b():
 def test_sara_round_cap_leaves_empty_groups():
   b, g, k = 2, 4, 2
   script = {i: [1] * 4 for i in range(40)}  # always agreeing: always abandoned
-  alloc = Sara(ListSelector(), ScriptedRounds(b * g, script), num_groups=b, group_size=g,
+  alloc = sara(ListSelector(), ScriptedRounds(b * g, script), num_groups=b, group_size=g,
                probes=k, max_rounds=3, seed=0)
   rollout, stats = alloc.collect(None, 0, jax.random.key(0))
   # G = 4, K = 2: 2 agreeing -> P_eff = 1 - 3/5 = 0.4 <= 0.45: abandon at once. The last of
@@ -348,8 +375,8 @@ def test_sara_caps_a_round_at_its_slots_and_drops_the_undecided_after_b_commits(
   script[7] = [0, 0, 1, 0, 0, 0, 0, 0]  # agrees at 2 (continue), mixes at 3: commit
   script.update({i: [0] * 8 for i in range(8, 32)})  # agreeing: continue at 2 and 3
   rounds_ = ScriptedRounds(b * g, script)
-  alloc = Sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, seed=0)
-  alloc.commit_rate = 0.05  # the floor, as a run of hard steps leaves it
+  alloc = sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, seed=0)
+  alloc.rule.commit_rate = 0.05  # the floor, as a run of hard steps leaves it
   rollout, stats = alloc.collect(None, 0, jax.random.key(0))
   # Round 0: ceil(8 / 0.05) = 160 wanted, 64 // 2 = 32 fit: prompts 0..31 x 2 = 64 slots.
   # Prompts 0..6 commit, 7..31 continue (P_eff = 0.667). Round 1 would ask 7 x 6 = 42
@@ -363,14 +390,14 @@ def test_sara_caps_a_round_at_its_slots_and_drops_the_undecided_after_b_commits(
   assert stats["alloc/abandoned"] == 0 and stats["alloc/surplus"] == 0
   assert stats["alloc/incomplete"] == 0 and stats["alloc/prompts_touched"] == 32
   # Only the 8 decided prompts move the commit rate: 0.5 * 0.05 + 0.5 * 8/8 = 0.525.
-  assert alloc.commit_rate == pytest.approx(0.525)
+  assert alloc.rule.commit_rate == pytest.approx(0.525)
 
 
 def test_sara_last_round_only_completes_committed_groups():
   b, g, k = 2, 8, 2
   script = {0: [1, 0, 0, 0, 0, 0, 0, 0], 1: [0, 0, 1, 0, 0, 0, 0, 0], 2: [0] * 8, 3: [0] * 8}
   rounds_ = ScriptedRounds(b * g, script)
-  alloc = Sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, max_rounds=2,
+  alloc = sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, max_rounds=2,
                seed=0)
   rollout, stats = alloc.collect(None, 0, jax.random.key(0))
   # Round 0: ceil(2 / 0.5) = 4 prompts x 2. Prompt 0 commits, 1..3 continue (0.667). Round 1 is
@@ -393,7 +420,7 @@ def test_sara_continues_many_prompts_with_g16():
             3: [0] * 15 + [1],  # abandoned after 9 agreeing; its completion is effective
             4: [1] + [0] * 15, 5: [0, 1] + [0] * 14}  # mixed probes: commit, then surplus
   rounds_ = ScriptedRounds(b * g, script)
-  alloc = Sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, seed=0)
+  alloc = sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, seed=0)
   rollout, stats = alloc.collect(None, 0, jax.random.key(0))
   # Defaults tau_lo = 0.45, tau_hi = 0.9, G = 16: n agreeing give 1 - (n+1)/17, which is in
   # (0.45, 0.9) for n = 4..8, so agreeing prompts continue one rollout a round.
@@ -441,7 +468,8 @@ def _check_sara_steps(alloc, rounds_, script, steps):
         n[i] = n.get(i, 0) + c
       for i, _ in rnd:
         if i not in verdict:
-          v = decide(n[i], s[i], g, alloc.tau_lo, alloc.tau_hi, alloc.alpha0, alloc.beta0)
+          v = decide(n[i], s[i], g, alloc.rule.tau_lo, alloc.rule.tau_hi, alloc.rule.alpha0,
+                     alloc.rule.beta0)
           if v != "continue":
             verdict[i] = v
     commits = sum(v == "commit" for v in verdict.values())
@@ -476,7 +504,7 @@ def test_sara_hard_prompts_never_overflow_a_round(b, g, k):
   # undecided prompt asked for more than S (67 of 64 at step 17; 275 of 256 at step 5).
   script = BernoulliScript(g, [0.05], seed=0)
   rounds_ = ScriptedRounds(b * g, script)
-  alloc = Sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, seed=0)
+  alloc = sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, seed=0)
   _check_sara_steps(alloc, rounds_, script, steps=30)
 
 
@@ -501,11 +529,11 @@ def test_sara_rounds_fit_and_count_every_rollout(shape, tau_lo, tau_hi, max_roun
   b, g, k = shape  # every tau_lo drawn is below every tau_hi
   script = BernoulliScript(g, rates, seed=seed)
   rounds_ = ScriptedRounds(b * g, script)
-  alloc = Sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, tau_lo=tau_lo,
+  alloc = sara(ListSelector(), rounds_, num_groups=b, group_size=g, probes=k, tau_lo=tau_lo,
                tau_hi=tau_hi, max_rounds=max_rounds, seed=0)
   # The commit rate earlier steps left: at the 0.05 floor a round starts S / K probes, and the
   # next round's completions plus the undecided then overflow S unless capped.
-  alloc.commit_rate = commit_rate
+  alloc.rule.commit_rate = commit_rate
   _check_sara_steps(alloc, rounds_, script, steps=4)
 
 
@@ -601,12 +629,12 @@ def test_rounds_compile_the_sampler_once_for_sara_and_dynamic_sampling():
       tokenizer, 8, model_path=assets.EMBEDDED_MODEL))
   sampler = rounds.RoundSampler(sample_fn, tokenizer, task, slots=b * g, prompt_len=24)
   stream = prompts_lib.PromptStream(task, tokenizer, 24)
-  sara = Sara(StreamSelector(stream), sampler, num_groups=b, group_size=g, probes=2, seed=0)
-  ds = DynamicSampling(StreamSelector(stream), sampler, num_groups=b, group_size=g,
+  sara_ = sara(StreamSelector(stream), sampler, num_groups=b, group_size=g, probes=2, seed=0)
+  ds = dynamic_sampling(StreamSelector(stream), sampler, num_groups=b, group_size=g,
                        max_rounds=3)
   total = 0
   for step in range(2):
-    for alloc in (sara, ds):
+    for alloc in (sara_, ds):
       rollout, stats = alloc.collect(params, step, jax.random.key(step))
       assert rollout.num_rows == b * g
       total += stats["alloc/rounds"]
@@ -692,37 +720,33 @@ def test_sara_on_the_pool_by_hand():
   # G = 8, K = 4, Beta(1, 1), tau_lo 0.3, tau_hi 0.9. After n agreeing rollouts
   # P_eff = 1 - (n + 1) / 9: 4 -> 0.444, 5 -> 0.333 (continue: one more each), 6 -> 0.222
   # (abandon). Mixed probes: P_eff = 1, commit: the other 4 rows, then complete at 8.
-  from grpo_jax.allocation.sara import PoolSara  # pylint: disable=g-import-not-at-top
-  from grpo_jax.generate.producer import DROP  # pylint: disable=g-import-not-at-top
-  sara = PoolSara(probes=4, tau_lo=0.3, tau_hi=0.9)
-  assert sara.first_rows == 4
-  assert [sara.verdict("a", _scored([0] * n), 8) for n in (4, 5, 6)] == [1, 1, DROP]
-  assert sara.verdict("b", _scored([1, 0, 0, 0]), 8) == 4
+  pool_sara = PoolVerdicts(SaraRule(8, probes=4, tau_lo=0.3, tau_hi=0.9))
+  assert pool_sara.first_rows == 4
+  assert [pool_sara.verdict("a", _scored([0] * n), 8) for n in (4, 5, 6)] == [1, 1, DROP]
+  assert pool_sara.verdict("b", _scored([1, 0, 0, 0]), 8) == 4
   # A checkpoint between the commit and the group's end: the resumed rule still knows "b" is
   # committed, so its 8 rows complete it without a second commit; a fresh rule would decide
   # again and count "b" committed twice.
-  state = sara.state_dict()
-  assert sara.take_stats() == {"alloc/committed": 1.0, "alloc/abandoned": 1.0,
+  state = pool_sara.state_dict()
+  assert pool_sara.take_stats() == {"alloc/committed": 1.0, "alloc/abandoned": 1.0,
                                "alloc/abandon_rate": 0.5}
-  resumed = PoolSara(probes=4, tau_lo=0.3, tau_hi=0.9)
+  resumed = PoolVerdicts(SaraRule(8, probes=4, tau_lo=0.3, tau_hi=0.9))
   resumed.load_state_dict(state)
   assert resumed.verdict("b", _scored([1, 0, 0, 0, 1, 1, 1, 1]), 8) == 0
   assert resumed.take_stats()["alloc/committed"] == 0.0
   # Agreeing probes with tau_hi = 0.4 commit (0.444 >= 0.4); the completed group agrees too,
   # and is still complete (committed), not abandoned.
-  eager = PoolSara(probes=4, tau_lo=0.3, tau_hi=0.4)
+  eager = PoolVerdicts(SaraRule(8, probes=4, tau_lo=0.3, tau_hi=0.4))
   assert eager.verdict("c", _scored([0] * 4), 8) == 4
   assert eager.verdict("c", _scored([0] * 8), 8) == 0
   # K = G: the probes are the group; it commits (mixed) or is abandoned (agreeing) at once.
-  whole = PoolSara(probes=8, tau_lo=0.45, tau_hi=0.9)
+  whole = PoolVerdicts(SaraRule(8, probes=8, tau_lo=0.45, tau_hi=0.9))
   assert whole.verdict("d", _scored([1] + [0] * 7), 8) == 0
   assert whole.verdict("e", _scored([0] * 8), 8) == DROP
 
 
 def test_dynamic_sampling_on_the_pool_drops_agreeing_groups():
-  from grpo_jax.allocation.dynamic_sampling import PoolFilter  # pylint: disable=g-import-not-at-top
-  from grpo_jax.generate.producer import DROP  # pylint: disable=g-import-not-at-top
-  dapo = PoolFilter("success", 4)
+  dapo = PoolVerdicts(DynamicSamplingRule(4, "success"))
   assert dapo.first_rows == 4
   assert dapo.verdict("a", _scored([1, 1, 1, 1]), 4) == DROP
   assert dapo.verdict("b", _scored([1, 0, 1, 1]), 4) == 0
