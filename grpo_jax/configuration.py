@@ -17,9 +17,10 @@ from grpo_jax import allocation, deprecated, errors, registry, sharding, tasks
 from grpo_jax.generate import asynchronous
 from grpo_jax.models import architectures, attention, causal_lm
 from grpo_jax.rewards import functions as rewards, scoring
-from grpo_jax.rl import losses, replay_objectives
+from grpo_jax.rl import losses, optim, replay_objectives
 from grpo_jax.rl.replay import method as method_lib
 from grpo_jax.rl.step_config import PROX_ESTIMATES, PROX_PASSES, REMAT, StepConfig
+from grpo_jax.settings import Settings
 from grpo_jax.tasks import row_schemas
 
 _GROUPS = ("model", "task", "rollout", "rl", "replay", "prox", "allocation", "opt", "eval",
@@ -45,9 +46,10 @@ def uses_pool(config) -> bool:
   return bool(r.partial) or bool(r.get("devices", 0))
 
 
-def _asynchronous(config) -> None:
+def _asynchronous(config) -> sharding.MeshConfig:
   """``rollout.devices`` and its knobs (``generate/asynchronous.py``), each refusal one line;
-  the device count is checked against the machine's in ``check_mesh``."""
+  the device count is checked against the machine's in ``check_mesh``. Returns the generation
+  mesh's layout."""
   r = config.rollout
   for name in ("devices", "generation_mesh", "schedule", "lockstep_chunks", "ahead"):
     _check(name in r, f"rollout.{name}", "missing (start from grpo_jax.schema.base_config())")
@@ -66,13 +68,14 @@ def _asynchronous(config) -> None:
              f"{r[name]!r} acts only with generation on its own devices (rollout.devices > 0, "
              f"preset :async=K); with rollout.devices=0 leave it at {default!r}")
   try:
-    sharding.MeshConfig.from_config(r.generation_mesh)
+    return sharding.MeshConfig.from_config(r.generation_mesh)
   except sharding.MeshError as e:
     raise ConfigError(str(e).replace("config.mesh", "config.rollout.generation_mesh")) from None
 
 
-def _partial_rollouts(config) -> None:
-  """``rollout.partial`` and its knobs (``allocation/partial.py``), each refusal one line."""
+def _partial_rollouts(config) -> sharding.MeshConfig:
+  """``rollout.partial`` and its knobs (``allocation/partial.py``), each refusal one line;
+  returns the generation mesh's layout (``_asynchronous``)."""
   r = config.rollout
   for name in ("partial", "slots", "max_staleness", "chunk", "decode_budget", "partial_cache"):
     _check(name in r, f"rollout.{name}", "missing (start from grpo_jax.schema.base_config())")
@@ -89,9 +92,9 @@ def _partial_rollouts(config) -> None:
          f"{r.decode_budget!r} must be an integer >= 0 (0 = until B groups are complete)")
   _check(r.partial_cache in PARTIAL_CACHES, "rollout.partial_cache",
          f"{r.partial_cache!r}; known: {', '.join(PARTIAL_CACHES)}")
-  _asynchronous(config)
+  generation_mesh = _asynchronous(config)
   if not uses_pool(config):
-    return
+    return generation_mesh
   budget, t = r.decode_budget, r.completion_len
   _check(not budget or budget * (r.max_staleness + 1) >= t - 1, "rollout.decode_budget",
          f"{budget} decode steps per step x (rollout.max_staleness {r.max_staleness} + 1) can "
@@ -100,9 +103,11 @@ def _partial_rollouts(config) -> None:
   _check(not r.sampler_rows, "rollout.sampler_rows",
          f"{r.sampler_rows}: partial rollouts hold rollout.slots rows in flight; set 0 and "
          "size the pool with rollout.slots")
+  return generation_mesh
 
-def validate(config, *, weights: bool = True) -> None:
-  """Raises ConfigError naming the first invalid field of an RL config.
+def validate(config, *, weights: bool = True) -> Settings:
+  """The typed groups of an RL config (``settings.Settings``); raises ConfigError naming the
+  first invalid field.
 
   Old keys that moved into a group and were set are moved there first, in place
   (``grpo_jax.deprecated``, one notice each).
@@ -132,7 +137,7 @@ def validate(config, *, weights: bool = True) -> None:
          f"{m.arch!r}; known: {', '.join(architectures.ARCHITECTURES)} (or empty)")
   _lora(m)
   try:
-    sharding.MeshConfig.from_config(config.mesh)
+    mesh = sharding.MeshConfig.from_config(config.mesh)
   except sharding.MeshError as e:
     raise ConfigError(str(e)) from None
   _check(config.task.name in tasks.TASKS, "task.name",
@@ -159,7 +164,7 @@ def validate(config, *, weights: bool = True) -> None:
   _check(r.top_p == 1.0, "rollout.top_p",
          f"{r.top_p}: RL rollouts must sample the full distribution (set 1.0); the loss's "
          "log-probs are not top-p filtered")
-  _partial_rollouts(config)
+  generation_mesh = _partial_rollouts(config)
   _check(rl.score_base in scoring.SCORE_BASES, "rl.score_base",
          f"{rl.score_base!r}; known: {', '.join(scoring.SCORE_BASES)}")
   _validate_rewards(config)
@@ -174,7 +179,7 @@ def validate(config, *, weights: bool = True) -> None:
          "blocked, or rl.packing=none")
   method = _replay_method(config)
   try:
-    step_config(config, method)  # config.rl's own keys, every estimator's and loss's group
+    step = step_config(config, method)  # config.rl's keys, every estimator's and loss's group
   except registry.GroupError as e:
     raise ConfigError(e.under("config.rl")) from None
   fresh = r.batch_prompts * r.group_size
@@ -182,7 +187,7 @@ def validate(config, *, weights: bool = True) -> None:
   _check(rl.num_minibatches >= 1 and rows % rl.num_minibatches == 0, "rl.num_minibatches",
          f"{rl.num_minibatches} must divide the update batch: {fresh} fresh rows"
          + (f" + {rows - fresh} replay rows" if rows > fresh else "") + f" = {rows}")
-  _validate_allocation(config)
+  rule, selector = _validate_allocation(config)
   _check(o.learning_rate > 0, "opt.learning_rate", f"{o.learning_rate} must be > 0")
   _check(o.schedule in ("constant", "cosine"), "opt.schedule",
          f"{o.schedule!r}; known: constant, cosine")
@@ -197,6 +202,9 @@ def validate(config, *, weights: bool = True) -> None:
          "eval.every and checkpoint.every must be >= 1")
   _check(config.eval.k >= 1 and config.eval.num_prompts >= 1, "eval.k",
          "eval.k and eval.num_prompts must be >= 1")
+  return Settings(mesh=mesh, generation_mesh=generation_mesh, generation_devices=r.devices,
+                  uses_pool=uses_pool(config), replay=method, rule=rule, selector=selector,
+                  step=step, optimizer=optim.OptimizerSettings.from_config(config))
 
 
 def _validate_rewards(config) -> None:
@@ -254,10 +262,10 @@ def _replay_method(config):
   return method
 
 
-def _validate_allocation(config) -> None:
+def _validate_allocation(config) -> tuple:
   """The allocation group: a known rule and selector, each registered rule's and selector's
   group in range, their checks against the other groups, a finite pool for the selectors
-  that learn per prompt."""
+  that learn per prompt. Returns the (rule, selector) specs."""
   a, t = config.allocation, config.task
   _check(a.method in allocation.RULES, "allocation.method",
          f"{a.method!r}; known: {', '.join(allocation.RULES.names())}")
@@ -277,6 +285,7 @@ def _validate_allocation(config) -> None:
     _check(t.train_size > 0 or t.name != "countdown" or bool(t.data_path), "task.train_size",
            f"allocation.selector={a.selector} learns per prompt and needs prompts that come "
            "back: set a finite training set (e.g. --config.task.train_size=1024)")
+  return specs[allocation.RULES, a.method], specs[allocation.SELECTORS, a.selector]
 
 
 def replay_method(config):

@@ -43,10 +43,10 @@ def restored_policy(config, workdir: str, step: int | None = None):
     ConfigError: the config is invalid.
     CheckpointError: ``workdir`` has no checkpoint (or not ``step``).
   """
-  configuration.validate(config)
+  settings = configuration.validate(config)
   tokenizer = transformers.AutoTokenizer.from_pretrained(config.model.path)
   graphdef, params = build.load_model(config, tokenizer, None)
-  state = step_lib.init_train_state(params, optim.make_optimizer(config))
+  state = step_lib.init_train_state(params, optim.make_optimizer(settings.optimizer))
   ckpt = checkpoint_lib.Checkpointer(workdir, config.checkpoint.keep)
   try:
     steps = ckpt.manager.all_steps()
@@ -56,7 +56,7 @@ def restored_policy(config, workdir: str, step: int | None = None):
                                is not None else ""))
     step = max(steps) if step is None else step
     try:
-      state, _, _ = ckpt.restore(step, state, build.init_replay(config, None))
+      state, _, _ = ckpt.restore(step, state, build.init_replay(settings.replay, config, None))
     except CheckpointError as e:  # one written before the decoder layers were stacked
       raise CheckpointError(f"checkpoint {step} of {workdir} does not fit this config: "
                             f"{e}") from None

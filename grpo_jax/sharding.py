@@ -119,32 +119,44 @@ def make_mesh(mesh_config: MeshConfig = MeshConfig(),
 
 def mesh_from_config(config) -> Optional[Mesh]:
   """The run's mesh from ``config.mesh``, or None on a single device (the unsharded path)."""
-  mesh_config = MeshConfig.from_config(config.mesh)
+  return run_mesh(MeshConfig.from_config(config.mesh))
+
+
+def run_mesh(mesh_config: MeshConfig) -> Optional[Mesh]:
+  """The mesh of every device laid out by ``mesh_config``, or None on a single device (the
+  unsharded path)."""
   mesh = make_mesh(mesh_config)
   return mesh if mesh.size > 1 else None
 
 
 def split_meshes(config) -> tuple[Mesh, Mesh]:
+  """``split`` of ``config.rollout.generation_mesh``, ``config.mesh`` and
+  ``config.rollout.devices``."""
+  return split(MeshConfig.from_config(config.rollout.generation_mesh),
+               MeshConfig.from_config(config.mesh), config.rollout.devices)
+
+
+def split(generation_config: MeshConfig, training_config: MeshConfig,
+          k: int) -> tuple[Mesh, Mesh]:
   """(generation mesh, training mesh) for generation on its own devices
-  (``rollout.devices`` = K > 0): the first K devices laid out by ``rollout.generation_mesh``,
-  the others by ``mesh``. Both are meshes even of one device (each side's arrays live on its
-  own devices).
+  (``rollout.devices`` = K > 0): the first K devices laid out by ``generation_config``
+  (``rollout.generation_mesh``), the others by ``training_config`` (``mesh``). Both are meshes
+  even of one device (each side's arrays live on its own devices).
 
   Raises:
     MeshError: K leaves no device to train on, or a layout does not fit its devices.
   """
   devices = jax.devices()
-  k = config.rollout.devices
   if k >= len(devices):
     raise MeshError(f"config.rollout.devices: {k} generation devices leave none of the "
                     f"{len(devices)} to train on; use at most {len(devices) - 1}")
   try:
-    generation = make_mesh(MeshConfig.from_config(config.rollout.generation_mesh), devices[:k])
+    generation = make_mesh(generation_config, devices[:k])
   except MeshError as e:
     raise MeshError(str(e).replace("config.mesh", "config.rollout.generation_mesh")
                     + f" (rollout.devices = {k})") from None
   try:
-    training = make_mesh(MeshConfig.from_config(config.mesh), devices[k:])
+    training = make_mesh(training_config, devices[k:])
   except MeshError as e:
     raise MeshError(f"{e} (the {len(devices) - k} devices rollout.devices = {k} leaves to "
                     "training)") from None

@@ -4,7 +4,7 @@ circle, read from the source of every module (imports inside functions included)
 The stages, lowest first (``grpo_jax/<stage>/__init__.py`` says what each owns):
 the shared modules at the top level, ``models``, ``tasks``, ``generate``, ``rewards``, ``rl``,
 ``allocation``, ``configuration`` (the validator reads every component) beside ``schema`` (the
-config's keys, defaults and presets), ``run``, and the command lines (``train``, ``export``,
+config's keys, defaults and presets) and ``settings`` (what validation returns, typed), ``run``, and the command lines (``train``, ``export``,
 ``sft``, ``report``) with ``bench`` above them. A module may import its own stage and the stages
 below it, never one above.
 """
@@ -19,7 +19,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "grpo_jax"
 SHARED = ("__init__", "types", "random_keys", "registry", "errors", "console", "timing",
           "deprecated", "sharding", "distributed", "assets")
 ORDER = [SHARED, ("models",), ("tasks",), ("generate",), ("rewards",), ("rl",), ("allocation",),
-         ("configuration", "schema"), ("run",), ("train", "export", "sft", "report"), ("bench",)]
+         ("configuration", "schema", "settings"), ("run",), ("train", "export", "sft", "report"), ("bench",)]
 RANK = {name: rank for rank, names in enumerate(ORDER) for name in names}
 
 

@@ -255,7 +255,8 @@ def design_rule(tmp_path, monkeypatch):
                           (importlib.import_module("configs"), "configs")):
     monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path / folder)])
   monkeypatch.setattr(allocation.RULES, "_loaded", False)
-  monkeypatch.setattr(allocation.RULES, "_entries", dict(allocation.RULES._entries))  # pylint: disable=protected-access
+  entries = dict(allocation.RULES._entries)  # pylint: disable=protected-access
+  monkeypatch.setattr(allocation.RULES, "_entries", entries)
   yield importlib.import_module("configs.first_success")
   for name in ("grpo_jax.allocation.first_success", "configs.first_success"):
     sys.modules.pop(name, None)

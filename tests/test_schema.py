@@ -36,3 +36,29 @@ def test_the_old_module_is_the_package_s_schema():
   assert common.base_config is schema.base_config and common.COMMON is schema.COMMON
   assert common.apply_presets(common.base_config(), "smoke").to_json() == (
       schema.apply_presets(schema.base_config(), "smoke").to_json())
+
+
+def test_validation_returns_each_group_typed_once():
+  """``configuration.validate`` hands back what it parsed, typed (``settings.Settings``): the
+  same objects the builders would otherwise parse again from the raw config."""
+  from grpo_jax import allocation, configuration, sharding  # pylint: disable=g-import-not-at-top
+  from grpo_jax.rl import optim  # pylint: disable=g-import-not-at-top
+  c = files.load("sara:smoke,partial,dps")
+  c.mesh.fsdp, c.rollout.generation_mesh.tensor = 1, 2
+  settings = configuration.validate(c)
+  assert settings.step == configuration.step_config(c)
+  assert settings.step.continued  # :partial's rows continue under the decoupled correction
+  assert settings.replay == configuration.replay_method(c)
+  assert settings.rule == allocation.spec(allocation.RULES, c.allocation, "sara")
+  assert settings.rule.probes == 2  # smoke: probes fit the group of 2
+  assert settings.selector == allocation.spec(allocation.SELECTORS, c.allocation, "dps")
+  assert settings.mesh == sharding.MeshConfig(data=-1, fsdp=1, tensor=1)
+  assert settings.generation_mesh == sharding.MeshConfig(data=-1, fsdp=1, tensor=2)
+  assert settings.uses_pool and settings.generation_devices == 0
+  # opt's keys, the run's length only for a cosine schedule, and the updates a step makes
+  # (smoke: 2 minibatches x 1 epoch).
+  assert settings.optimizer == optim.OptimizerSettings(
+      c.opt.schedule, c.opt.learning_rate, c.opt.warmup_steps, 0, c.opt.grad_clip, c.opt.b1,
+      c.opt.b2, c.opt.weight_decay, 2)
+  static = configuration.validate(files.load("grpo:smoke"))
+  assert not static.uses_pool and not static.step.continued

@@ -27,22 +27,26 @@ def spec(table, group, name: str):
 
 
 def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None,
-                   scorer=None, make_producer=None, make_generator=None) -> Allocator:
+                   scorer=None, make_producer=None, make_generator=None, rule_spec=None,
+                   selector_spec=None) -> Allocator:
   """The allocator described by ``config.allocation`` (validated by grpo_jax.configuration);
   its rows are scored by ``scorer`` (``scoring.make_scorer`` when None) and its phases timed on
   ``timer`` (a ``timing.PhaseTimer``; a private one when None). With ``make_producer``
   (``rollout.partial``: ``run.build.producer_factory``) the rows come from a slot pool
   (``PartialGroups``), generated on their own devices with ``make_generator``
-  (``rollout.devices``: ``run.build.generator_factory``)."""
+  (``rollout.devices``: ``run.build.generator_factory``). ``rule_spec`` and ``selector_spec``
+  are the rule's and the selector's specs when validation already built them
+  (``settings.Settings``), else read from ``config.allocation``."""
   a, r = config.allocation, config.rollout
-  selector = spec(SELECTORS, a, a.selector).build(
+  selector_spec = selector_spec or spec(SELECTORS, a, a.selector)
+  rule_spec = rule_spec or spec(RULES, a, a.method)
+  selector = selector_spec.build(
       stream, size=pool_size(task, config.task.train_size), seed=config.seed)
   sampler = RoundSampler(sample_fn, tokenizer, task, slots=r.batch_prompts * r.group_size,
                          prompt_len=r.prompt_len, overlong_buffer=config.rl.overlong_buffer,
                          overlong_factor=config.rl.overlong_penalty,
                          scorer=scorer or scoring.make_scorer(config, task), timer=timer)
-  rule = spec(RULES, a, a.method).rule(group_size=r.group_size,
-                                       effective_signal=config.rl.effective_signal)
+  rule = rule_spec.rule(group_size=r.group_size, effective_signal=config.rl.effective_signal)
   shape = dict(num_groups=r.batch_prompts, group_size=r.group_size,
                effective_signal=config.rl.effective_signal, max_rounds=a.max_rounds,
                seed=config.seed)

@@ -46,9 +46,10 @@ completed group would have been effective. Those rows are neither counted nor tr
 
 The rule is ``SaraRule`` (``rule.py``): its rounds are ``round_groups.RoundGroups``'s, which
 fill, stop and audit as above for any rule. On the slot pool of partial rollouts
-(``rollout.partial``) the same rule runs on ``partial.PartialGroups``: a new prompt admits its K probe rows into free slots; when every row admitted to it has ended
-it commits (the rest of its group is admitted, ahead of any new prompt), abandons (its slots
-already went to the next prompts) or asks for one more rollout. Nothing is surplus or
+(``rollout.partial``) the same rule runs on ``partial.PartialGroups``: a new prompt admits its
+K probe rows into free slots; when every row admitted to it has ended it commits (the rest
+of its group is admitted, ahead of any new prompt), abandons (its slots already went to the
+next prompts) or asks for one more rollout. Nothing is surplus or
 undecided at a step's end: a group committed late, or still being decided, stays in the pool
 and trains in a later step (within ``rollout.max_staleness``); every slot freed goes at once to
 the next request, so there is no spare slot to audit abandonments with (not measured there).

@@ -230,7 +230,7 @@ def abstract_state(config, mesh):
 
   graphdef, params = nnx.split(nnx.eval_shape(model))
   params = _with_shardings(params, sharding.tree_shardings(mesh, params, family.param_axes()))
-  tx = optim.make_optimizer(config)
+  tx = optim.make_optimizer(optim.OptimizerSettings.from_config(config))
   state = jax.eval_shape(lambda p: step_lib.init_train_state(p, tx), params)
   return graphdef, params, tx, _with_shardings(state, sharding.tree_shardings(mesh, state, family.param_axes()))
 

@@ -79,7 +79,7 @@ def timed_step(graphdef, params, config, rollout) -> dict:
              config.rollout.completion_len)
   method_config = configuration.replay_method(config)
   replay = replay_lib.init_replay(config.replay.capacity, method_config.entry_size(g), p, t)
-  tx = optim.make_optimizer(config)
+  tx = optim.make_optimizer(optim.OptimizerSettings.from_config(config))
   # The step donates its state: a copy, so the caller's parameters outlive it.
   state = step_lib.init_train_state(jax.tree.map(jnp.copy, params), tx)
   fn = step_lib.make_train_step(graphdef, tx, step_config)

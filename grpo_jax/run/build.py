@@ -132,14 +132,15 @@ class Run:
 def setup(config, workdir: str) -> Run:
   """Checks ``config``, builds everything the loop needs and restores the newest readable
   checkpoint of ``workdir`` (nothing is written before every input has been checked)."""
-  configuration.validate(config)
+  settings = configuration.validate(config)
   # Multi-host: every process runs this same function on the same prompts (README: Sharding).
   distributed.initialize(config.mesh)
   r = config.rollout
-  if r.devices:  # generation on its own devices: two meshes, each of at least one device
-    generation_mesh, mesh = sharding_lib.split_meshes(config)
+  if settings.generation_devices:  # generation on its own devices: two meshes of >= 1 device
+    generation_mesh, mesh = sharding_lib.split(settings.generation_mesh, settings.mesh,
+                                               settings.generation_devices)
   else:
-    generation_mesh, mesh = None, sharding_lib.mesh_from_config(config)  # None on one device
+    generation_mesh, mesh = None, sharding_lib.run_mesh(settings.mesh)  # None on one device
   configuration.check_mesh(config, mesh, generation_mesh)
   configuration.check_backend(config)  # training runs the attention kernel: it must exist here
   for note in configuration.backend_notes(config, jax.default_backend()):
@@ -150,9 +151,9 @@ def setup(config, workdir: str) -> Run:
   # LoRA the step takes the base (adapters off) as the reference: no copy is made.
   copy_ref = config.rl.loss.kl_coef > 0 and not lora.has_adapters(params)
   ref_params = frozen_reference(params, config.model.dtype) if copy_ref else None
-  tx = optim.make_optimizer(config)
+  tx = optim.make_optimizer(settings.optimizer)
   state = step_lib.init_train_state(params, tx, mesh)
-  replay = init_replay(config, mesh)
+  replay = init_replay(settings.replay, config, mesh)
   if mesh is None:
     # A restored state comes back committed to its device; the fresh one is committed too, so
     # that a run and its resume compile the same programs (one persistent-cache entry each).
@@ -173,9 +174,10 @@ def setup(config, workdir: str) -> Run:
       config, sample_fn, tokenizer, task, stream, timer, scorer,
       make_producer=(producer_factory(config, graphdef, params, sampling,
                                       generation_mesh or mesh)
-                     if configuration.uses_pool(config) else None),
-      make_generator=(generator_factory(config, state.params, mesh, generation_mesh) if r.devices
-                      else None))
+                     if settings.uses_pool else None),
+      make_generator=(generator_factory(config, state.params, mesh, generation_mesh)
+                      if settings.generation_devices else None),
+      rule_spec=settings.rule, selector_spec=settings.selector)
 
   # Only now, after every input has been checked, is anything written.
   os.makedirs(workdir, exist_ok=True)
@@ -194,12 +196,11 @@ def setup(config, workdir: str) -> Run:
     counters = records.Counters.from_host(saved)
     allocator.load_state_dict(saved["allocator"])
     timers = workdir_lib.resumed_timers(workdir, timers)
-  if r.devices:  # the generation mesh's copy of the (fresh or restored) parameters
+  if settings.generation_devices:  # the generation mesh's copy of the (fresh or restored) params
     allocator.start_generator(state.params)
   shardings = None if mesh is None else sharding_lib.step_shardings(
       mesh, state, replay, family.param_axes(), ref_params)
-  train_step = step_lib.cached_train_step(graphdef, tx, configuration.step_config(config),
-                                          shardings)
+  train_step = step_lib.cached_train_step(graphdef, tx, settings.step, shardings)
   return Run(
       setup=Setup(
           config=config, workdir=workdir, mesh=mesh, tokenizer=tokenizer, task=task,
@@ -303,10 +304,10 @@ def _eval_sets(config, task, stream) -> dict:
   return sets
 
 
-def init_replay(config, mesh) -> replay_lib.ReplayState:
-  """The empty replay buffer of the configured method (laid out on the mesh, if any)."""
+def init_replay(method, config, mesh) -> replay_lib.ReplayState:
+  """The empty replay buffer of replay ``method`` (``settings.Settings.replay``), laid out on
+  the mesh, if any."""
   r = config.rollout
-  method = configuration.replay_method(config)
   replay = replay_lib.init_replay(config.replay.capacity, method.entry_size(r.group_size),
                                   r.prompt_len, r.completion_len)
   if mesh is not None:

@@ -265,7 +265,7 @@ def test_learning_rate_counts_train_steps_not_minibatch_updates(split):
       "rl": {"num_minibatches": 4, "num_epochs": 1},
       "opt": {"learning_rate": 1e-3, "warmup_steps": 2, "schedule": "cosine", "grad_clip": 1.0,
               "b1": 0.9, "b2": 0.999, "weight_decay": 0.0}})
-  tx = optim.make_optimizer(cfg)
+  tx = optim.make_optimizer(optim.OptimizerSettings.from_config(cfg))
   fn = step_lib.make_train_step(graphdef, tx, StepConfig(group_size=G,
                                                                    num_minibatches=4))
   state = step_lib.init_train_state(_copy(params), tx)
@@ -374,10 +374,10 @@ def test_a_step_built_twice_with_the_same_settings_is_one_jitted_function(split)
   graphdef, params = split
 
   def opt_config(lr):
-    return ml_collections.ConfigDict({
+    return optim.OptimizerSettings.from_config(ml_collections.ConfigDict({
         "total_steps": 6, "rl": {"num_minibatches": 2, "num_epochs": 1},
         "opt": {"learning_rate": lr, "warmup_steps": 2, "schedule": "constant",
-                "grad_clip": 1.0, "b1": 0.9, "b2": 0.999, "weight_decay": 0.0}})
+                "grad_clip": 1.0, "b1": 0.9, "b2": 0.999, "weight_decay": 0.0}}))
 
   tx = optim.make_optimizer(opt_config(1e-3))
   assert optim.make_optimizer(opt_config(1e-3)) is tx
