@@ -20,7 +20,7 @@ from grpo_jax.rewards import functions as rewards, scoring
 from grpo_jax.rl import losses, optim, replay_objectives
 from grpo_jax.rl.replay import method as method_lib
 from grpo_jax.rl.step_config import PROX_ESTIMATES, PROX_PASSES, REMAT, StepConfig
-from grpo_jax.settings import Settings
+from grpo_jax.settings import ModelSettings, Settings
 from grpo_jax.tasks import row_schemas
 
 _GROUPS = ("model", "task", "rollout", "rl", "replay", "prox", "allocation", "opt", "eval",
@@ -204,7 +204,8 @@ def validate(config, *, weights: bool = True) -> Settings:
          "eval.k and eval.num_prompts must be >= 1")
   return Settings(mesh=mesh, generation_mesh=generation_mesh, generation_devices=r.devices,
                   uses_pool=uses_pool(config), replay=method, rule=rule, selector=selector,
-                  step=step, optimizer=optim.OptimizerSettings.from_config(config))
+                  step=step, optimizer=optim.OptimizerSettings.from_config(config),
+                  model=ModelSettings.from_config(config))
 
 
 def _validate_rewards(config) -> None:

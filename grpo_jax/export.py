@@ -45,7 +45,7 @@ def restored_policy(config, workdir: str, step: int | None = None):
   """
   settings = configuration.validate(config)
   tokenizer = transformers.AutoTokenizer.from_pretrained(config.model.path)
-  graphdef, params = build.load_model(config, tokenizer, None)
+  graphdef, params = build.load_model(settings.model, tokenizer, None)
   state = step_lib.init_train_state(params, optim.make_optimizer(settings.optimizer))
   ckpt = checkpoint_lib.Checkpointer(workdir, config.checkpoint.keep)
   try:

@@ -42,6 +42,8 @@ def test_validation_returns_each_group_typed_once():
   """``configuration.validate`` hands back what it parsed, typed (``settings.Settings``): the
   same objects the builders would otherwise parse again from the raw config."""
   from grpo_jax import allocation, configuration, sharding  # pylint: disable=g-import-not-at-top
+  from grpo_jax import settings as settings_lib  # pylint: disable=g-import-not-at-top
+  from grpo_jax.models import lora  # pylint: disable=g-import-not-at-top
   from grpo_jax.rl import optim  # pylint: disable=g-import-not-at-top
   c = files.load("sara:smoke,partial,dps")
   c.mesh.fsdp, c.rollout.generation_mesh.tensor = 1, 2
@@ -60,5 +62,12 @@ def test_validation_returns_each_group_typed_once():
   assert settings.optimizer == optim.OptimizerSettings(
       c.opt.schedule, c.opt.learning_rate, c.opt.warmup_steps, 0, c.opt.grad_clip, c.opt.b1,
       c.opt.b2, c.opt.weight_decay, 2)
-  static = configuration.validate(files.load("grpo:smoke"))
+  m = c.model
+  assert settings.model == settings_lib.ModelSettings(
+      m.path, m.param_dtype, m.dtype, m.attention, m.attention_block, None, c.seed)
+  static = configuration.validate(files.load("grpo:smoke,lora=4"))
   assert not static.uses_pool and not static.step.continued
+  # LoRA: the base is stored in the compute dtype (it never updates), the adapters' config.
+  lo = files.load("grpo:smoke,lora=4").model.lora
+  assert static.model.lora == lora.LoraConfig(4, lo.alpha, lo.targets)
+  assert static.model.param_dtype == static.model.dtype

@@ -146,7 +146,7 @@ def setup(config, workdir: str) -> Run:
   for note in configuration.backend_notes(config, jax.default_backend()):
     console.say(note)
   tokenizer = transformers.AutoTokenizer.from_pretrained(config.model.path)
-  graphdef, params = load_model(config, tokenizer, mesh)
+  graphdef, params = load_model(settings.model, tokenizer, mesh)
   # The reference must own its buffers: the state's parameters are donated every step. Under
   # LoRA the step takes the base (adapters off) as the reference: no copy is made.
   copy_ref = config.rl.loss.kl_coef > 0 and not lora.has_adapters(params)
@@ -259,25 +259,23 @@ def frozen_reference(params, dtype: str):
       params)
 
 
-def load_model(config, tokenizer, mesh) -> tuple[nnx.GraphDef, Any]:
-  """The policy's (graphdef, params) from ``config.model.path``, checked against the
-  tokenizer; with ``model.lora.rank`` > 0 the base is stored in the compute dtype (it is never
-  updated, so it needs no float32 master copy) and carries fresh adapters (``lora.attach``,
-  drawn from ``random_keys.lora_init`` of the seed). Builds on any backend: a model configured with
-  an accelerator's attention kernel is only refused where attention runs (``setup``)."""
-  adapters = lora.from_config(config.model)
-  param_dtype = config.model.dtype if adapters else config.model.param_dtype
-  model = from_pretrained(config.model.path, param_dtype=param_dtype,
-                          dtype=config.model.dtype, mesh=mesh,
-                          attention=config.model.attention,
-                          attention_block=config.model.attention_block)
+def load_model(model_settings, tokenizer, mesh) -> tuple[nnx.GraphDef, Any]:
+  """The policy's (graphdef, params) from ``model_settings`` (``settings.ModelSettings``: the
+  ``model`` group), checked against the tokenizer; with LoRA adapters the base is stored in the
+  compute dtype (it is never updated, so it needs no float32 master copy) and carries fresh
+  adapters (``lora.attach``, drawn from ``random_keys.lora_init`` of the seed). Builds on any
+  backend: a model configured with an accelerator's attention kernel is only refused where
+  attention runs (``setup``)."""
+  m = model_settings
+  model = from_pretrained(m.path, param_dtype=m.param_dtype, dtype=m.dtype, mesh=mesh,
+                          attention=m.attention, attention_block=m.attention_block)
   if len(tokenizer) > model.config.vocab_size:
     raise CheckpointError(
-        f"the tokenizer in {config.model.path} has {len(tokenizer):,} tokens but the model's "
+        f"the tokenizer in {m.path} has {len(tokenizer):,} tokens but the model's "
         f"embedding has {model.config.vocab_size:,} rows: they do not belong together")
-  if adapters:
+  if m.lora:
     try:
-      lora.attach(model, adapters, nnx.Rngs(params=random_keys.lora_init(config.seed)))
+      lora.attach(model, m.lora, nnx.Rngs(params=random_keys.lora_init(m.seed)))
     except ValueError as e:
       raise errors.ConfigError(f"config.model.lora: {e}") from None
   return nnx.split(model)
