@@ -264,7 +264,7 @@ def design_rule(tmp_path, monkeypatch):
 
 def test_the_one_module_allocation_rule_of_the_design_page_trains(design_rule, tmp_path):
   """Nothing but the module and the config file: its verdicts by hand, its group validated, and
-  two smoke steps in rounds and two on the slot pool, each counting what it spent."""
+  a smoke step in rounds and one on the slot pool, each counting what it spent."""
   from tests.allocation.test_allocation import _scored  # pylint: disable=g-import-not-at-top
   c = design_rule.get_config("smoke")
   assert c.allocation.first_success.max_failures == 3
@@ -282,14 +282,15 @@ def test_the_one_module_allocation_rule_of_the_design_page_trains(design_rule, t
                      match="config.allocation.first_success: max_failures must be >= 1, got 0"):
     configuration.validate(bad)
   for name, config in (("rounds", c), ("pool", design_rule.get_config("smoke,partial"))):
-    config.total_steps, config.checkpoint.every, config.eval.every = 2, 2, 100
+    config.total_steps, config.checkpoint.every = 1, 1
     workdir = str(tmp_path / name)
     train.train_and_evaluate(config, workdir)
     steps = [r for r in metrics.read_metrics(workdir) if "loss" in r]
-    assert len(steps) == 2, name
-    # Something was decided, and what trained was kept: G = 2 rows per kept group at most.
-    assert sum(r["alloc/kept"] + r["alloc/given_up"] for r in steps) > 0, (name, steps)
-    assert all(r["alloc/rollouts_in_update"] <= 2 * r["alloc/kept"] for r in steps) or (
-        name == "pool"), steps  # the pool trains groups kept in an earlier step too
+    assert len(steps) == 1, name
+    # Something was decided, and what trained was kept this (first) step: G = 2 rows per kept
+    # group at most.
+    (r,) = steps
+    assert r["alloc/kept"] + r["alloc/given_up"] > 0, (name, r)
+    assert r["alloc/rollouts_in_update"] <= 2 * r["alloc/kept"], (name, r)
     if name == "rounds":  # one-row probes, then completions: more rounds than uniform's one
-      assert all(r["alloc/rounds"] > 1 for r in steps)
+      assert r["alloc/rounds"] > 1, r
