@@ -117,23 +117,11 @@ def make_mesh(mesh_config: MeshConfig = MeshConfig(),
   return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
 
 
-def mesh_from_config(config) -> Optional[Mesh]:
-  """The run's mesh from ``config.mesh``, or None on a single device (the unsharded path)."""
-  return run_mesh(MeshConfig.from_config(config.mesh))
-
-
 def run_mesh(mesh_config: MeshConfig) -> Optional[Mesh]:
   """The mesh of every device laid out by ``mesh_config``, or None on a single device (the
   unsharded path)."""
   mesh = make_mesh(mesh_config)
   return mesh if mesh.size > 1 else None
-
-
-def split_meshes(config) -> tuple[Mesh, Mesh]:
-  """``split`` of ``config.rollout.generation_mesh``, ``config.mesh`` and
-  ``config.rollout.devices``."""
-  return split(MeshConfig.from_config(config.rollout.generation_mesh),
-               MeshConfig.from_config(config.mesh), config.rollout.devices)
 
 
 def split(generation_config: MeshConfig, training_config: MeshConfig,

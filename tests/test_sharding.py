@@ -53,7 +53,8 @@ def test_mesh_config_rejects_bad_sizes():
 def test_one_device_runs_unsharded():
   mesh = sharding.make_mesh()
   assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1}
-  assert sharding.mesh_from_config(grpo.get_config()) is None  # the unchanged 1-device path
+  # The unchanged 1-device path.
+  assert sharding.run_mesh(sharding.MeshConfig.from_config(grpo.get_config().mesh)) is None
   assert sharding.batch_shards(None) == 1
 
 

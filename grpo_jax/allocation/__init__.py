@@ -38,8 +38,10 @@ def make_allocator(config, sample_fn, tokenizer, task, stream, timer=None,
   are the rule's and the selector's specs when validation already built them
   (``settings.Settings``), else read from ``config.allocation``."""
   a, r = config.allocation, config.rollout
-  selector_spec = selector_spec or spec(SELECTORS, a, a.selector)
-  rule_spec = rule_spec or spec(RULES, a, a.method)
+  if selector_spec is None:
+    selector_spec = spec(SELECTORS, a, a.selector)
+  if rule_spec is None:
+    rule_spec = spec(RULES, a, a.method)
   selector = selector_spec.build(
       stream, size=pool_size(task, config.task.train_size), seed=config.seed)
   sampler = RoundSampler(sample_fn, tokenizer, task, slots=r.batch_prompts * r.group_size,

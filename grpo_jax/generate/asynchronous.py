@@ -1,6 +1,6 @@
 """Generation on its own devices while the update runs on the others (``rollout.devices``).
 
-One controller holds two meshes on disjoint devices (``sharding.split_meshes``): the first K
+One controller holds two meshes on disjoint devices (``sharding.split``): the first K
 devices generate, the rest train. The slot pool of partial rollouts (``generate.producer``) is
 the queue between them: the generator decodes chunk after chunk into it, a step takes the
 first B complete groups, and the rows still unfinished continue under the next parameters.

@@ -62,7 +62,8 @@ def test_devices_that_leave_none_to_train_are_refused_in_one_line():
   c = grpo.get_config("smoke,async=1")  # one device here: none left to train on
   with pytest.raises(sharding.MeshError, match="rollout.devices: 1 generation devices leave "
                      f"none of the {jax.device_count()} to train on") as e:
-    sharding.split_meshes(c)
+    sharding.split(sharding.MeshConfig.from_config(c.rollout.generation_mesh),
+                   sharding.MeshConfig.from_config(c.mesh), c.rollout.devices)
   assert "\n" not in str(e.value)
 
 
